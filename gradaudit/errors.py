@@ -1,0 +1,55 @@
+"""Exit codes and the error hierarchy.
+
+Every error class carries the exit code it maps to, so the CLI translates an
+exception into a process status in exactly one place (``cli.py``) and the core
+never calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from pathlib import Path
+
+
+class ExitCode(IntEnum):
+    """The process status contract CI pipelines rely on."""
+
+    #: Every input was audited and no finding is configured to fail the run.
+    OK = 0
+    #: Every input was audited and at least one finding fails the run
+    #: (by default: NaN, Inf or an exploding norm).
+    FINDINGS = 1
+    #: The command line was wrong: unknown option, bad value, unavailable device.
+    USAGE_ERROR = 2
+    #: An input could not be audited: missing, unreadable, corrupt, unsupported,
+    #: or nothing floating-point to audit. Beats FINDINGS: a partial audit never passes.
+    INPUT_ERROR = 3
+    #: A bug in gradaudit. The CLI prints one line and suggests ``--debug``.
+    INTERNAL_ERROR = 4
+
+
+class GradauditError(Exception):
+    """Base of every error gradaudit raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL_ERROR
+
+
+class UsageError(GradauditError):
+    """An option or argument that cannot be honoured (e.g. ``--device cuda`` without CUDA)."""
+
+    exit_code = ExitCode.USAGE_ERROR
+
+
+class InputError(GradauditError):
+    """An input that cannot be audited; the message names the file and the cause."""
+
+    exit_code = ExitCode.INPUT_ERROR
+
+    def __init__(self, path: str | Path | None, cause: str) -> None:
+        self.path = None if path is None else str(path)
+        self.cause = cause
+        super().__init__(cause if self.path is None else f"{self.path}: {cause}")
+
+
+class NothingToAuditError(InputError):
+    """The inputs hold no floating-point tensor at all."""

@@ -1,0 +1,122 @@
+"""Frozen result types: what an audit hands back.
+
+Results are plain data so that every output format (table, JSON, ...) is built
+from the same object and none of them is second-class. A tensor that was not
+audited is a :class:`Skipped` with a reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gradaudit.policy import FindingKind, Severity, Thresholds
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Statistics of one floating-point tensor.
+
+    ``norm`` and ``max_abs`` cover the finite elements only, so one NaN does not
+    hide the magnitude of the rest; ``rms`` is ``None`` when no element is finite.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    nan: int
+    pos_inf: int
+    neg_inf: int
+    zeros: int
+    max_abs: float
+    norm: float
+    rms: float | None
+    source: str | None = None
+
+    @property
+    def finite(self) -> int:
+        return self.numel - self.nan - self.pos_inf - self.neg_inf
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan + self.pos_inf + self.neg_inf
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zeros / self.numel if self.numel else 0.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem with one tensor, already judged by the policy."""
+
+    kind: FindingKind
+    severity: Severity
+    tensor: str
+    message: str
+    source: str | None = None
+
+    @property
+    def failing(self) -> bool:
+        return self.severity is Severity.ERROR
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A tensor that was not numerically audited, and why (e.g. an integer dtype)."""
+
+    name: str
+    reason: str
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """An input that could not be audited; the rest of the run still was."""
+
+    path: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """Per-input totals, so a multi-file run reports each file on its own."""
+
+    path: str
+    tensors: int
+    skipped: int
+    elements: int
+    global_norm: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Run-wide totals. ``global_norm`` is over the finite elements of all audited tensors."""
+
+    tensors: int
+    skipped: int
+    elements: int
+    global_norm: float
+    nan_tensors: int
+    inf_tensors: int
+    vanishing_tensors: int
+    exploding_tensors: int
+    failing_findings: int
+    warnings: int
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one audit found. Built once, rendered by any formatter."""
+
+    tensors: tuple[TensorStats, ...]
+    findings: tuple[Finding, ...]
+    skipped: tuple[Skipped, ...]
+    summary: Summary
+    device: str
+    engine: str
+    elapsed_s: float
+    files: tuple[FileResult, ...] = ()
+    errors: tuple[InputProblem, ...] = ()
+    thresholds: Thresholds = field(default_factory=Thresholds)
