@@ -1,0 +1,591 @@
+"""Validate a safetensors file from its raw bytes before the safetensors library sees it.
+
+The safetensors library is fast and memory-safe, but it is not written to explain a bad
+input: it raises terse errors, silently keeps the *last* of two tensors with the same name
+(a hostile file can hide a NaN tensor behind a clean one that way), and it is handed a
+path, so a FIFO or a device node would make it block or read forever. gradaudit promises
+that no input can crash, hang or fool it, so this module checks everything the format
+requires, from the file type down to how the tensors tile the data section, and turns
+every problem into an :class:`~gradaudit.errors.InputError` with a one-line cause.
+
+The checks are deliberately at least as strict as the library's (``safetensors`` 0.8): a
+file this module accepts must load without error. The module only reads: 8 bytes of
+header length, then the header itself (bounded by :data:`MAX_HEADER_BYTES` and by the file
+size). It never reads the tensor data and never writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, NoReturn
+
+from gradaudit.errors import InputError
+
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "SAFETENSORS_DTYPE_SIZES",
+    "UNSUPPORTED_SAFETENSORS_DTYPES",
+    "SafetensorsHeader",
+    "TensorEntry",
+    "check_regular_file",
+    "read_header",
+    "sniff_kind",
+]
+
+#: Headers longer than this are refused as absurd. The value is the safetensors library's
+#: own limit (``MAX_HEADER_SIZE = 100_000_000`` in the Rust crate), not 100 MiB: with a
+#: larger limit a header between the two sizes would pass here and then make the library
+#: fail, which is exactly what this module exists to prevent.
+MAX_HEADER_BYTES = 100_000_000
+
+#: Bytes per element of every whole-byte dtype the format defines and the safetensors
+#: PyTorch loader can materialise. A tensor's byte span must equal numel times this.
+SAFETENSORS_DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2FNUZ": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "C64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+#: Sub-byte dtypes the format defines but PyTorch cannot hold as tensors; a file using them
+#: is well-formed but cannot be audited, so it gets "unsupported" rather than "unknown".
+UNSUPPORTED_SAFETENSORS_DTYPES: frozenset[str] = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
+
+_LENGTH_BYTES = 8
+#: Shape dimensions must fit a signed 64-bit int: PyTorch refuses larger sizes even when
+#: another dimension is 0, and the library refuses running products above 2**64 - 1.
+_MAX_DIM = 2**63 - 1
+_MAX_USIZE = 2**64 - 1
+_SNIFF_BYTES = 64
+_TENSOR_KEYS = ("dtype", "shape", "data_offsets")
+_METADATA_KEY = "__metadata__"
+_SHOW_LIMIT = 60
+
+_FOREIGN_KINDS = {
+    "zip": "looks like a zip archive (a PyTorch checkpoint?), not safetensors",
+    "git-lfs": "is a git-lfs pointer, not the file's content: run `git lfs pull`",
+    "pickle": "looks like a pickle (a PyTorch .pt/.bin file?), not safetensors",
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor as the header declares it, already checked against the data section."""
+
+    name: str
+    #: The safetensors spelling, e.g. ``"F32"``, ``"BF16"``, ``"I64"``.
+    dtype: str
+    shape: tuple[int, ...]
+    #: Byte offsets relative to the start of the data section (``8 + header_length``).
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A safetensors header that passed every structural check."""
+
+    path: str
+    header_length: int
+    file_size: int
+    #: ``__metadata__`` (string to string), or ``{}`` when absent. Excluded from the hash
+    #: because a dict is unhashable; equality still compares it.
+    metadata: dict[str, str] = field(hash=False)
+    #: In data-offset order, which is also the order they tile the data section.
+    tensors: tuple[TensorEntry, ...]
+
+
+class _Refused(Exception):
+    """Internal: the content is not acceptable; carries the one-line cause."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class _JsonObject:
+    """A JSON object as its raw key/value pairs, so duplicate keys stay visible.
+
+    ``json.loads`` would build a dict and keep the last duplicate silently, as the
+    safetensors library does; keeping the pairs lets each context (tensor names, metadata
+    keys, entry fields) name its own duplicate.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+
+def _show(text: str, limit: int = _SHOW_LIMIT) -> str:
+    """Quote a string from the file for a one-line message.
+
+    Names come from a possibly hostile file: control characters, bidi overrides or a
+    megabyte-long name must not reach a terminal or a CI log as-is.
+    """
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
+    return f'"{shown}..."' if len(text) > limit else f'"{shown}"'
+
+
+def _show_value(value: Any) -> str:
+    """Render a JSON value for a message, bounded in length."""
+    if isinstance(value, _JsonObject):
+        return "an object"
+    if isinstance(value, str):
+        return _show(value)
+    text = json.dumps(value)
+    return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT] + "..."
+
+
+def _json_type(value: Any) -> str:
+    """Name a parsed JSON value's type the way the JSON spec does."""
+    if isinstance(value, _JsonObject):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return "null"
+
+
+def _describe_os_error(error: OSError) -> str:
+    """One plain-English line for an OSError, without paths or tracebacks."""
+    known = {
+        errno.ENOENT: "no such file",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ELOOP: "symlink loop (too many levels of symbolic links)",
+        errno.EISDIR: "is a directory",
+        errno.ENOTDIR: "a component of the path is not a directory",
+        errno.ENAMETOOLONG: "file name too long",
+        errno.EIO: "I/O error while reading",
+    }
+    if error.errno in known:
+        return known[error.errno]
+    reason = (error.strerror or type(error).__name__).strip().splitlines()
+    return reason[0].lower() if reason else "cannot read the file"
+
+
+def _file_type(mode: int) -> str | None:
+    """Name a non-regular file type for the message, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    return "unknown file type"
+
+
+def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
+    """Check with ``lstat``/``stat`` only that ``path`` is a non-empty, readable regular file.
+
+    Nothing is opened: opening a FIFO blocks until a writer appears and opening a device
+    can have side effects, so the file type is settled from metadata first. Shared with the
+    other readers (PyTorch pickles), which must refuse the same inputs.
+
+    Returns the ``stat`` result of the target (symlinks followed). Raises
+    :class:`InputError` for a missing file, a dangling symlink, a symlink loop, a
+    directory, a FIFO, socket or device, a file that cannot be read, or an empty file.
+    """
+    path = os.fspath(path)
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        raise InputError(path, _describe_os_error(error)) from None
+    except ValueError:  # an embedded NUL: no file can have that name
+        raise InputError(path, "invalid path (it contains a NUL byte)") from None
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            try:
+                target = f" (its target {_show(os.readlink(path), limit=400)} does not exist)"
+            except (OSError, ValueError):
+                target = ""
+            raise InputError(path, f"dangling symlink{target}") from None
+        except OSError as error:
+            raise InputError(path, _describe_os_error(error)) from None
+    kind = _file_type(info.st_mode)
+    if kind == "directory":
+        raise InputError(path, "is a directory, not a file")
+    if kind is not None:
+        raise InputError(path, f"not a regular file ({kind})")
+    if not os.access(path, os.R_OK):
+        raise InputError(path, "permission denied")
+    if info.st_size == 0:
+        raise InputError(path, "empty file (0 bytes)")
+    return info
+
+
+def _open_checked(path: str) -> tuple[BinaryIO, int]:
+    """Open a file that :func:`check_regular_file` accepted; return it and its size.
+
+    ``O_NONBLOCK`` and the ``fstat`` re-check close the race in which the path is swapped
+    for a FIFO between the ``stat`` and the ``open``: the open cannot block and the
+    descriptor, not the path, is what gets read. The size comes from the descriptor too.
+    """
+    path = os.fspath(path)
+    check_regular_file(path)
+    flags = os.O_RDONLY
+    for name in ("O_NONBLOCK", "O_NOCTTY", "O_CLOEXEC", "O_BINARY"):
+        flags |= getattr(os, name, 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        raise InputError(path, _describe_os_error(error)) from None
+    try:
+        info = os.fstat(fd)
+        kind = _file_type(info.st_mode)
+        if kind is not None:
+            raise InputError(path, f"not a regular file ({kind}); it changed while being opened")
+        return os.fdopen(fd, "rb"), info.st_size
+    except InputError:
+        os.close(fd)
+        raise
+    except OSError as error:
+        os.close(fd)
+        raise InputError(path, _describe_os_error(error)) from None
+
+
+def _classify(head: bytes, file_size: int) -> str | None:
+    """Say what the first bytes of a file look like (see :func:`sniff_kind`).
+
+    A plausible safetensors prefix wins over the other signatures: a valid header length
+    such as 640 starts with ``0x80 0x02``, which is also the start of a protocol-2 pickle.
+    """
+    if len(head) >= _LENGTH_BYTES:
+        (length,) = struct.unpack("<Q", head[:_LENGTH_BYTES])
+        rest = head[_LENGTH_BYTES:].lstrip(b" \t\r\n")
+        if 0 < length <= file_size - _LENGTH_BYTES and rest.startswith(b"{"):
+            return "safetensors-ish"
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if head.startswith(b"version https://git-lfs"):
+        return "git-lfs"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    return None
+
+
+def sniff_kind(path: str | os.PathLike[str]) -> str | None:
+    """Guess a file's format from its first bytes, so an error can say what it looks like.
+
+    Returns ``"zip"`` (e.g. a PyTorch zip checkpoint), ``"git-lfs"`` (a pointer file
+    checked out without ``git lfs pull``), ``"pickle"`` (a legacy PyTorch ``.pt``/``.bin``),
+    ``"safetensors-ish"`` (a plausible header length followed by ``{``) or ``None``. This is
+    a hint, not a validation: use :func:`read_header` for that. Raises :class:`InputError`
+    when the path is not a readable regular file.
+    """
+    path = os.fspath(path)
+    handle, size = _open_checked(path)
+    with handle:
+        try:
+            head = handle.read(_SNIFF_BYTES)
+        except OSError as error:
+            raise InputError(path, _describe_os_error(error)) from None
+    return _classify(head, size)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    """``json`` hook: refuse ``NaN``/``Infinity``, which are not JSON and the library refuses."""
+    raise _Refused(f"header is not valid JSON ({name} is not a JSON value)")
+
+
+def _parse_int(text: str) -> int | float:
+    """``json`` hook: keep ``-0`` distinct from ``0``.
+
+    Python reads ``-0`` as the integer 0, the library reads it as the float -0.0 and
+    refuses it as an offset or dimension; returning a float makes it fail here as well.
+    """
+    return -0.0 if text == "-0" else int(text)
+
+
+def _parse_json(text: str) -> Any:
+    """Parse the header text, keeping objects as :class:`_JsonObject` pair lists."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_JsonObject,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+        )
+    except RecursionError:
+        raise _Refused("header is not valid JSON (nested too deeply)") from None
+    except json.JSONDecodeError as error:
+        raise _Refused(f"header is not valid JSON ({error.msg} at byte {error.pos})") from None
+    except ValueError:
+        # int() refuses numbers with thousands of digits; nothing else raises it here.
+        raise _Refused("header is not valid JSON (a number is far too long)") from None
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse a string holding a lone UTF-16 surrogate (from a ``\\ud800`` escape).
+
+    Python's ``json`` accepts it, the library's JSON parser does not, so a name like that
+    would pass here and then fail in the library.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Refused(f"{what} holds an invalid \\u escape (a lone surrogate)") from None
+
+
+def _unique_pairs(obj: _JsonObject, duplicate: Callable[[str], str]) -> dict[str, Any]:
+    """Turn an object's pairs into a dict, refusing a repeated key.
+
+    ``duplicate`` builds the message from the quoted key. A function rather than a
+    ``str.format`` template: the message may hold a tensor name from the file, and braces
+    in it must not be read as format fields.
+    """
+    result: dict[str, Any] = {}
+    for key, value in obj.pairs:
+        if key in result:
+            raise _Refused(duplicate(_show(key)))
+        result[key] = value
+    return result
+
+
+def _parse_metadata(value: Any) -> dict[str, str]:
+    """Validate ``__metadata__``: a string-to-string object (``null`` means absent).
+
+    ``null`` is accepted because the library accepts it (its field is an ``Option``).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, _JsonObject):
+        raise _Refused(f"__metadata__ is not a JSON object (got {_json_type(value)})")
+    metadata = _unique_pairs(
+        value,
+        lambda key: (
+            f"duplicate key {key} in __metadata__"
+            " (the safetensors library would keep only the last)"
+        ),
+    )
+    for key, item in metadata.items():
+        _check_text(key, "a __metadata__ key")
+        if not isinstance(item, str):
+            raise _Refused(
+                f"__metadata__ value for {_show(key)} is not a string (got {_json_type(item)})"
+            )
+        _check_text(item, f"__metadata__ value for {_show(key)}")
+    return metadata
+
+
+def _is_count(value: Any, limit: int) -> bool:
+    """A JSON integer in ``[0, limit]``; ``True``/``False`` are not integers here."""
+    return type(value) is int and 0 <= value <= limit
+
+
+def _parse_entry(name: str, value: Any, data_length: int) -> TensorEntry:
+    """Validate one tensor entry against the format and against the data section's size."""
+    label = f"tensor {_show(name)}"
+    _check_text(name, "a tensor name")
+    if not isinstance(value, _JsonObject):
+        raise _Refused(f"{label}: entry is not a JSON object (got {_json_type(value)})")
+    fields = _unique_pairs(value, lambda key: f"{label}: duplicate key {key}")
+    for key in fields:
+        if key not in _TENSOR_KEYS:
+            raise _Refused(f"{label}: unexpected key {_show(key)}")
+    for key in _TENSOR_KEYS:
+        if key not in fields:
+            raise _Refused(f'{label}: missing "{key}"')
+
+    dtype = fields["dtype"]
+    if not isinstance(dtype, str):
+        raise _Refused(f"{label}: dtype is not a string (got {_json_type(dtype)})")
+    if dtype in UNSUPPORTED_SAFETENSORS_DTYPES:
+        raise _Refused(f"{label}: unsupported dtype {_show(dtype)} (sub-byte elements)")
+    if dtype not in SAFETENSORS_DTYPE_SIZES:
+        raise _Refused(f"{label}: unknown dtype {_show(dtype)}")
+
+    raw_shape = fields["shape"]
+    if not isinstance(raw_shape, list) or not all(_is_count(d, _MAX_DIM) for d in raw_shape):
+        raise _Refused(
+            f"{label}: shape is not a list of non-negative integers ({_show_value(raw_shape)})"
+        )
+    shape: tuple[int, ...] = tuple(raw_shape)
+    numel = 1
+    for dim in shape:
+        # Left to right with an overflow check, as the library does: it refuses
+        # [2**40, 2**40, 0] even though the product is 0.
+        numel *= dim
+        if numel > _MAX_USIZE:
+            raise _Refused(f"{label}: shape {_show_value(raw_shape)} overflows 64 bits")
+
+    offsets = fields["data_offsets"]
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_count(o, _MAX_USIZE) for o in offsets)
+    ):
+        raise _Refused(
+            f"{label}: data_offsets is not two non-negative integers ({_show_value(offsets)})"
+        )
+    begin, end = offsets
+    if begin > end:
+        raise _Refused(f"{label}: data_offsets [{begin}, {end}] end before they begin")
+    needed = numel * SAFETENSORS_DTYPE_SIZES[dtype]
+    if end - begin != needed:
+        raise _Refused(
+            f"{label}: shape/size mismatch: shape {list(shape)} of {dtype} needs {needed} bytes"
+            f" but data_offsets [{begin}, {end}] span {end - begin}"
+        )
+    if end > data_length:
+        raise _Refused(
+            f"{label}: data_offsets [{begin}, {end}] run past the end of the data section"
+            f" ({data_length} bytes; is the file truncated?)"
+        )
+    return TensorEntry(name=name, dtype=dtype, shape=shape, begin=begin, end=end)
+
+
+def _check_tiling(tensors: list[TensorEntry], data_length: int) -> None:
+    """Require the tensors, in offset order, to cover ``[0, data_length)`` exactly.
+
+    The format stores tensors back to back; an overlap lets two names share bytes, a gap
+    or trailing bytes hide data no tensor declares. The library refuses all three.
+    """
+    position = 0
+    previous: TensorEntry | None = None
+    for tensor in tensors:
+        if tensor.begin < position and previous is not None:  # previous is set once position > 0
+            raise _Refused(
+                f"tensors {_show(previous.name)} and {_show(tensor.name)} overlap"
+                f" (bytes {tensor.begin} to {min(position, tensor.end)})"
+            )
+        if tensor.begin > position:
+            raise _Refused(
+                f"gap of {tensor.begin - position} bytes before tensor {_show(tensor.name)}"
+                f" (data offset {position} to {tensor.begin})"
+            )
+        position = tensor.end
+        previous = tensor
+    if position != data_length:
+        raise _Refused(
+            f"{data_length - position} trailing bytes after the last tensor"
+            f" (the data section is {data_length} bytes, the tensors cover {position})"
+        )
+
+
+def _parse_header(header: bytes, data_length: int) -> tuple[dict[str, str], list[TensorEntry]]:
+    """Validate the header bytes; return the metadata and the tensors in offset order."""
+    try:
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _Refused(f"header is not valid UTF-8 (at byte {error.start})") from None
+    document = _parse_json(text)
+    if not isinstance(document, _JsonObject):
+        raise _Refused(f"header is not a JSON object (got {_json_type(document)})")
+    entries = _unique_pairs(
+        document,
+        lambda key: (
+            f"duplicate tensor name {key} in the header"
+            " (the safetensors library would silently keep only the last one)"
+        ),
+    )
+    metadata = _parse_metadata(entries.pop(_METADATA_KEY, None))
+    tensors = [_parse_entry(name, value, data_length) for name, value in entries.items()]
+    tensors.sort(key=lambda t: (t.begin, t.end, t.name))
+    _check_tiling(tensors, data_length)
+    return metadata, tensors
+
+
+def _read_exactly(handle: BinaryIO, count: int) -> bytes:
+    """Read ``count`` bytes, refusing a file that shrank after its size was taken."""
+    data = handle.read(count)
+    if len(data) != count:
+        raise _Refused("the file shrank while being read")
+    return data
+
+
+def _read_content(path: str, handle: BinaryIO, size: int) -> SafetensorsHeader:
+    """Read and validate the length prefix and the header that follows it."""
+    if size < _LENGTH_BYTES:
+        raise _Refused(f"too short to be a safetensors file ({size} bytes, need at least 8)")
+    (length,) = struct.unpack("<Q", _read_exactly(handle, _LENGTH_BYTES))
+    if length > size - _LENGTH_BYTES:
+        raise _Refused(
+            f"not a safetensors file: header length {length} is larger than the file ({size} bytes)"
+        )
+    if length > MAX_HEADER_BYTES:
+        raise _Refused(
+            f"not a safetensors file: header length {length} is absurdly large"
+            f" (the limit is {MAX_HEADER_BYTES} bytes)"
+        )
+    if length == 0:
+        raise _Refused("not a safetensors file: header length is 0")
+    data_length = size - _LENGTH_BYTES - length
+    metadata, tensors = _parse_header(_read_exactly(handle, length), data_length)
+    return SafetensorsHeader(
+        path=path,
+        header_length=length,
+        file_size=size,
+        metadata=metadata,
+        tensors=tuple(tensors),
+    )
+
+
+def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Validate a safetensors file's structure and return its header.
+
+    Checks, in order: the path (see :func:`check_regular_file`), the 8-byte little-endian
+    header length against the file size and :data:`MAX_HEADER_BYTES`, the header as a
+    UTF-8 JSON object with no duplicate keys, ``__metadata__`` as string-to-string, every
+    tensor entry (exactly ``dtype``, ``shape``, ``data_offsets``; a known dtype; byte span
+    equal to numel times the element size), and finally that the tensors tile the data
+    section exactly. When the file fails and its first bytes look like a zip archive, a
+    git-lfs pointer or a pickle, the cause says so instead, since that is the real problem.
+
+    Raises :class:`InputError` with a one-line cause; never any other exception for any
+    file content.
+    """
+    path = os.fspath(path)
+    handle, size = _open_checked(path)
+    with handle:
+        try:
+            return _read_content(path, handle, size)
+        except _Refused as refused:
+            cause = refused.cause
+            try:
+                handle.seek(0)
+                kind = _classify(handle.read(_SNIFF_BYTES), size)
+            except OSError:
+                kind = None
+            if kind in _FOREIGN_KINDS:
+                cause = _FOREIGN_KINDS[kind]
+            raise InputError(path, cause) from None
+        except OSError as error:
+            raise InputError(path, _describe_os_error(error)) from None

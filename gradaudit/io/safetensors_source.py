@@ -1,0 +1,64 @@
+"""Safetensors dumps, read lazily through ``safe_open`` after our own header check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from gradaudit.errors import InputError
+from gradaudit.io.base import SourceItem
+from gradaudit.io.safetensors_header import SafetensorsHeader, read_header
+from gradaudit.results import Skipped
+from gradaudit.stats import dtype_skip_reason
+
+#: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "C64": torch.complex64,
+}
+
+
+class SafetensorsSource:
+    """One ``.safetensors`` file.
+
+    The header is validated from the raw bytes first (duplicate names, offsets,
+    sizes, trailing bytes): the safetensors library silently keeps the last of
+    two tensors with the same name, which could hide a NaN tensor.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.header: SafetensorsHeader = read_header(path)
+
+    def items(self, device: torch.device) -> Iterator[SourceItem]:
+        try:
+            with safe_open(self.path, framework="pt", device=str(device)) as handle:
+                for entry in self.header.tensors:
+                    dtype = TORCH_DTYPES.get(entry.dtype)
+                    reason = (
+                        f"dtype {entry.dtype} is not supported by this PyTorch; not audited"
+                        if dtype is None
+                        else dtype_skip_reason(dtype)
+                    )
+                    if reason is not None:
+                        yield Skipped(entry.name, reason, self.path)
+                        continue
+                    yield entry.name, handle.get_tensor(entry.name)
+        except (SafetensorError, OSError, RuntimeError, ValueError) as error:
+            raise InputError(self.path, f"cannot read safetensors data: {error}") from None
