@@ -1,0 +1,5 @@
+"""``python -m gradaudit``."""
+
+from gradaudit.cli import run
+
+run()

@@ -1,0 +1,27 @@
+"""The one interface every output format implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gradaudit.results import Report
+
+#: Rows shown by default in the table: every flagged tensor plus this many of the largest norms.
+DEFAULT_TOP_ROWS = 20
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How a report is rendered; formats ignore what does not apply to them."""
+
+    width: int = 120
+    color: bool = False
+    show_all: bool = False
+    top: int = DEFAULT_TOP_ROWS
+
+
+class Formatter(Protocol):
+    """Turns a report into text. Where the text goes is the CLI's decision."""
+
+    def __call__(self, report: Report, options: RenderOptions) -> str: ...

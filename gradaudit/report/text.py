@@ -1,0 +1,51 @@
+"""Turning untrusted names and raw numbers into safe, compact text."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+
+# Categories that can move the cursor, hide text or reorder it on a terminal:
+# control characters, format characters (bidi overrides, zero-width), separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def printable(name: str) -> str:
+    """Escape every character of ``name`` that a terminal would interpret.
+
+    Tensor names come from files written by strangers; an escape sequence or a
+    bidi override in a name must show up as text, not restyle the screen.
+    """
+    if name.isprintable() and "\\" not in name:
+        return name
+    out = []
+    for char in name:
+        if char == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(char) in _UNSAFE_CATEGORIES:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def number(value: float | None) -> str:
+    """A compact, fixed-precision rendering of a statistic (3 significant digits)."""
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    return f"{value:.3g}"
+
+
+def count(value: int) -> str:
+    return f"{value:,}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")

@@ -1,0 +1,51 @@
+"""Shared fixtures: gradient dumps written into ``tmp_path``, never the working tree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+WriteDump = Callable[..., Path]
+
+
+@pytest.fixture
+def write_dump(tmp_path: Path) -> WriteDump:
+    """Write a safetensors dump of the given tensors and return its path."""
+
+    def write(tensors: dict[str, torch.Tensor], name: str = "grads.safetensors") -> Path:
+        path = tmp_path / name
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        return path
+
+    return write
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="Rewrite golden files from the current output instead of comparing.",
+    )
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """Compare text with ``tests/golden/NAME``; ``pytest --update-golden`` rewrites it."""
+    update = bool(request.config.getoption("--update-golden"))
+
+    def check(name: str, text: str) -> None:
+        path = Path(__file__).resolve().parent / "golden" / name
+        if update:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        assert path.exists(), f"missing golden file {path}: run pytest --update-golden"
+        assert text == path.read_text(encoding="utf-8")
+
+    return check

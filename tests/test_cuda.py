@@ -1,0 +1,56 @@
+"""CUDA-only checks; every test here is skipped cleanly on a machine without CUDA."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from gradaudit import audit, collect_async
+from gradaudit.stats import AUDITED_DTYPES
+from tests.reference import reference_stats
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture
+def sync_debug_error() -> Iterator[None]:
+    """Make any implicit device->host synchronisation raise."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", sorted(AUDITED_DTYPES, key=str))
+def test_collection_does_not_sync(dtype: torch.dtype, sync_debug_error: None) -> None:
+    tensors = {
+        "big": torch.randn(3000, 7, device="cuda").to(dtype),
+        "odd": torch.randn(5, 9, device="cuda").to(dtype).t(),
+        "scalar": torch.ones((), device="cuda").to(dtype),
+        "empty": torch.empty(0, device="cuda", dtype=dtype),
+        "int": torch.ones(4, device="cuda", dtype=torch.int32),
+    }
+    pending = collect_async(tensors, chunk_elements=1000)
+    assert len(pending) == 4
+
+
+def test_cuda_results_match_the_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    host = torch.randn(100_003, generator=gen) * 1e19
+    host[17] = math.nan
+    host[99] = -math.inf
+    report = audit({"w": host.cuda()}, chunk_elements=4096)
+    (stats,) = report.tensors
+    ref = reference_stats(host)
+    assert (stats.nan, stats.neg_inf, stats.zeros) == (ref.nan, ref.neg_inf, ref.zeros)
+    assert stats.max_abs == ref.max_abs
+    assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
+    assert report.device.startswith("cuda")

@@ -1,0 +1,87 @@
+"""Renderers: the table at a fixed width against a golden file, JSON strictness, the format map."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from gradaudit import Report, Thresholds, audit
+from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report.json_report import encode_float
+from gradaudit.report.table import render_table
+from gradaudit.report.text import number, printable
+
+
+def sample_report() -> Report:
+    tensors = {
+        "encoder.layer.0.attention.self.key.bias": torch.zeros(8),
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
+        "encoder.layer.0.output.dense.weight": torch.tensor([[1e3, -2.0], [math.nan, 0.0]]),
+        "encoder.layer.1.output.dense.weight": torch.tensor([math.inf, -math.inf, 1.0]),
+        "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
+        "decoder.bias": torch.tensor(2.0, dtype=torch.float64),
+        "step": torch.tensor(10),
+    }
+    report = audit(tensors, thresholds=Thresholds())
+    return dataclasses.replace(report, elapsed_s=0.25)
+
+
+def test_table_golden(golden: Callable[[str, str], None]) -> None:
+    text = render_table(sample_report(), RenderOptions(width=120, color=False))
+    golden("table_120.txt", text)
+
+
+def test_table_without_color_has_no_escape_codes() -> None:
+    text = render_table(sample_report(), RenderOptions(width=100, color=False))
+    assert "\x1b" not in text
+    colored = render_table(sample_report(), RenderOptions(width=100, color=True))
+    assert "\x1b[" in colored
+
+
+def test_every_output_format_has_a_formatter() -> None:
+    report = sample_report()
+    for fmt in OutputFormat:
+        text = fmt.formatter()(report, RenderOptions())
+        assert text.endswith("\n")
+        assert len(text) > 100
+
+
+def test_json_is_strict_for_every_value() -> None:
+    doc = json.loads(
+        OutputFormat.JSON.formatter()(sample_report(), RenderOptions()),
+        parse_constant=lambda token: pytest.fail(f"non-standard token {token}"),
+    )
+    assert doc["summary"]["tensors"] == 6
+    assert doc["summary"]["skipped"] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [(1.5, 1.5), (None, None), (math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")],
+)
+def test_encode_float(value: float | None, encoded: object) -> None:
+    assert encode_float(value) == encoded
+
+
+def test_printable_escapes_terminal_controls_only() -> None:
+    assert printable("layer.0.weight") == "layer.0.weight"
+    assert printable("naïve.权重") == "naïve.权重"
+    assert printable("a\nb\x1b\x7f") == "a\\x0ab\\x1b\\x7f"
+    assert printable("x\u202ey\u200b") == "x\\u202ey\\u200b"
+    assert printable("back\\slash") == "back\\\\slash"
+
+
+def test_number_formatting() -> None:
+    assert [number(v) for v in (None, 0.0, 1234.5, 1e-9, math.inf, math.nan)] == [
+        "-",
+        "0",
+        "1.23e+03",
+        "1e-09",
+        "inf",
+        "nan",
+    ]
