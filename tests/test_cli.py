@@ -206,7 +206,7 @@ def test_internal_error_exits_4_with_a_hint(
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr("gradaudit.cli.scan_paths", boom)
+    monkeypatch.setattr("gradaudit.cli.scan.scan_paths", boom)
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr

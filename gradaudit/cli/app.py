@@ -1,0 +1,109 @@
+"""The Typer application and what every command shares: exit-code translation, output.
+
+The CLI package is the only code that touches argv, consoles and exit codes.
+One module per command registers itself on :data:`app`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from gradaudit import __version__
+from gradaudit.errors import ExitCode, GradauditError, UsageError
+from gradaudit.policy import Thresholds, parse_fail_on
+from gradaudit.report.text import printable
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 audited, no failing finding; 1 failing findings (NaN, Inf, exploding by "
+    "default); 2 usage error; 3 an input could not be audited (missing, unreadable, corrupt, "
+    "unsupported, or nothing to audit) - beats 1; 4 internal error (rerun with --debug)."
+)
+
+app = typer.Typer(
+    name="gradaudit",
+    help="Audit PyTorch gradients: NaN/Inf by name, vanishing and exploding layers, "
+    "overflow-safe norms.",
+    epilog=EXIT_CODES_HELP,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def say(message: str) -> None:
+    """One line for people, on stderr."""
+    sys.stderr.write(f"gradaudit: {message}\n")
+
+
+@contextmanager
+def exit_codes(debug: bool) -> Iterator[None]:
+    """Translate errors into one line on stderr and an exit code; the one place that does."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except GradauditError as error:
+        if debug:
+            traceback.print_exc()
+        say(f"error: {printable(str(error))}")
+        raise typer.Exit(int(error.exit_code)) from None
+    except Exception as error:  # noqa: BLE001 - anything else is a bug, reported as such
+        if debug:
+            traceback.print_exc()
+        say(
+            f"internal error: {type(error).__name__}: {printable(str(error))} "
+            "(this is a bug; rerun with --debug for the traceback)"
+        )
+        raise typer.Exit(int(ExitCode.INTERNAL_ERROR)) from None
+
+
+def output_width() -> int:
+    """``COLUMNS`` if set, else the terminal's width, else 120 (pipes, CI logs)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    return 120
+
+
+def use_color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def make_thresholds(vanishing: float, exploding: float, fail_on: str) -> Thresholds:
+    """Thresholds from option values; a bad value is a usage error (exit 2)."""
+    try:
+        return Thresholds(vanishing=vanishing, exploding=exploding, fail_on=parse_fail_on(fail_on))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def check_device_option(device: str) -> None:
+    """``meta`` is for the library's tests, not for scanning files."""
+    if device.strip().lower() == "meta":
+        raise UsageError("unsupported device 'meta': use auto, cpu, cuda or cuda:N")
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"gradaudit {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Audit PyTorch gradients for NaN/Inf, vanishing and exploding layers."""
