@@ -18,6 +18,7 @@ import torch
 from gradaudit.checks import evaluate_all
 from gradaudit.devices import resolve_device
 from gradaudit.errors import InputError
+from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.results import (
     FileResult,
@@ -29,21 +30,19 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.stats import (
-    DEFAULT_CHUNK_ELEMENTS,
+    ROW_WIDTH,
+    ZEROS,
     HostRow,
     StatsCollector,
     dtype_name,
     merge_rows,
     not_audited_reason,
-    read_rows,
+    read_blocks,
 )
 
 #: What ``audit`` and ``collect_async`` accept: a mapping of names to tensors
 #: (a state dict) or an iterable of ``(name, tensor)`` pairs.
 TensorInput = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-#: The engine that computed the stats, reported in every output.
-ENGINE_NAME = "eager"
 
 
 def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
@@ -59,31 +58,33 @@ class PendingStats:
     """Stats collected on the device and not read yet.
 
     Holds, per tensor, the host-side facts (name, shape, dtype, source) and a
-    device stats row. Nothing in :meth:`add` reads a device value;
-    :meth:`materialize` does the single read.
+    ticket for its device stats row. Nothing in :meth:`add` reads a device
+    value; :meth:`materialize` does the single read.
     """
 
     def __init__(
         self,
         *,
         device: torch.device | str | None = None,
-        chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        chunk_elements: int | None = None,
+        engine: Engine | str = Engine.AUTO,
         collector: StatsCollector | None = None,
     ) -> None:
         self.device = None if device is None else resolve_device(device)
-        self._collector = collector or StatsCollector(chunk_elements)
+        self._collector = collector or StatsCollector(chunk_elements, engine=engine)
         self._started = time.perf_counter()
         self._names: list[str] = []
         self._shapes: list[tuple[int, ...]] = []
         self._dtypes: list[str] = []
         self._sources: list[str | None] = []
-        self._rows: list[torch.Tensor] = []
+        self._tickets: list[int] = []
+        self._devices: dict[str, None] = {}
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._tickets)
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
@@ -94,12 +95,13 @@ class PendingStats:
         if self.device is not None and tensor.device != self.device:
             tensor = tensor.to(self.device, non_blocking=True)
         with torch.no_grad():
-            row = self._collector.row(tensor.detach())
+            ticket = self._collector.submit(tensor.detach())
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(dtype_name(tensor.dtype))
         self._sources.append(source)
-        self._rows.append(row)
+        self._tickets.append(ticket)
+        self._devices[str(tensor.device)] = None
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         for name, tensor in _named(tensors):
@@ -130,17 +132,28 @@ class PendingStats:
         self._shapes += other._shapes
         self._dtypes += other._dtypes
         self._sources += other._sources
-        self._rows += other._rows
+        self._tickets += other._tickets
+        self._devices.update(other._devices)
         self._skipped += other._skipped
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``."""
         thresholds = thresholds or Thresholds()
-        host = read_rows(self._rows)
-        values = host.tolist()
-        tensors = tuple(self._tensor_stats(i, values[i]) for i in range(len(values)))
+        blocks, placements = self._collector.flush()
+        host_blocks = read_blocks(blocks)
+        mine = [placements[ticket] for ticket in self._tickets]
+        # Rows in submission order, with the zeros that bucket padding added taken
+        # out; the merges (per file, global) then run on this host copy.
+        host = torch.empty((len(mine), ROW_WIDTH), dtype=torch.float64)
+        for index, place in enumerate(mine):
+            host[index] = host_blocks[place.block][place.row]
+            host[index, ZEROS] -= place.padding
+        tensors = tuple(
+            self._tensor_stats(i, HostRow.from_values(values))
+            for i, values in enumerate(host.tolist())
+        )
         findings = evaluate_all(tensors, thresholds)
-        global_row = merge_rows(host) if len(values) else None
+        global_row = merge_rows(host) if len(tensors) else None
         files = tuple(self._file_results(host))
         return Report(
             tensors=tensors,
@@ -148,15 +161,14 @@ class PendingStats:
             skipped=tuple(self._skipped),
             summary=_summary(tensors, findings, len(self._skipped), global_row),
             device=self._device_label(),
-            engine=ENGINE_NAME,
+            engine=self._collector.engine.value,
             elapsed_s=time.perf_counter() - self._started,
             files=files,
             errors=tuple(self._errors),
             thresholds=thresholds,
         )
 
-    def _tensor_stats(self, index: int, values: list[float]) -> TensorStats:
-        row = HostRow.from_values(values)
+    def _tensor_stats(self, index: int, row: HostRow) -> TensorStats:
         shape = self._shapes[index]
         numel = math.prod(shape)
         finite = numel - row.nan - row.pos_inf - row.neg_inf
@@ -190,7 +202,7 @@ class PendingStats:
             )
 
     def _device_label(self) -> str:
-        devices = dict.fromkeys(str(row.device) for row in self._rows)
+        devices = dict(self._devices)
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
@@ -224,14 +236,15 @@ def collect_async(
     tensors: TensorInput,
     *,
     device: torch.device | str | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
+    engine: Engine | str = Engine.AUTO,
 ) -> PendingStats:
     """Queue the stats of ``tensors`` on their device without any device->host sync.
 
     Call :meth:`PendingStats.materialize` later (e.g. after ``optimizer.step()``)
     for the one read. ``device=None`` reduces each tensor where it lives.
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
     pending.add_all(tensors)
     return pending
 
@@ -241,12 +254,12 @@ def audit(
     *,
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
+    engine: Engine | str = Engine.AUTO,
 ) -> Report:
     """Audit in-memory tensors: ``collect_async(...).materialize(thresholds)``."""
-    return collect_async(tensors, device=device, chunk_elements=chunk_elements).materialize(
-        thresholds
-    )
+    pending = collect_async(tensors, device=device, chunk_elements=chunk_elements, engine=engine)
+    return pending.materialize(thresholds)
 
 
 def scan_paths(
@@ -254,12 +267,13 @@ def scan_paths(
     *,
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = "auto",
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
+    engine: Engine | str = Engine.AUTO,
 ) -> Report:
     """Audit files one tensor at a time; a bad file is recorded and the others still audited."""
     from gradaudit.io import open_source
 
-    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
     target = pending.device or torch.device("cpu")
     for raw in paths:
         path = str(raw)

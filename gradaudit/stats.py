@@ -2,9 +2,9 @@
 
 Nothing here reads a device value back to the host. Every statistic of a
 tensor is a slot of a float64 *stats row* that stays on the tensor's device;
-rows are stacked and read back once by :func:`read_rows` (the only host read of
-a whole scan). That is what lets a training loop collect between ``backward()``
-and ``optimizer.step()`` without stalling the stream, and it is proved by a test
+rows are read back once by :func:`read_blocks` (the only host read of a whole
+scan). That is what lets a training loop collect between ``backward()`` and
+``optimizer.step()`` without stalling the stream, and it is proved by a test
 that collects on ``device="meta"``, where every host read raises.
 
 The stats row
@@ -16,31 +16,47 @@ The stats row
 * the sum of squares of the finite elements is ``scale**2 * ssq``. ``ssq`` is
   accumulated in float64, which cannot overflow for any float32/16/bf16/fp8
   input (3.4e38**2 = 1.2e77). Only float64 input can overflow float64 squares,
-  so float64 chunks are divided by a power of two just above their ``max_abs``
-  (exact, no rounding) and record that ``scale``; other chunks use ``scale=1``.
+  so float64 blocks are divided by a power of two just above their ``max_abs``
+  (exact, no rounding) and record that ``scale``; other blocks use ``scale=1``.
 
 The merge rule (:func:`merge_rows`) combines rows of chunks into a tensor,
-tensors into a file or a whole scan, and later shards and ranks: counts add,
-maxima take the max, and sums of squares add after rescaling to the largest
-scale.
+tensors into a file or a whole scan, and shards and ranks: counts add, maxima
+take the max, and sums of squares add after rescaling to the largest scale.
+
+How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
+------------------------------------------------------------------
+* A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
+  chunk small enough to stay in cache lets the several passes of the eager
+  kernel hit the cache instead of memory.
+* Small tensors would pay a dozen op dispatches each, which dominates when a
+  model has thousands of them. They are copied into zero-padded 2-D *buckets*
+  (one row per tensor, rows of similar length share a bucket) that are reduced
+  with one set of row-wise ops; the padding zeros are subtracted on the host.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from gradaudit.kernels import Engine, RowKernel, make_kernel
 
 NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
 ROW_WIDTH = 7
 _COUNT_SLOTS = slice(NAN, ZEROS + 1)
 
-#: Elements reduced at once. Bounds the scratch memory: one float64 buffer
-#: (8 MiB), one float32 buffer for upcast half/fp8 chunks (4 MiB) and one bool
-#: mask (1 MiB) per device, whatever the size of the model or of its largest tensor.
-DEFAULT_CHUNK_ELEMENTS = 1 << 20
+#: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
+#: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
+DEFAULT_CHUNK_ELEMENTS = 1 << 18
+#: The compiled kernel makes a single pass, so it takes larger chunks to amortise its call cost.
+COMPILED_CHUNK_ELEMENTS = 1 << 22
+#: Tensors up to this many elements are bucketed rather than reduced one by one.
+BUCKET_MAX_ELEMENTS = 1 << 16
+#: Elements in one bucket (all its rows, padding included).
+BUCKET_ELEMENTS = 1 << 18
 
 #: Dtypes that are audited numerically; everything else is reported as skipped.
 AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
@@ -54,14 +70,19 @@ AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
     }
 )
 
-#: Dtypes that are reduced in a float32 working copy: CPU kernels for
-#: isinf/max/norm are missing for fp8, and a float32 copy of a half chunk is exact.
-_UPCAST_TO_FLOAT32: frozenset[torch.dtype] = AUDITED_DTYPES - {torch.float64, torch.float32}
-
 
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``, the spelling used in every output."""
     return str(dtype).removeprefix("torch.")
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor is reduced in: float64 stays, everything else becomes float32.
+
+    A float32 copy of half, bfloat16 or fp8 values is exact, and CPU kernels for
+    isinf/max/norm are missing for fp8.
+    """
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def not_audited_reason(tensor: torch.Tensor) -> str | None:
@@ -103,30 +124,139 @@ def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     return row
 
 
-class StatsCollector:
-    """Turns tensors into stats rows, chunk by chunk, reusing scratch buffers.
+def bucket_length(numel: int) -> int:
+    """The padded row length of a bucket for a tensor of ``numel`` elements.
 
-    Fresh large temporaries cost several times a reused buffer on the CPU, so
-    each device keeps one buffer per working dtype, sized to the chunk.
+    Lengths step by a factor of 2**(1/4), rounded up to 64 elements, so
+    padding wastes at most about 19% of a bucket.
+    """
+    length = 64
+    while length < numel:
+        length = -(-int(length * 1.1892) // 64) * 64
+    return length
+
+
+@dataclass
+class _Bucket:
+    """Zero-padded rows of small tensors waiting to be reduced together."""
+
+    buffer: torch.Tensor
+    #: (ticket, numel) of each filled row, in row order.
+    tickets: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a submitted tensor's row ended up: block, row in block, padding zeros to subtract."""
+
+    block: int
+    row: int
+    padding: int
+
+
+class StatsCollector:
+    """Turns tensors into stats rows on their device; never reads a value back.
+
+    Use :meth:`submit` for many tensors (small ones are bucketed) and
+    :meth:`flush` to get every row, or :meth:`row` for one tensor right away.
     """
 
-    def __init__(self, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
+    def __init__(
+        self,
+        chunk_elements: int | None = None,
+        *,
+        engine: Engine | str = Engine.EAGER,
+    ) -> None:
+        self.engine = Engine(engine)
+        if self.engine is Engine.AUTO:
+            self.engine = Engine.EAGER
+        if chunk_elements is None:
+            chunk_elements = (
+                COMPILED_CHUNK_ELEMENTS
+                if self.engine is Engine.COMPILED
+                else DEFAULT_CHUNK_ELEMENTS
+            )
         if chunk_elements < 1:
             raise ValueError("chunk_elements must be >= 1")
         self.chunk_elements = chunk_elements
-        self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-        self._unit: dict[torch.device, torch.Tensor] = {}
+        self._kernel: RowKernel = make_kernel(self.engine)
+        self._upcast: dict[torch.device, torch.Tensor] = {}
+        self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
+        self._blocks: list[torch.Tensor] = []
+        self._placements: list[Placement | None] = []
+
+    # -- one tensor, right away -------------------------------------------------
 
     def row(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The stats row of ``tensor`` on its own device, without any host read."""
+        """The stats row ``[7]`` of ``tensor`` on its own device, without any host read."""
         if tensor.dtype not in AUDITED_DTYPES:
             raise TypeError(f"cannot audit dtype {dtype_name(tensor.dtype)}")
         if tensor.numel() == 0:
             return empty_row(tensor.device)
-        rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
+        rows = [self._kernel(self._as_block(chunk)) for chunk in self._chunks(tensor)]
         if len(rows) == 1:
-            return rows[0]
-        return merge_rows(torch.stack(rows))
+            return rows[0][0]
+        return merge_rows(torch.cat(rows))
+
+    # -- many tensors -----------------------------------------------------------
+
+    def submit(self, tensor: torch.Tensor) -> int:
+        """Queue ``tensor``; returns a ticket to find its row after :meth:`flush`."""
+        ticket = len(self._placements)
+        numel = tensor.numel()
+        if numel == 0 or numel > BUCKET_MAX_ELEMENTS:
+            self._placements.append(Placement(len(self._blocks), 0, 0))
+            self._blocks.append(self.row(tensor).unsqueeze(0))
+            return ticket
+        self._placements.append(None)
+        length = bucket_length(numel)
+        key = (tensor.device, work_dtype(tensor.dtype), length)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            rows = max(1, BUCKET_ELEMENTS // length)
+            buffer = torch.zeros((rows, length), dtype=key[1], device=tensor.device)
+            bucket = self._buckets[key] = _Bucket(buffer)
+        target = bucket.buffer[len(bucket.tickets), :numel]
+        target.view(tensor.shape).copy_(tensor)
+        bucket.tickets.append((ticket, numel))
+        if len(bucket.tickets) == bucket.buffer.shape[0]:
+            self._reduce_bucket(bucket)
+        return ticket
+
+    def flush(self) -> tuple[list[torch.Tensor], list[Placement]]:
+        """Reduce what is still bucketed; every block of rows and each ticket's placement."""
+        for bucket in self._buckets.values():
+            if bucket.tickets:
+                self._reduce_bucket(bucket)
+        placements = [p for p in self._placements if p is not None]
+        assert len(placements) == len(self._placements), "a ticket was never placed"
+        return list(self._blocks), placements
+
+    def _reduce_bucket(self, bucket: _Bucket) -> None:
+        used = bucket.buffer[: len(bucket.tickets)]
+        block_index = len(self._blocks)
+        self._blocks.append(self._kernel(used))
+        length = used.shape[1]
+        for row, (ticket, numel) in enumerate(bucket.tickets):
+            self._placements[ticket] = Placement(block_index, row, length - numel)
+        used.zero_()  # padding must read as zero next time; stream-ordered on CUDA
+        bucket.tickets.clear()
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _as_block(self, chunk: torch.Tensor) -> torch.Tensor:
+        """A 1-D chunk as a ``[1, n]`` block in a dtype the kernel takes."""
+        if self.engine is Engine.EAGER and chunk.dtype != work_dtype(chunk.dtype):
+            buffer = self._upcast.get(chunk.device)
+            if buffer is None or buffer.numel() < chunk.numel():
+                buffer = torch.empty(
+                    max(chunk.numel(), self.chunk_elements),
+                    dtype=torch.float32,
+                    device=chunk.device,
+                )
+                self._upcast[chunk.device] = buffer
+            chunk = buffer[: chunk.numel()].copy_(chunk)
+        return chunk.view(1, -1)
 
     def _chunks(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         """1-D pieces of at most ``chunk_elements`` elements, never a copy of the whole tensor.
@@ -142,51 +272,6 @@ class StatsCollector:
         rows_per_block = max(1, step // row_elements)
         for start in range(0, tensor.shape[0], rows_per_block):
             yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
-
-    def _buffer(self, device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
-        key = (device, dtype)
-        buf = self._scratch.get(key)
-        if buf is None or buf.numel() < n:
-            buf = torch.empty(max(n, self.chunk_elements), dtype=dtype, device=device)
-            self._scratch[key] = buf
-        return buf[:n]
-
-    def _one(self, device: torch.device) -> torch.Tensor:
-        unit = self._unit.get(device)
-        if unit is None:
-            unit = torch.ones((), dtype=torch.float64, device=device)
-            self._unit[device] = unit
-        return unit
-
-    def _chunk_row(self, chunk: torch.Tensor) -> torch.Tensor:
-        n = chunk.numel()
-        device = chunk.device
-        work = chunk
-        if chunk.dtype in _UPCAST_TO_FLOAT32:
-            work = self._buffer(device, torch.float32, n).copy_(chunk)
-
-        mask = self._buffer(device, torch.bool, n)
-        nan = torch.count_nonzero(torch.ne(work, work, out=mask))
-        pos_inf = torch.count_nonzero(torch.eq(work, math.inf, out=mask))
-        neg_inf = torch.count_nonzero(torch.eq(work, -math.inf, out=mask))
-        # count_nonzero counts NaN as non-zero and -0.0 as zero, as wanted.
-        zeros = n - torch.count_nonzero(work)
-
-        finite = self._buffer(device, torch.float64, n).copy_(work)
-        torch.nan_to_num_(finite, nan=0.0, posinf=0.0, neginf=0.0)
-        low, high = torch.aminmax(finite)
-        max_abs = torch.maximum(-low, high)
-        if work.dtype == torch.float64:
-            # 2**(e-1) with max_abs = m * 2**e, m in [0.5, 1): every |x|/scale < 2,
-            # and 2**(e-1) stays finite even for max_abs near float64's maximum.
-            _, exponent = torch.frexp(max_abs)
-            scale = torch.ldexp(self._one(device), exponent - 1)
-            finite.div_(scale)
-        else:
-            scale = self._one(device)
-        ssq = torch.dot(finite, finite)
-        counts = torch.stack([nan, pos_inf, neg_inf, zeros]).to(torch.float64)
-        return torch.cat([counts, torch.stack([max_abs, scale, ssq])])
 
 
 def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
@@ -206,32 +291,41 @@ class HostRow:
     norm: float
 
     @classmethod
-    def from_values(cls, values: list[float]) -> HostRow:
+    def from_values(cls, values: list[float], padding: int = 0) -> HostRow:
+        """``padding``: zeros that bucketing added to the row, subtracted here."""
         scale, ssq = values[SCALE], values[SSQ]
         return cls(
             nan=int(values[NAN]),
             pos_inf=int(values[POS_INF]),
             neg_inf=int(values[NEG_INF]),
-            zeros=int(values[ZEROS]),
+            zeros=int(values[ZEROS]) - padding,
             max_abs=values[MAX_ABS],
             norm=scale * math.sqrt(ssq),
         )
 
 
-def read_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack device rows and copy them to the host: one transfer per device.
+def read_blocks(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
 
-    Returns a CPU float64 ``[len(rows), 7]`` matrix in the order given. Rows
-    normally share one device; rows spread over several devices cost one read
-    for each.
+    Blocks normally share one device; blocks spread over several devices cost
+    one read for each. Returns CPU blocks in the order given.
     """
+    by_device: dict[torch.device, list[int]] = {}
+    for index, block in enumerate(blocks):
+        by_device.setdefault(block.device, []).append(index)
+    host: list[torch.Tensor | None] = [None] * len(blocks)
+    for indices in by_device.values():
+        stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
+        offset = 0
+        for i in indices:
+            rows = blocks[i].shape[0]
+            host[i] = stacked[offset : offset + rows]
+            offset += rows
+    return [block for block in host if block is not None]
+
+
+def read_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack single device rows ``[7]`` and read them in one transfer: ``[len(rows), 7]``."""
     if not rows:
         return torch.empty((0, ROW_WIDTH), dtype=torch.float64)
-    by_device: dict[torch.device, list[int]] = {}
-    for index, row in enumerate(rows):
-        by_device.setdefault(row.device, []).append(index)
-    host = torch.empty((len(rows), ROW_WIDTH), dtype=torch.float64)
-    for _device, indices in by_device.items():
-        stacked = torch.stack([rows[i] for i in indices])
-        host[indices] = stacked.to("cpu")
-    return host
+    return torch.cat(read_blocks([row.unsqueeze(0) for row in rows]))

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit import audit, collect_async
+from gradaudit import TensorStats, audit, collect_async
 from gradaudit.stats import (
     AUDITED_DTYPES,
     NAN,
@@ -42,7 +42,7 @@ def stats_of(tensor: torch.Tensor, chunk_elements: int = 1 << 20) -> HostRow:
     return HostRow.from_values(read_rows([row])[0].tolist())
 
 
-def assert_matches_reference(tensor: torch.Tensor, got: HostRow) -> None:
+def assert_matches_reference(tensor: torch.Tensor, got: HostRow | TensorStats) -> None:
     ref = reference_stats(tensor)
     assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
         ref.nan,
@@ -219,3 +219,57 @@ def test_collection_never_reads_the_device(dtype: torch.dtype) -> None:
     assert len(pending) == 4
     with pytest.raises((NotImplementedError, RuntimeError)):
         pending.materialize()
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(batch=st.lists(tensors(), min_size=1, max_size=12))
+def test_bucketed_collection_matches_reference(batch: list[torch.Tensor]) -> None:
+    """Small tensors share zero-padded buckets; padding must not show up as zeros."""
+    report = audit({f"t{i}": t for i, t in enumerate(batch)})
+    assert [s.name for s in report.tensors] == [f"t{i}" for i in range(len(batch))]
+    for tensor, got in zip(batch, report.tensors, strict=True):
+        ref = reference_stats(tensor)
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+        )
+        assert got.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-6, abs=0.0)
+
+
+def test_buckets_fill_up_and_flush_in_order() -> None:
+    """More small tensors than one bucket holds, mixed with large ones, keep their order."""
+    gen = torch.Generator().manual_seed(3)
+    tensors = {}
+    for i in range(700):
+        size = [3, 64, 500, 5000, 70_000][i % 5]
+        tensor = torch.randn(size, generator=gen)
+        tensor[i % size] = [0.0, math.nan, math.inf, -math.inf, 1e20][i % 5]
+        tensors[f"p{i}"] = tensor
+    report = audit(tensors)
+    for stats in report.tensors:
+        ref = reference_stats(tensors[stats.name])
+        assert (stats.nan, stats.pos_inf, stats.neg_inf, stats.zeros) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+        ), stats.name
+        assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
+
+
+def test_compiled_kernel_matches_reference() -> None:
+    """The fused torch.compile kernel against the same float64 reference as the eager one."""
+    gen = torch.Generator().manual_seed(4)
+    cases = {}
+    for dtype in FLOAT_DTYPES:
+        values = torch.randn(3000, generator=gen, dtype=torch.float64) * HUGE[dtype] / 4
+        values[[5, 17, 99, 100]] = torch.tensor([math.nan, math.inf, -math.inf, 0.0]).double()
+        cases[f"big-{dtype}"] = values.to(dtype)
+        cases[f"small-{dtype}"] = values[:37].to(dtype)
+    report = audit(cases, engine="compiled", chunk_elements=1024)
+    assert report.engine == "compiled"
+    for stats in report.tensors:
+        assert_matches_reference(cases[stats.name], stats)

@@ -20,6 +20,7 @@ from gradaudit.cli.app import (
     say,
     use_color,
 )
+from gradaudit.kernels import Engine
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -28,7 +29,6 @@ from gradaudit.policy import (
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
-from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -59,9 +59,13 @@ def scan(
     top: Annotated[
         int, typer.Option(min=0, help="Unflagged rows shown, largest norms first.")
     ] = DEFAULT_TOP_ROWS,
+    engine: Annotated[
+        Engine,
+        typer.Option(help="Kernel: eager (default for auto), or compiled with torch.compile."),
+    ] = Engine.AUTO,
     chunk_elements: Annotated[
-        int, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
-    ] = DEFAULT_CHUNK_ELEMENTS,
+        int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
@@ -69,7 +73,11 @@ def scan(
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
         report = scan_paths(
-            paths, thresholds=thresholds, device=device, chunk_elements=chunk_elements
+            paths,
+            thresholds=thresholds,
+            device=device,
+            chunk_elements=chunk_elements,
+            engine=engine,
         )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
