@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -269,8 +269,12 @@ def scan_paths(
     device: torch.device | str | None = "auto",
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    progress: Callable[[int], None] | None = None,
 ) -> Report:
-    """Audit files one tensor at a time; a bad file is recorded and the others still audited."""
+    """Audit files one tensor at a time; a bad file is recorded and the others still audited.
+
+    ``progress`` is called with the byte size of each tensor once it is queued.
+    """
     from gradaudit.io import open_source
 
     pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
@@ -285,6 +289,8 @@ def scan_paths(
                     part.skip(item)
                 else:
                     part.add(item[0], item[1], source=path)
+                    if progress is not None:
+                        progress(item[1].numel() * item[1].element_size())
         except InputError as error:
             pending.add_error(InputProblem(path, error.cause))
             continue

@@ -254,3 +254,15 @@ def test_help_documents_exit_codes() -> None:
     text = " ".join(result.stdout.split())
     for code in ("0 audited", "1 failing findings", "2 usage error", "3 an input", "4 internal"):
         assert code in text
+
+
+def test_forced_progress_keeps_stdout_pure_json(write_dump: WriteDump) -> None:
+    result = scan(str(write_dump({"w": torch.ones(3)})), "--progress", "--format", "json")
+    assert result.exit_code == ExitCode.OK
+    assert strict_json(result.stdout)["summary"]["tensors"] == 1
+
+
+def test_engine_option_is_reported(write_dump: WriteDump) -> None:
+    result = scan(str(write_dump({"w": torch.ones(3)})), "--engine", "eager", "--format", "json")
+    assert strict_json(result.stdout)["engine"] == "eager"
+    assert scan(str(write_dump({"w": torch.ones(3)})), "--engine", "turbo").exit_code == 2

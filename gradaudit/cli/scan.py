@@ -20,6 +20,7 @@ from gradaudit.cli.app import (
     say,
     use_color,
 )
+from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.kernels import Engine
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
@@ -66,19 +67,30 @@ def scan(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            help="Progress bar on stderr; by default on a terminal for large inputs, never JSON.",
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
     with exit_codes(debug):
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
-        report = scan_paths(
-            paths,
-            thresholds=thresholds,
-            device=device,
-            chunk_elements=chunk_elements,
-            engine=engine,
-        )
+        total = input_bytes(paths)
+        show = wants_progress(progress, output_format is OutputFormat.JSON, total)
+        with progress_bar(total, show) as advance:
+            report = scan_paths(
+                paths,
+                thresholds=thresholds,
+                device=device,
+                chunk_elements=chunk_elements,
+                engine=engine,
+                progress=advance,
+            )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
         if not report.errors and report.summary.tensors == 0:
