@@ -30,6 +30,7 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.stats import (
+    DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     ZEROS,
     HostRow,
@@ -68,10 +69,13 @@ class PendingStats:
         device: torch.device | str | None = None,
         chunk_elements: int | None = None,
         engine: Engine | str = Engine.AUTO,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
         collector: StatsCollector | None = None,
     ) -> None:
         self.device = None if device is None else resolve_device(device)
-        self._collector = collector or StatsCollector(chunk_elements, engine=engine)
+        self._collector = collector or StatsCollector(
+            chunk_elements, engine=engine, memory_budget=memory_budget
+        )
         self._started = time.perf_counter()
         self._names: list[str] = []
         self._shapes: list[tuple[int, ...]] = []
@@ -269,6 +273,7 @@ def scan_paths(
     device: torch.device | str | None = "auto",
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
     progress: Callable[[int], None] | None = None,
 ) -> Report:
     """Audit files one tensor at a time; a bad file is recorded and the others still audited.
@@ -277,7 +282,9 @@ def scan_paths(
     """
     from gradaudit.io import open_source
 
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    pending = PendingStats(
+        device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
+    )
     target = pending.device or torch.device("cpu")
     for raw in paths:
         path = str(raw)

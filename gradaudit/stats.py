@@ -57,6 +57,11 @@ COMPILED_CHUNK_ELEMENTS = 1 << 22
 BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
+#: Default working-memory budget (``--max-memory``): scratch buffers plus live buckets.
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+#: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
+#: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
+_SCRATCH_BYTES_PER_ELEMENT = 20
 
 #: Dtypes that are audited numerically; everything else is reported as skipped.
 AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
@@ -166,6 +171,7 @@ class StatsCollector:
         chunk_elements: int | None = None,
         *,
         engine: Engine | str = Engine.EAGER,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         self.engine = Engine(engine)
         if self.engine is Engine.AUTO:
@@ -176,9 +182,17 @@ class StatsCollector:
                 if self.engine is Engine.COMPILED
                 else DEFAULT_CHUNK_ELEMENTS
             )
+            # Half the budget for the kernel's scratch (chunks and buckets share it)...
+            fits = memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)
+            chunk_elements = max(4096, min(chunk_elements, 1 << max(fits.bit_length() - 1, 0)))
         if chunk_elements < 1:
             raise ValueError("chunk_elements must be >= 1")
         self.chunk_elements = chunk_elements
+        self.bucket_elements = min(BUCKET_ELEMENTS, chunk_elements)
+        # ...and the other half for buckets waiting to be filled.
+        self.bucket_budget = max(memory_budget // 2, 8 * self.bucket_elements)
+        self._bucket_bytes = 0
+        self.peak_bucket_bytes = 0
         self._kernel: RowKernel = make_kernel(self.engine)
         self._upcast: dict[torch.device, torch.Tensor] = {}
         self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
@@ -213,9 +227,14 @@ class StatsCollector:
         key = (tensor.device, work_dtype(tensor.dtype), length)
         bucket = self._buckets.get(key)
         if bucket is None:
-            rows = max(1, BUCKET_ELEMENTS // length)
+            rows = max(1, self.bucket_elements // length)
+            nbytes = rows * length * key[1].itemsize
+            while self._buckets and self._bucket_bytes + nbytes > self.bucket_budget:
+                self._evict_oldest_bucket()
             buffer = torch.zeros((rows, length), dtype=key[1], device=tensor.device)
             bucket = self._buckets[key] = _Bucket(buffer)
+            self._bucket_bytes += nbytes
+            self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._bucket_bytes)
         target = bucket.buffer[len(bucket.tickets), :numel]
         target.view(tensor.shape).copy_(tensor)
         bucket.tickets.append((ticket, numel))
@@ -231,6 +250,14 @@ class StatsCollector:
         placements = [p for p in self._placements if p is not None]
         assert len(placements) == len(self._placements), "a ticket was never placed"
         return list(self._blocks), placements
+
+    def _evict_oldest_bucket(self) -> None:
+        """Reduce and free the oldest bucket, to stay within the memory budget."""
+        key = next(iter(self._buckets))
+        bucket = self._buckets.pop(key)
+        if bucket.tickets:
+            self._reduce_bucket(bucket)
+        self._bucket_bytes -= bucket.buffer.numel() * bucket.buffer.element_size()
 
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
@@ -291,14 +318,13 @@ class HostRow:
     norm: float
 
     @classmethod
-    def from_values(cls, values: list[float], padding: int = 0) -> HostRow:
-        """``padding``: zeros that bucketing added to the row, subtracted here."""
+    def from_values(cls, values: list[float]) -> HostRow:
         scale, ssq = values[SCALE], values[SSQ]
         return cls(
             nan=int(values[NAN]),
             pos_inf=int(values[POS_INF]),
             neg_inf=int(values[NEG_INF]),
-            zeros=int(values[ZEROS]) - padding,
+            zeros=int(values[ZEROS]),
             max_abs=values[MAX_ABS],
             norm=scale * math.sqrt(ssq),
         )

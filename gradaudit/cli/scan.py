@@ -30,6 +30,7 @@ from gradaudit.policy import (
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
+from gradaudit.stats import DEFAULT_MEMORY_BUDGET
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -64,6 +65,10 @@ def scan(
         Engine,
         typer.Option(help="Kernel: eager (default for auto), or compiled with torch.compile."),
     ] = Engine.AUTO,
+    max_memory: Annotated[
+        int,
+        typer.Option(min=16, help="Working-memory budget in MiB (scratch and buckets)."),
+    ] = DEFAULT_MEMORY_BUDGET // (1024 * 1024),
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
@@ -89,6 +94,7 @@ def scan(
                 device=device,
                 chunk_elements=chunk_elements,
                 engine=engine,
+                memory_budget=max_memory * 1024 * 1024,
                 progress=advance,
             )
         for problem in report.errors:
