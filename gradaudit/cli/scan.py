@@ -27,6 +27,7 @@ from gradaudit.policy import (
 )
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.table import nothing_to_audit
 from gradaudit.report.text import printable
 from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
@@ -35,7 +36,13 @@ from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 def scan(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Gradient dumps (.safetensors).", metavar="PATH"),
+        typer.Argument(
+            help="Gradient dumps (.safetensors).",
+            metavar="PATH",
+            # Click's own readability check would make an unreadable input a usage error
+            # (exit 2) and stop the run; the readers report it as an input error instead.
+            readable=False,
+        ),
     ],
     output_format: Annotated[
         OutputFormat, typer.Option("--format", "-f", help="Output format.")
@@ -59,22 +66,43 @@ def scan(
     top: Annotated[
         int, typer.Option(min=0, help="Unflagged rows shown, largest norms first.")
     ] = DEFAULT_TOP_ROWS,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include",
+            metavar="GLOB",
+            help="Audit only tensors whose name matches (repeatable; * matches dots too).",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude",
+            metavar="GLOB",
+            help="Leave out tensors whose name matches (repeatable; beats --include).",
+        ),
+    ] = None,
     chunk_elements: Annotated[
         int, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = DEFAULT_CHUNK_ELEMENTS,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
-    """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
+    """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
         report = scan_paths(
-            paths, thresholds=thresholds, device=device, chunk_elements=chunk_elements
+            paths,
+            thresholds=thresholds,
+            device=device,
+            chunk_elements=chunk_elements,
+            include=include or (),
+            exclude=exclude or (),
         )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
         if not report.errors and report.summary.tensors == 0:
-            say("error: nothing to audit: no floating-point tensor in the inputs")
+            say(f"error: {nothing_to_audit(report)}")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all, top=top)
         sys.stdout.write(output_format.formatter()(report, options))
         raise typer.Exit(int(exit_code(report)))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import SourceItem, TensorSource
+from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
 from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
 
-__all__ = ["SourceItem", "TensorSource", "open_source"]
+__all__ = ["Excluded", "Select", "SourceItem", "TensorSource", "open_source"]
 
 
 def open_source(path: str | Path) -> TensorSource:

@@ -1,0 +1,116 @@
+"""The CLI over several inputs and --include/--exclude."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from gradaudit import ExitCode
+from gradaudit.cli import app
+
+runner = CliRunner()
+
+
+def scan(*args: str, width: int = 160) -> Any:
+    return runner.invoke(app, ["scan", *args], env={"COLUMNS": str(width), "NO_COLOR": "1"})
+
+
+def dump(path: Path, nan: bool = False) -> Path:
+    bias = torch.tensor([math.nan if nan else 1.0, 2.0])
+    save_file(
+        {
+            "model.weight": torch.ones(2, 3),
+            "model.bias": bias,
+            "optimizer.state.0.exp_avg": torch.full((2, 3), 0.5),
+            "optimizer.state.1.exp_avg": torch.full((2,), 0.5),
+            "epoch": torch.tensor(1),
+        },
+        str(path),
+    )
+    return path
+
+
+def test_include_and_exclude_select_tensors_and_count_the_rest(tmp_path: Path) -> None:
+    path = dump(tmp_path / "train.safetensors", nan=True)
+
+    only_model = scan(str(path), "--include", "model.*", "--format", "json")
+    document = json.loads(only_model.stdout)
+    assert only_model.exit_code == ExitCode.FINDINGS
+    assert sorted(t["name"] for t in document["tensors"]) == ["model.bias", "model.weight"]
+    assert document["summary"]["excluded"] == 3
+    assert document["files"][0]["excluded"] == 3
+    assert document["skipped"] == []
+
+    no_model = scan(str(path), "--exclude", "model.*", "--exclude", "epoch")
+    assert no_model.exit_code == ExitCode.OK  # the NaN is in the model, left out
+    assert "optimizer.state.0.exp_avg" in no_model.stdout
+    assert "excluded 3 by --include/--exclude" in no_model.stdout
+
+
+def test_a_selection_that_matches_nothing_is_nothing_to_audit(tmp_path: Path) -> None:
+    path = dump(tmp_path / "train.safetensors")
+    result = scan(str(path), "--include", "modle.*")
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert result.stderr == (
+        "gradaudit: error: nothing to audit: --include/--exclude left no floating-point tensor "
+        "(5 excluded)\n"
+    )
+    assert "INCOMPLETE: nothing to audit: --include/--exclude left" in result.stdout
+
+
+def test_several_inputs_get_a_line_each_and_one_summary(tmp_path: Path) -> None:
+    good = dump(tmp_path / "good.safetensors")
+    sick = dump(tmp_path / "sick.safetensors", nan=True)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(good.read_bytes()[:-3])
+
+    result = scan(str(good), str(sick), str(broken), width=400)
+
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in result.stdout.splitlines()
+        if line.startswith("│") and "verdict" not in line and line.count("│") == 7
+    }
+    assert "ok" in rows[str(good)]
+    assert "FAIL (nan)" in rows[str(sick)]
+    assert "error: " in rows[str(broken)]
+    assert "Audited 8 tensors (32 elements) in 3 files" in result.stdout
+    assert f"skipped epoch in {good}" in result.stdout
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_one_input_keeps_the_single_file_layout(tmp_path: Path) -> None:
+    result = scan(str(dump(tmp_path / "one.safetensors")))
+    assert "verdict" not in result.stdout
+    assert "global norm" in result.stdout
+
+
+def test_unreadable_input_is_an_input_error_not_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As root, chmod 0 does not stop reading, so the refusal is simulated at os.access.
+    locked, good = dump(tmp_path / "locked.safetensors"), dump(tmp_path / "good.safetensors")
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode)
+    )
+    result = scan(str(good), str(locked))
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert result.stderr == f"gradaudit: error: {locked}: permission denied\n"
+    assert "model.weight" in result.stdout
+
+
+def test_help_names_the_options() -> None:
+    result = runner.invoke(app, ["scan", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.stdout.split())
+    for words in ("--include", "--exclude", "beats --include"):
+        assert words in text
