@@ -37,7 +37,8 @@ def scan(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Gradient dumps (.safetensors).",
+            help="Gradient dumps and checkpoints: .safetensors, .pt/.pth/.bin/.ckpt "
+            "(torch.save, loaded weights-only).",
             metavar="PATH",
             # Click's own readability check would make an unreadable input a usage error
             # (exit 2) and stop the run; the readers report it as an input error instead.
