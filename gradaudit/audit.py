@@ -270,20 +270,29 @@ def scan_paths(
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    recursive: bool = False,
 ) -> Report:
-    """Audit files one tensor at a time; a bad file is recorded and the others still audited.
+    """Audit files and directories one tensor at a time.
 
-    ``include``/``exclude`` are glob patterns on tensor names (see
-    :class:`gradaudit.selection.NameFilter`).
+    A bad input is recorded and the others are still audited. Directories are searched for
+    checkpoint files (``recursive`` descends); ``include``/``exclude`` are glob patterns on
+    tensor names (see :class:`gradaudit.selection.NameFilter`).
     """
-    from gradaudit.io import Excluded, open_source
+    from gradaudit.io import Excluded, expand_inputs, open_source
+    from gradaudit.io.discover import BadInput, SkippedPath
 
     selection = NameFilter(tuple(include), tuple(exclude))
     select = selection if selection.active else None
     pending = PendingStats(device=device, chunk_elements=chunk_elements)
     target = pending.device or torch.device("cpu")
-    for raw in paths:
-        path = os.fspath(raw)
+    for entry in expand_inputs(paths, recursive=recursive):
+        if isinstance(entry, SkippedPath):
+            pending.skip(Skipped(entry.path, entry.reason, entry.within))
+            continue
+        if isinstance(entry, BadInput):
+            pending.add_error(InputProblem(entry.path, entry.cause))
+            continue
+        path = entry.path
         pending.add_file(path)
         part = pending.child()
         try:

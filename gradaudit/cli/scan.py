@@ -37,8 +37,8 @@ def scan(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Gradient dumps and checkpoints: .safetensors, .pt/.pth/.bin/.ckpt "
-            "(torch.save, loaded weights-only).",
+            help="Checkpoints and gradient dumps: .safetensors, *.safetensors.index.json "
+            "(sharded), .pt/.pth/.bin/.ckpt (torch.save, loaded weights-only), or directories.",
             metavar="PATH",
             # Click's own readability check would make an unreadable input a usage error
             # (exit 2) and stop the run; the readers report it as an input error instead.
@@ -83,6 +83,9 @@ def scan(
             help="Leave out tensors whose name matches (repeatable; beats --include).",
         ),
     ] = None,
+    recursive: Annotated[
+        bool, typer.Option("--recursive", "-r", help="Search directories' subdirectories too.")
+    ] = False,
     chunk_elements: Annotated[
         int, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = DEFAULT_CHUNK_ELEMENTS,
@@ -99,6 +102,7 @@ def scan(
             chunk_elements=chunk_elements,
             include=include or (),
             exclude=exclude or (),
+            recursive=recursive,
         )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")

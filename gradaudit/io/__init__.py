@@ -11,29 +11,44 @@ from pathlib import Path
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
+from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
 from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
+from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.sniff import sniff
-from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS, TorchPickleSource
+from gradaudit.io.torch_pickle import TorchPickleSource
 
-__all__ = ["Excluded", "Select", "SourceItem", "TensorSource", "open_source"]
+__all__ = [
+    "KNOWN_SUFFIXES",
+    "Excluded",
+    "Select",
+    "SourceItem",
+    "TensorSource",
+    "expand_inputs",
+    "open_source",
+]
 
 
 def open_source(path: str | Path) -> TensorSource:
     """The reader for the file ``path``, chosen by its name; raises :class:`InputError`.
 
-    ``.safetensors`` and the PyTorch pickle extensions ``.pt``, ``.pth``, ``.bin``,
-    ``.ckpt`` are read.
+    ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint) and the PyTorch
+    pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` are read. Directories are
+    expanded by :func:`expand_inputs` first.
     """
     text = str(path)
     check_regular_file(text)
-    name = text.lower()
-    if name.endswith(".safetensors"):
+    kind = input_kind(text)
+    if kind == "index":
+        return ShardedSource(text)
+    if kind == "safetensors":
         return SafetensorsSource(text)
-    if name.endswith(PICKLE_EXTENSIONS):
+    if kind == "pickle":
         return TorchPickleSource(text)
     looks = sniff(text).description
     hint = f"; it looks like {looks}" if looks else ""
+    if text.lower().endswith(".index.json"):
+        hint = "; only safetensors indexes are read: pass the shard files or their directory"
     raise InputError(
-        text, f"unsupported file type: gradaudit reads .safetensors, .pt, .pth, .bin, .ckpt{hint}"
+        text, f"unsupported file type: gradaudit reads {', '.join(KNOWN_SUFFIXES)} files{hint}"
     )
