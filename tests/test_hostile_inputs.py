@@ -108,6 +108,16 @@ def test_all_hostile_inputs_in_one_run(tmp_path: Path) -> None:
     assert not marker(tmp_path).exists()
 
 
+def test_a_hostile_file_name_stays_on_one_escaped_line(tmp_path: Path) -> None:
+    bad = tmp_path / "two\nlines\x1b[31m.pt"
+    bad.write_text("version https://git-lfs.github.com/spec/v1\n")
+    result = scan(str(bad), str(good_safetensors(tmp_path)))
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert result.stderr.count("\n") == 1
+    assert "two\\x0alines\\x1b[31m.pt: is a git-lfs pointer" in result.stderr
+    assert "\x1b" not in result.stderr + result.stdout
+
+
 def test_nothing_to_audit_alone_exits_3_but_not_next_to_audited_files(tmp_path: Path) -> None:
     ints = NOTHING_TO_AUDIT(tmp_path)
     alone = scan(str(ints))

@@ -25,7 +25,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from gradaudit.io.safetensors_header import describe_os_error
+from gradaudit.io.safetensors_header import describe_os_error, show
 from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
 from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS
 
@@ -116,7 +116,7 @@ def _not_a_checkpoint(path: str) -> str:
 def _duplicate(path: str, first: str) -> str:
     if os.path.normpath(path) == os.path.normpath(first):
         return "given more than once; audited once"
-    return f"same file as {first}; audited once"
+    return f"same file as {show(first, limit=400)}; audited once"
 
 
 def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:

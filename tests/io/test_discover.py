@@ -83,7 +83,7 @@ def test_symlink_loops_end_and_files_are_audited_once(tmp_path: Path) -> None:
     # The dangling .pt is handed on: its reader says "dangling symlink", with exit 3.
     assert files(entries) == [str(tmp_path / "a.pt"), str(tmp_path / "dangling.pt")]
     assert skipped(entries) == {
-        str(tmp_path / "again.pt"): f"same file as {tmp_path / 'a.pt'}; audited once",
+        str(tmp_path / "again.pt"): f'same file as "{tmp_path / "a.pt"}"; audited once',
         str(tmp_path / "dangling.json"): "dangling symlink; not audited",
         str(tmp_path / "sub" / "up"): "directory already searched (a symlink loop?); skipped",
         str(tmp_path / "a.pt"): "given more than once; audited once",
