@@ -122,6 +122,7 @@ def _duplicate(path: str, first: str) -> str:
 def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
     found = 0
     unsearched = 0
+    distributed = False
     pending = [root]
     while pending:
         folder = pending.pop()
@@ -140,6 +141,7 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
             yield BadInput(folder, f"cannot list the directory: {describe_os_error(error)}")
             continue
         covered: set[str] = set()
+        distributed = distributed or any(e.name.endswith(".distcp") for e in entries)
         for entry in entries:
             if entry.name.lower().endswith(INDEX_SUFFIX):
                 covered.update(referenced_shards(entry.path))
@@ -166,6 +168,11 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
         pending.extend(reversed(subfolders))
     if not found:
         hint = f"; {unsearched} subdirectories not searched (use --recursive)" if unsearched else ""
+        if distributed:
+            hint = (
+                "; it holds a torch.distributed.checkpoint (.distcp) checkpoint: convert it "
+                "with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first"
+            )
         yield BadInput(
             root,
             f"no checkpoint file in this directory (looked for {', '.join(KNOWN_SUFFIXES)}){hint}",

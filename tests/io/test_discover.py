@@ -112,6 +112,14 @@ def test_a_directory_without_checkpoints_is_an_input_error(tmp_path: Path) -> No
     assert files(expand(tmp_path, recursive=True)) == [str(tmp_path / "sub" / "deep.pt")]
 
 
+def test_a_distributed_checkpoint_directory_gets_a_hint(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(b"x")
+    (tmp_path / "__0_0.distcp").write_bytes(b"x")
+    (error,) = [e for e in expand(tmp_path) if isinstance(e, BadInput)]
+    assert "torch.distributed.checkpoint (.distcp)" in error.cause
+    assert "dcp_to_torch_save" in error.cause
+
+
 def test_an_unlistable_directory_is_an_input_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
