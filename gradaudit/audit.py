@@ -9,9 +9,10 @@ terminal and the process. Collection (device work only) and materialisation
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 import torch
 
@@ -29,6 +30,7 @@ from gradaudit.results import (
     Summary,
     TensorStats,
 )
+from gradaudit.selection import NameFilter
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
@@ -86,6 +88,7 @@ class PendingStats:
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
+        self._excluded: Counter[str | None] = Counter()
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -114,6 +117,10 @@ class PendingStats:
     def skip(self, skipped: Skipped) -> None:
         self._skipped.append(skipped)
 
+    def exclude(self, source: str | None = None) -> None:
+        """Count a name left out by ``--include``/``--exclude`` (counted, never listed)."""
+        self._excluded[source] += 1
+
     def add_file(self, path: str) -> None:
         """Record an input file, so it is reported even when it holds nothing to audit."""
         self._files.append(path)
@@ -139,6 +146,7 @@ class PendingStats:
         self._tickets += other._tickets
         self._devices.update(other._devices)
         self._skipped += other._skipped
+        self._excluded += other._excluded
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``."""
@@ -163,7 +171,9 @@ class PendingStats:
             tensors=tensors,
             findings=findings,
             skipped=tuple(self._skipped),
-            summary=_summary(tensors, findings, len(self._skipped), global_row),
+            summary=_summary(
+                tensors, findings, len(self._skipped), global_row, self._excluded.total()
+            ),
             device=self._device_label(),
             engine=self._collector.engine.value,
             elapsed_s=time.perf_counter() - self._started,
@@ -203,6 +213,7 @@ class PendingStats:
                 elements=sum(math.prod(self._shapes[i]) for i in indices),
                 global_norm=norm,
                 error=errors.get(path),
+                excluded=self._excluded[path],
             )
 
     def _device_label(self) -> str:
@@ -217,6 +228,7 @@ def _summary(
     findings: Sequence[Finding],
     skipped: int,
     global_row: torch.Tensor | None,
+    excluded: int = 0,
 ) -> Summary:
     def flagged(kind: FindingKind) -> int:
         return len({(f.source, f.tensor) for f in findings if f.kind is kind})
@@ -233,6 +245,7 @@ def _summary(
         exploding_tensors=flagged(FindingKind.EXPLODING),
         failing_findings=sum(1 for f in findings if f.failing),
         warnings=sum(1 for f in findings if not f.failing),
+        excluded=excluded,
     )
 
 
@@ -267,7 +280,7 @@ def audit(
 
 
 def scan_paths(
-    paths: Sequence[str | Path],
+    paths: Sequence[str | os.PathLike[str]],
     *,
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = "auto",
@@ -275,25 +288,42 @@ def scan_paths(
     engine: Engine | str = Engine.AUTO,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     progress: Callable[[int], None] | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    recursive: bool = False,
 ) -> Report:
-    """Audit files one tensor at a time; a bad file is recorded and the others still audited.
+    """Audit files and directories one tensor at a time.
 
-    ``progress`` is called with the byte size of each tensor once it is queued.
+    A bad input is recorded and the others are still audited. Directories are searched for
+    checkpoint files (``recursive`` descends); ``include``/``exclude`` are glob patterns on
+    tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
+    the byte size of each tensor once it is queued.
     """
-    from gradaudit.io import open_source
+    from gradaudit.io import Excluded, expand_inputs, open_source
+    from gradaudit.io.discover import BadInput, SkippedPath
 
+    selection = NameFilter(tuple(include), tuple(exclude))
+    select = selection if selection.active else None
     pending = PendingStats(
         device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
     )
     target = pending.device or torch.device("cpu")
-    for raw in paths:
-        path = str(raw)
+    for entry in expand_inputs(paths, recursive=recursive):
+        if isinstance(entry, SkippedPath):
+            pending.skip(Skipped(entry.path, entry.reason, entry.within))
+            continue
+        if isinstance(entry, BadInput):
+            pending.add_error(InputProblem(entry.path, entry.cause))
+            continue
+        path = entry.path
         pending.add_file(path)
         part = pending.child()
         try:
-            for item in open_source(path).items(target):
-                if isinstance(item, Skipped):
-                    part.skip(item)
+            for item in open_source(path).items(target, select):
+                if isinstance(item, Excluded):
+                    part.exclude(path)
+                elif isinstance(item, Skipped):
+                    part.skip(Skipped(item.name, item.reason, path))
                 else:
                     part.add(item[0], item[1], source=path)
                     if progress is not None:

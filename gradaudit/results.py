@@ -88,6 +88,8 @@ class FileResult:
     elements: int
     global_norm: float | None
     error: str | None = None
+    #: Tensors (and other values) left out by ``--include``/``--exclude``: counted, not listed.
+    excluded: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class Summary:
     exploding_tensors: int
     failing_findings: int
     warnings: int
+    #: Names left out by ``--include``/``--exclude`` over the whole run.
+    excluded: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from gradaudit.report.text import printable
 EXIT_CODES_HELP = (
     "Exit codes: 0 audited, no failing finding; 1 failing findings (NaN, Inf, exploding by "
     "default); 2 usage error; 3 an input could not be audited (missing, unreadable, corrupt, "
-    "unsupported, or nothing to audit) - beats 1; 4 internal error (rerun with --debug)."
+    "refused as unsafe, unsupported, or nothing to audit) - beats 1; 4 internal error (rerun "
+    "with --debug)."
 )
 
 app = typer.Typer(

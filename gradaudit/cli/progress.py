@@ -24,14 +24,26 @@ AUTO_PROGRESS_BYTES = 256 * 1024 * 1024
 Advance = Callable[[int], None]
 
 
-def input_bytes(paths: Sequence[str | Path]) -> int:
-    """Total size of the regular files among ``paths`` (others count as 0)."""
+def input_bytes(paths: Sequence[str | Path], *, recursive: bool = False) -> int:
+    """Total size of the files a scan will read (directories expanded, index shards counted).
+
+    Only an estimate for the bar: unreadable inputs count as 0.
+    """
+    from gradaudit.io import expand_inputs
+    from gradaudit.io.discover import BadInput, SkippedPath
+
     total = 0
-    for path in paths:
-        try:
-            total += os.stat(path).st_size
-        except OSError:
+    for entry in expand_inputs(paths, recursive=recursive):
+        if isinstance(entry, BadInput | SkippedPath):
             continue
+        files = [Path(entry.path)]
+        if entry.path.endswith(".index.json"):
+            files = list(Path(entry.path).parent.glob("*.safetensors"))
+        for file in files:
+            try:
+                total += os.stat(file).st_size
+            except OSError:
+                continue
     return total
 
 

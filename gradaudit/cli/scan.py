@@ -29,6 +29,7 @@ from gradaudit.policy import (
 )
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.table import nothing_to_audit
 from gradaudit.report.text import printable
 from gradaudit.stats import DEFAULT_MEMORY_BUDGET
 
@@ -37,7 +38,14 @@ from gradaudit.stats import DEFAULT_MEMORY_BUDGET
 def scan(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Gradient dumps (.safetensors).", metavar="PATH"),
+        typer.Argument(
+            help="Checkpoints and gradient dumps: .safetensors, *.safetensors.index.json "
+            "(sharded), .pt/.pth/.bin/.ckpt (torch.save, loaded weights-only), or directories.",
+            metavar="PATH",
+            # Click's own readability check would make an unreadable input a usage error
+            # (exit 2) and stop the run; the readers report it as an input error instead.
+            readable=False,
+        ),
     ],
     output_format: Annotated[
         OutputFormat, typer.Option("--format", "-f", help="Output format.")
@@ -61,6 +69,25 @@ def scan(
     top: Annotated[
         int, typer.Option(min=0, help="Unflagged rows shown, largest norms first.")
     ] = DEFAULT_TOP_ROWS,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include",
+            metavar="GLOB",
+            help="Audit only tensors whose name matches (repeatable; * matches dots too).",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude",
+            metavar="GLOB",
+            help="Leave out tensors whose name matches (repeatable; beats --include).",
+        ),
+    ] = None,
+    recursive: Annotated[
+        bool, typer.Option("--recursive", "-r", help="Search directories' subdirectories too.")
+    ] = False,
     engine: Annotated[
         Engine,
         typer.Option(help="Kernel: eager (default for auto), or compiled with torch.compile."),
@@ -81,11 +108,11 @@ def scan(
     ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
-    """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
+    """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
-        total = input_bytes(paths)
+        total = input_bytes(paths, recursive=recursive)
         show = wants_progress(progress, output_format is OutputFormat.JSON, total)
         with progress_bar(total, show) as advance:
             report = scan_paths(
@@ -96,11 +123,14 @@ def scan(
                 engine=engine,
                 memory_budget=max_memory * 1024 * 1024,
                 progress=advance,
+                include=include or (),
+                exclude=exclude or (),
+                recursive=recursive,
             )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
         if not report.errors and report.summary.tensors == 0:
-            say("error: nothing to audit: no floating-point tensor in the inputs")
+            say(f"error: {nothing_to_audit(report)}")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all, top=top)
         sys.stdout.write(output_format.formatter()(report, options))
         raise typer.Exit(int(exit_code(report)))

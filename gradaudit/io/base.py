@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from gradaudit.results import Skipped
 
-#: What a reader yields: a named tensor to audit, or a tensor it could not hand over.
-SourceItem = tuple[str, torch.Tensor] | Skipped
+
+@dataclass(frozen=True)
+class Excluded:
+    """A named value left out by ``--include``/``--exclude``: counted, not listed.
+
+    Not a :class:`Skipped`: the user asked for it to be left out, so it is not a
+    problem to report tensor by tensor, only a number to show.
+    """
+
+    name: str
+
+
+#: What a reader yields: a named tensor to audit, a value it could not audit, or a name
+#: the selection left out.
+SourceItem = tuple[str, torch.Tensor] | Skipped | Excluded
+
+#: Decides from a tensor's name whether it is audited (see :class:`gradaudit.selection.NameFilter`).
+Select = Callable[[str], bool]
 
 
 class TensorSource(Protocol):
@@ -23,6 +40,10 @@ class TensorSource(Protocol):
 
     path: str
 
-    def items(self, device: torch.device) -> Iterator[SourceItem]:
-        """Yield tensors on ``device``, one at a time, never all at once."""
+    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
+        """Yield tensors on ``device``, one at a time, never all at once.
+
+        A name that ``select`` rejects is yielded as :class:`Excluded` before its data
+        is read, so leaving tensors out also saves the work of loading them.
+        """
         ...

@@ -34,7 +34,11 @@ __all__ = [
     "SafetensorsHeader",
     "TensorEntry",
     "check_regular_file",
+    "classify_head",
+    "describe_os_error",
+    "open_checked",
     "read_header",
+    "show",
     "sniff_kind",
 ]
 
@@ -138,7 +142,7 @@ class _JsonObject:
         self.pairs = pairs
 
 
-def _show(text: str, limit: int = _SHOW_LIMIT) -> str:
+def show(text: str, limit: int = _SHOW_LIMIT) -> str:
     """Quote a string from the file for a one-line message.
 
     Names come from a possibly hostile file: control characters, bidi overrides or a
@@ -153,7 +157,7 @@ def _show_value(value: Any) -> str:
     if isinstance(value, _JsonObject):
         return "an object"
     if isinstance(value, str):
-        return _show(value)
+        return show(value)
     text = json.dumps(value)
     return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT] + "..."
 
@@ -175,7 +179,7 @@ def _json_type(value: Any) -> str:
     return "null"
 
 
-def _describe_os_error(error: OSError) -> str:
+def describe_os_error(error: OSError) -> str:
     """One plain-English line for an OSError, without paths or tracebacks."""
     known = {
         errno.ENOENT: "no such file",
@@ -225,7 +229,7 @@ def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
     try:
         info = os.lstat(path)
     except OSError as error:
-        raise InputError(path, _describe_os_error(error)) from None
+        raise InputError(path, describe_os_error(error)) from None
     except ValueError:  # an embedded NUL: no file can have that name
         raise InputError(path, "invalid path (it contains a NUL byte)") from None
     if stat.S_ISLNK(info.st_mode):
@@ -233,12 +237,12 @@ def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
             info = os.stat(path)
         except FileNotFoundError:
             try:
-                target = f" (its target {_show(os.readlink(path), limit=400)} does not exist)"
+                target = f" (its target {show(os.readlink(path), limit=400)} does not exist)"
             except (OSError, ValueError):
                 target = ""
             raise InputError(path, f"dangling symlink{target}") from None
         except OSError as error:
-            raise InputError(path, _describe_os_error(error)) from None
+            raise InputError(path, describe_os_error(error)) from None
     kind = _file_type(info.st_mode)
     if kind == "directory":
         raise InputError(path, "is a directory, not a file")
@@ -251,7 +255,7 @@ def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
     return info
 
 
-def _open_checked(path: str) -> tuple[BinaryIO, int]:
+def open_checked(path: str) -> tuple[BinaryIO, int]:
     """Open a file that :func:`check_regular_file` accepted; return it and its size.
 
     ``O_NONBLOCK`` and the ``fstat`` re-check close the race in which the path is swapped
@@ -266,7 +270,7 @@ def _open_checked(path: str) -> tuple[BinaryIO, int]:
     try:
         fd = os.open(path, flags)
     except OSError as error:
-        raise InputError(path, _describe_os_error(error)) from None
+        raise InputError(path, describe_os_error(error)) from None
     try:
         info = os.fstat(fd)
         kind = _file_type(info.st_mode)
@@ -278,10 +282,10 @@ def _open_checked(path: str) -> tuple[BinaryIO, int]:
         raise
     except OSError as error:
         os.close(fd)
-        raise InputError(path, _describe_os_error(error)) from None
+        raise InputError(path, describe_os_error(error)) from None
 
 
-def _classify(head: bytes, file_size: int) -> str | None:
+def classify_head(head: bytes, file_size: int) -> str | None:
     """Say what the first bytes of a file look like (see :func:`sniff_kind`).
 
     A plausible safetensors prefix wins over the other signatures: a valid header length
@@ -311,13 +315,13 @@ def sniff_kind(path: str | os.PathLike[str]) -> str | None:
     when the path is not a readable regular file.
     """
     path = os.fspath(path)
-    handle, size = _open_checked(path)
+    handle, size = open_checked(path)
     with handle:
         try:
             head = handle.read(_SNIFF_BYTES)
         except OSError as error:
-            raise InputError(path, _describe_os_error(error)) from None
-    return _classify(head, size)
+            raise InputError(path, describe_os_error(error)) from None
+    return classify_head(head, size)
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -374,7 +378,7 @@ def _unique_pairs(obj: _JsonObject, duplicate: Callable[[str], str]) -> dict[str
     result: dict[str, Any] = {}
     for key, value in obj.pairs:
         if key in result:
-            raise _Refused(duplicate(_show(key)))
+            raise _Refused(duplicate(show(key)))
         result[key] = value
     return result
 
@@ -399,9 +403,9 @@ def _parse_metadata(value: Any) -> dict[str, str]:
         _check_text(key, "a __metadata__ key")
         if not isinstance(item, str):
             raise _Refused(
-                f"__metadata__ value for {_show(key)} is not a string (got {_json_type(item)})"
+                f"__metadata__ value for {show(key)} is not a string (got {_json_type(item)})"
             )
-        _check_text(item, f"__metadata__ value for {_show(key)}")
+        _check_text(item, f"__metadata__ value for {show(key)}")
     return metadata
 
 
@@ -412,14 +416,14 @@ def _is_count(value: Any, limit: int) -> bool:
 
 def _parse_entry(name: str, value: Any, data_length: int) -> TensorEntry:
     """Validate one tensor entry against the format and against the data section's size."""
-    label = f"tensor {_show(name)}"
+    label = f"tensor {show(name)}"
     _check_text(name, "a tensor name")
     if not isinstance(value, _JsonObject):
         raise _Refused(f"{label}: entry is not a JSON object (got {_json_type(value)})")
     fields = _unique_pairs(value, lambda key: f"{label}: duplicate key {key}")
     for key in fields:
         if key not in _TENSOR_KEYS:
-            raise _Refused(f"{label}: unexpected key {_show(key)}")
+            raise _Refused(f"{label}: unexpected key {show(key)}")
     for key in _TENSOR_KEYS:
         if key not in fields:
             raise _Refused(f'{label}: missing "{key}"')
@@ -428,9 +432,9 @@ def _parse_entry(name: str, value: Any, data_length: int) -> TensorEntry:
     if not isinstance(dtype, str):
         raise _Refused(f"{label}: dtype is not a string (got {_json_type(dtype)})")
     if dtype in UNSUPPORTED_SAFETENSORS_DTYPES:
-        raise _Refused(f"{label}: unsupported dtype {_show(dtype)} (sub-byte elements)")
+        raise _Refused(f"{label}: unsupported dtype {show(dtype)} (sub-byte elements)")
     if dtype not in SAFETENSORS_DTYPE_SIZES:
-        raise _Refused(f"{label}: unknown dtype {_show(dtype)}")
+        raise _Refused(f"{label}: unknown dtype {show(dtype)}")
 
     raw_shape = fields["shape"]
     if not isinstance(raw_shape, list) or not all(_is_count(d, _MAX_DIM) for d in raw_shape):
@@ -483,12 +487,12 @@ def _check_tiling(tensors: list[TensorEntry], data_length: int) -> None:
     for tensor in tensors:
         if tensor.begin < position and previous is not None:  # previous is set once position > 0
             raise _Refused(
-                f"tensors {_show(previous.name)} and {_show(tensor.name)} overlap"
+                f"tensors {show(previous.name)} and {show(tensor.name)} overlap"
                 f" (bytes {tensor.begin} to {min(position, tensor.end)})"
             )
         if tensor.begin > position:
             raise _Refused(
-                f"gap of {tensor.begin - position} bytes before tensor {_show(tensor.name)}"
+                f"gap of {tensor.begin - position} bytes before tensor {show(tensor.name)}"
                 f" (data offset {position} to {tensor.begin})"
             )
         position = tensor.end
@@ -573,7 +577,7 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     file content.
     """
     path = os.fspath(path)
-    handle, size = _open_checked(path)
+    handle, size = open_checked(path)
     with handle:
         try:
             return _read_content(path, handle, size)
@@ -581,11 +585,11 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
             cause = refused.cause
             try:
                 handle.seek(0)
-                kind = _classify(handle.read(_SNIFF_BYTES), size)
+                kind = classify_head(handle.read(_SNIFF_BYTES), size)
             except OSError:
                 kind = None
             if kind in _FOREIGN_KINDS:
                 cause = _FOREIGN_KINDS[kind]
             raise InputError(path, cause) from None
         except OSError as error:
-            raise InputError(path, _describe_os_error(error)) from None
+            raise InputError(path, describe_os_error(error)) from None

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import SourceItem
+from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.safetensors_header import SafetensorsHeader, read_header
 from gradaudit.results import Skipped
 from gradaudit.stats import dtype_skip_reason
@@ -44,17 +44,21 @@ class SafetensorsSource:
     two tensors with the same name, which could hide a NaN tensor.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, header: SafetensorsHeader | None = None) -> None:
+        """Validate ``path``; a shard whose header was already validated passes it in."""
         self.path = path
-        self.header: SafetensorsHeader = read_header(path)
+        self.header: SafetensorsHeader = read_header(path) if header is None else header
 
-    def items(self, device: torch.device) -> Iterator[SourceItem]:
+    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
         try:
             with (
                 safe_open(self.path, framework="pt", device=str(device)) as handle,
                 _ReadAhead(self.path, self.header) as read_ahead,
             ):
                 for index, entry in enumerate(self.header.tensors):
+                    if select is not None and not select(entry.name):
+                        yield Excluded(entry.name)
+                        continue
                     read_ahead.next_after(index)
                     dtype = TORCH_DTYPES.get(entry.dtype)
                     reason = (

@@ -81,6 +81,7 @@ def to_document(report: Report) -> dict[str, Any]:
                 "elements": f.elements,
                 "global_norm": encode_float(f.global_norm),
                 "error": f.error,
+                "excluded": f.excluded,
             }
             for f in report.files
         ],
@@ -99,6 +100,7 @@ def to_document(report: Report) -> dict[str, Any]:
             "failing_findings": summary.failing_findings,
             "warnings": summary.warnings,
             "input_errors": len(report.errors),
+            "excluded": summary.excluded,
         },
         "exit_code": int(exit_code(report)),
     }

@@ -18,7 +18,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.results import FileResult, Finding, Report, TensorStats
 
 _STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
@@ -100,6 +100,46 @@ def _tensor_table(report: Report, options: RenderOptions) -> tuple[Table, int]:
     return table, hidden
 
 
+def _file_verdict(report: Report, result: FileResult) -> Text:
+    """One word (and the reason) per input: error, FAIL, ok or nothing to audit."""
+    if result.error is not None:
+        return Text(f"error: {printable(result.error)}", style="bold red")
+    found = [f for f in report.findings if f.source == result.path]
+    failing = sorted({f.kind.value for f in found if f.failing})
+    if failing:
+        return Text(f"FAIL ({', '.join(failing)})", style="bold red")
+    if not result.tensors:
+        return Text("nothing to audit", style="yellow")
+    warnings = sum(1 for f in found if not f.failing)
+    return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
+
+
+def _files_table(report: Report) -> Table:
+    """Per-input totals, shown when a run has several inputs."""
+    excluded = any(f.excluded for f in report.files)
+    table = Table(show_lines=False, header_style="bold")
+    table.add_column("file", overflow="fold")
+    for header in ("tensors", "skipped", *(("excluded",) if excluded else ()), "elements"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("global norm", justify="right", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for result in report.files:
+        cells: list[Text | str] = [
+            Text(printable(result.path)),
+            count(result.tensors),
+            count(result.skipped),
+        ]
+        if excluded:
+            cells.append(count(result.excluded))
+        cells += [
+            count(result.elements),
+            number(result.global_norm),
+            _file_verdict(report, result),
+        ]
+        table.add_row(*cells)
+    return table
+
+
 def _summary_lines(report: Report, hidden: int) -> list[Text]:
     s = report.summary
     lines: list[Text] = []
@@ -107,10 +147,11 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         lines.append(Text(f"… {plural(hidden, 'more tensor')} not shown (--all shows every row)"))
     files = len(report.files)
     where = f" in {plural(files, 'file')}" if files else ""
+    excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
     lines.append(
         Text(
             f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
-            f"skipped {s.skipped} · global norm {number(s.global_norm)} · "
+            f"skipped {s.skipped}{excluded} · global norm {number(s.global_norm)} · "
             f"device {report.device} · engine {report.engine} · {report.elapsed_s:.2f} s"
         )
     )
@@ -123,8 +164,14 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
             f"{number(report.thresholds.exploding)})"
         )
     )
+    several = len(report.files) > 1
     for skipped in report.skipped[:10]:
-        lines.append(Text(f"skipped {printable(skipped.name)}: {skipped.reason}", style="dim"))
+        where = ""
+        if several and skipped.source and not skipped.name.startswith(skipped.source):
+            where = f" in {printable(skipped.source)}"
+        lines.append(
+            Text(f"skipped {printable(skipped.name)}{where}: {skipped.reason}", style="dim")
+        )
     if len(report.skipped) > 10:
         lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
     code = exit_code(report)
@@ -132,7 +179,7 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         what = (
             plural(len(report.errors), "input") + " could not be audited"
             if report.errors
-            else ("nothing to audit: no floating-point tensor found")
+            else nothing_to_audit(report)
         )
         lines.append(Text(f"INCOMPLETE: {what}", style="bold red"))
     elif code is ExitCode.FINDINGS:
@@ -147,6 +194,16 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         note = f" ({plural(s.warnings, 'warning')})" if s.warnings else ""
         lines.append(Text(f"OK: no failing findings{note}", style="bold green"))
     return lines
+
+
+def nothing_to_audit(report: Report) -> str:
+    """Why a run audited no tensor, for the summary and the CLI's stderr line."""
+    if report.summary.excluded:
+        return (
+            "nothing to audit: --include/--exclude left no floating-point tensor "
+            f"({count(report.summary.excluded)} excluded)"
+        )
+    return "nothing to audit: no floating-point tensor found"
 
 
 def render_table(report: Report, options: RenderOptions) -> str:
@@ -167,6 +224,8 @@ def render_table(report: Report, options: RenderOptions) -> str:
         console.print(table)
     else:
         hidden = 0
+    if len(report.files) > 1:
+        console.print(_files_table(report))
     for line in _summary_lines(report, hidden):
         console.print(line)
     return buffer.getvalue()

@@ -1,0 +1,196 @@
+"""Turn the paths a user gives (files and directories) into the files to audit.
+
+A directory is searched for the file types gradaudit reads; ``recursive`` descends into
+subdirectories. Choices, each so that a run over a checkpoint folder says everything and
+never loops or audits a tensor twice:
+
+* every entry is accounted for: a file of another type, a subdirectory not searched, a
+  hidden directory (``.git``, ``.cache``: never searched) is listed as skipped with the
+  reason; a directory with no checkpoint file at all is an input error, as a missing file
+  would be;
+* a ``*.safetensors.index.json`` is one input, and the shards it names are audited through
+  it rather than a second time on their own;
+* symlinks are followed (the Hugging Face cache is made of them), but a directory is
+  searched once however many links lead to it, so a symlink loop ends; a file reached
+  twice (two links, or given twice) is audited once;
+* only ``stat`` is used: nothing is opened here, so a FIFO cannot block the walk. A FIFO or
+  dangling link with a checkpoint extension is handed on and refused by the reader, with
+  its reason; one with another name is listed as skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from gradaudit.io.safetensors_header import describe_os_error, show
+from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
+from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS
+
+#: Every name ending gradaudit reads, most specific first (compared in lower case).
+KNOWN_SUFFIXES: tuple[str, ...] = (INDEX_SUFFIX, ".safetensors", *PICKLE_EXTENSIONS)
+
+
+def input_kind(path: str) -> str | None:
+    """``"index"``, ``"safetensors"``, ``"pickle"`` or None, from the file name alone."""
+    name = path.lower()
+    if name.endswith(INDEX_SUFFIX):
+        return "index"
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    if name.endswith(PICKLE_EXTENSIONS):
+        return "pickle"
+    return None
+
+
+@dataclass(frozen=True)
+class FileInput:
+    """A file to hand to a reader."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class SkippedPath:
+    """Something found in a directory (or given twice) that is not audited, and why."""
+
+    path: str
+    reason: str
+    #: The input it was found under (the directory the user gave).
+    within: str
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """An input that cannot be audited at all (an unreadable or empty directory)."""
+
+    path: str
+    cause: str
+
+
+Expanded = FileInput | SkippedPath | BadInput
+
+
+@dataclass
+class _Seen:
+    files: dict[tuple[int, int], str] = field(default_factory=dict)
+    dirs: set[tuple[int, int]] = field(default_factory=set)
+
+    def first_path(self, path: str) -> str | None:
+        """The path under which this file was already taken, or None (and remember it)."""
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):
+            return None  # the reader reports it
+        key = (info.st_dev, info.st_ino)
+        if key in self.files:
+            return self.files[key]
+        self.files[key] = path
+        return None
+
+
+def _is_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _not_a_checkpoint(path: str) -> str:
+    """Why a file found in a directory, with a name gradaudit does not read, is skipped."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "dangling symlink; not audited"
+    except OSError as error:
+        return f"{describe_os_error(error)}; not audited"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file; not audited"
+    if path.lower().endswith(".index.json"):
+        return "index of non-safetensors shards: the shards themselves are audited as files"
+    return "not a checkpoint file (unknown extension); not audited"
+
+
+def _duplicate(path: str, first: str) -> str:
+    if os.path.normpath(path) == os.path.normpath(first):
+        return "given more than once; audited once"
+    return f"same file as {show(first, limit=400)}; audited once"
+
+
+def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
+    found = 0
+    unsearched = 0
+    distributed = False
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            info = os.stat(folder)
+            if (info.st_dev, info.st_ino) in seen.dirs:
+                if folder != root:
+                    yield SkippedPath(
+                        folder, "directory already searched (a symlink loop?); skipped", root
+                    )
+                continue
+            seen.dirs.add((info.st_dev, info.st_ino))
+            with os.scandir(folder) as scan:
+                entries = sorted(scan, key=lambda e: e.name)
+        except OSError as error:
+            yield BadInput(folder, f"cannot list the directory: {describe_os_error(error)}")
+            continue
+        covered: set[str] = set()
+        distributed = distributed or any(e.name.endswith(".distcp") for e in entries)
+        for entry in entries:
+            if entry.name.lower().endswith(INDEX_SUFFIX):
+                covered.update(referenced_shards(entry.path))
+        subfolders: list[str] = []
+        for entry in entries:
+            path = entry.path
+            if _is_directory(path):
+                if entry.name.startswith("."):
+                    yield SkippedPath(path, "hidden directory; not searched", root)
+                elif recursive:
+                    subfolders.append(path)
+                else:
+                    unsearched += 1
+                    yield SkippedPath(path, "directory; not searched (use --recursive)", root)
+            elif input_kind(entry.name) is None:
+                yield SkippedPath(path, _not_a_checkpoint(path), root)
+            elif os.path.normpath(path) not in covered:
+                found += 1
+                first = seen.first_path(path)
+                if first is None:
+                    yield FileInput(path)
+                else:
+                    yield SkippedPath(path, _duplicate(path, first), root)
+        pending.extend(reversed(subfolders))
+    if not found:
+        hint = f"; {unsearched} subdirectories not searched (use --recursive)" if unsearched else ""
+        if distributed:
+            hint = (
+                "; it holds a torch.distributed.checkpoint (.distcp) checkpoint: convert it "
+                "with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first"
+            )
+        yield BadInput(
+            root,
+            f"no checkpoint file in this directory (looked for {', '.join(KNOWN_SUFFIXES)}){hint}",
+        )
+
+
+def expand_inputs(
+    paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False
+) -> Iterator[Expanded]:
+    """The files to audit for ``paths``, in order, with everything left out accounted for."""
+    seen = _Seen()
+    for raw in paths:
+        path = os.fspath(raw)
+        if _is_directory(path):
+            yield from _walk(path, recursive, seen)
+            continue
+        first = seen.first_path(path)
+        if first is None:
+            yield FileInput(path)
+        else:
+            yield SkippedPath(path, _duplicate(path, first), path)

@@ -1,0 +1,380 @@
+"""Walk a loaded training checkpoint and name every tensor by its path.
+
+``torch.save`` files are rarely flat state dicts. A training checkpoint looks like
+``{"model": state_dict, "optimizer": {"state": {0: {"exp_avg": ...}}, "param_groups": [...]},
+"step": 7}``; Lightning nests the optimizer in a list, EMA copies add a second state dict.
+This module turns any such structure of dicts, lists and tuples into ``(name, tensor)``
+pairs named by their path (``model.encoder.weight``, ``optimizer.state.0.exp_avg_sq``) and
+accounts for everything else as :class:`~gradaudit.results.Skipped`:
+
+* a value that is not a tensor (``"step": 7``) is skipped with its type; a whole list or
+  dict without any tensor beneath it (``param_groups``) is skipped as one entry rather than
+  value by value, so a 500-parameter ``params`` list does not drown the report;
+* a tensor the engine cannot audit safely (a tensor subclass, a ``meta`` tensor with no data)
+  is skipped with the reason; dtype and layout are left to the engine, which skips them too;
+* the same tensor reached twice (tied weights, a dict referenced from two places) is
+  audited once, so it does not count twice in the global norm;
+* an optimizer's per-parameter ``step`` counter (a 0-d tensor in ``torch.optim``) is
+  skipped: it is a count, not a gradient statistic, and would otherwise be "exploding" after
+  100 steps.
+
+**Optimizer state -> parameter.** ``torch.optim`` keys its state by parameter index. When
+the index can be tied to a parameter name without guessing, the tensor's name gets it in
+parentheses: ``optimizer.state.3.exp_avg (encoder.weight)``. The rules, strictest first:
+
+1. the param group lists ``param_names`` (``torch.optim`` does since PyTorch 2.5 when the
+   optimizer was built from ``named_parameters()``): those names, exactly;
+2. otherwise only by position, and only when nothing else is possible: a single param
+   group whose ``params`` are ``0..n-1``, exactly one flat state dict elsewhere in the
+   checkpoint with exactly ``n`` floating-point tensors, and every optimizer state entry
+   holding a tensor of exactly its parameter's shape. Several param groups (which may list
+   parameters in any order), a second state dict (an EMA copy) or any shape mismatch means
+   no annotation rather than a plausible wrong one.
+
+``--include``/``--exclude`` patterns are matched against the path name, without the
+parenthesised parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from gradaudit.io.base import Excluded, Select, SourceItem
+from gradaudit.io.safetensors_header import show
+from gradaudit.results import Skipped
+
+#: The name of a tensor saved on its own (``torch.save(tensor, path)``).
+ROOT_NAME = "<root>"
+
+#: Containers nested deeper than this are skipped rather than walked: a hostile pickle can
+#: nest lists a million deep, and no real checkpoint comes close.
+MAX_DEPTH = 64
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _is_container(value: object) -> bool:
+    # torch.Size is a tuple of ints: a value, not a structure to walk.
+    return isinstance(value, dict | list) or (
+        isinstance(value, tuple) and not isinstance(value, torch.Size)
+    )
+
+
+def _key_text(key: object) -> str:
+    """A path component for a dict key; keys that are not text or numbers get their type."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool | int | float) or key is None:
+        return str(key)
+    return f"<{type(key).__name__}>"
+
+
+def _child_name(parent: str | None, key: object) -> str:
+    text = _key_text(key)
+    return text if parent is None else f"{parent}.{text}"
+
+
+def _children(value: object) -> list[tuple[object, object]]:
+    """``(key, child)`` pairs of a container, in their stored order."""
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, list | tuple):
+        return list(enumerate(value))
+    return []
+
+
+def _describe(value: object) -> str:
+    """A short description of a value that is not audited, for its skip reason."""
+    if isinstance(value, dict):
+        return f"dict of {len(value)} {'entry' if len(value) == 1 else 'entries'}"
+    if isinstance(value, list | tuple):
+        return f"{type(value).__name__} of {len(value)} value{'' if len(value) == 1 else 's'}"
+    return f"{type(value).__name__} value"
+
+
+def _tensor_bearing(root: object) -> set[int]:
+    """Ids of the containers with at least one tensor somewhere beneath them.
+
+    Iterative post-order walk: a hostile pickle may nest deeper than Python's recursion
+    limit, and may be cyclic (a list that contains itself), so every container is entered
+    once.
+    """
+    bearing: set[int] = set()
+    entered: set[int] = set()
+    stack: list[tuple[object, bool]] = [(root, False)]
+    while stack:
+        value, leaving = stack.pop()
+        if leaving:
+            if any(
+                isinstance(child, torch.Tensor) or id(child) in bearing
+                for _, child in _children(value)
+            ):
+                bearing.add(id(value))
+            continue
+        if not _is_container(value) or id(value) in entered:
+            continue
+        entered.add(id(value))
+        stack.append((value, True))
+        stack.extend((child, False) for _, child in _children(value) if _is_container(child))
+    return bearing
+
+
+@dataclass(frozen=True)
+class _Node:
+    name: str | None  # None for the root
+    value: object
+    depth: int
+    #: The parameter an optimizer state entry belongs to, inherited by what it holds.
+    param: str | None = None
+    #: Whether this node sits directly in an optimizer's per-parameter state entry.
+    in_optimizer_entry: bool = False
+
+
+@dataclass(frozen=True)
+class _Optimizers:
+    """What :func:`_find_optimizers` learnt: state entries by id, and their parameters."""
+
+    entry_ids: frozenset[int] = frozenset()
+    params: Mapping[int, str] = field(default_factory=dict)
+
+
+def _plan(
+    root: object, bearing: set[int], optimizers: _Optimizers | None = None
+) -> Iterator[_Node]:
+    """Visit the root and the children of every tensor-bearing container, depth first, in order.
+
+    Tensor-free containers and leaves are yielded but not entered; a container reached a
+    second time is yielded again (the caller reports it) but not entered again.
+    """
+    optimizers = optimizers or _Optimizers()
+    entered: set[int] = set()
+    stack = [_Node(None, root, 0)]
+    while stack:
+        node = stack.pop()
+        yield node
+        value = node.value
+        if not _is_container(value) or id(value) in entered or node.depth >= MAX_DEPTH:
+            continue
+        if node.name is not None and id(value) not in bearing:
+            continue
+        entered.add(id(value))
+        is_entry = id(value) in optimizers.entry_ids
+        param = optimizers.params.get(id(value), node.param)
+        stack.extend(
+            reversed(
+                [
+                    _Node(_child_name(node.name, key), child, node.depth + 1, param, is_entry)
+                    for key, child in _children(value)
+                ]
+            )
+        )
+
+
+def _optimizer_groups(value: object) -> list[object] | None:
+    """The ``param_groups`` of a ``torch.optim`` state dict, or None if ``value`` is not one."""
+    if not isinstance(value, dict):
+        return None
+    state, groups = value.get("state"), value.get("param_groups")
+    if not isinstance(state, dict) or not isinstance(groups, list):
+        return None
+    if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return None
+    return groups
+
+
+def _floating_tensors(value: dict[object, object]) -> list[tuple[str, torch.Tensor]] | None:
+    """The floating-point tensors of a flat state dict (text keys, tensor values), else None."""
+    pairs = [(k, v) for k, v in value.items() if isinstance(k, str) and isinstance(v, torch.Tensor)]
+    if not pairs or len(pairs) != len(value):
+        return None
+    floats = [(k, v) for k, v in pairs if v.dtype.is_floating_point]
+    return floats or None
+
+
+def _names_from_groups(groups: list[object]) -> dict[object, str]:
+    """Rule 1: ``param_names`` listed next to ``params`` in each group."""
+    mapping: dict[object, str] = {}
+    for group in groups:
+        if not isinstance(group, dict):
+            continue
+        params, names = group.get("params"), group.get("param_names")
+        if (
+            isinstance(params, list)
+            and isinstance(names, list)
+            and len(names) == len(params)
+            and all(isinstance(n, str) for n in names)
+        ):
+            for index, name in zip(params, names, strict=True):
+                if isinstance(index, int | str):
+                    mapping[index] = name
+    return mapping
+
+
+def _names_by_position(
+    state: dict[object, object],
+    groups: list[object],
+    models: list[tuple[str | None, list[tuple[str, torch.Tensor]]]],
+) -> dict[object, str]:
+    """Rule 2: position in the only state dict, when counts and every shape agree."""
+    if len(groups) != 1 or len(models) != 1 or not isinstance(groups[0], dict):
+        return {}
+    model_name, tensors = models[0]
+    if groups[0].get("params") != list(range(len(tensors))):
+        return {}
+    checked = 0
+    for index, entry in state.items():
+        if type(index) is not int or not 0 <= index < len(tensors):
+            return {}
+        non_scalar = [t for _, t in _children(entry) if isinstance(t, torch.Tensor) and t.dim() > 0]
+        if not non_scalar:
+            continue
+        if not any(t.shape == tensors[index][1].shape for t in non_scalar):
+            return {}
+        checked += 1
+    if not checked:
+        return {}
+    return {i: _child_name(model_name, key) for i, (key, _) in enumerate(tensors)}
+
+
+def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
+    """Find ``torch.optim`` state dicts; tie their entries to parameter names where unambiguous."""
+    optimizers: list[tuple[dict[object, object], list[object]]] = []
+    flat: list[tuple[str | None, int, list[tuple[str, torch.Tensor]]]] = []
+    seen: set[int] = set()
+    for node in _plan(root, bearing):
+        value = node.value
+        if not isinstance(value, dict) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        groups = _optimizer_groups(value)
+        if groups is not None:
+            optimizers.append((value, groups))
+            continue
+        floats = _floating_tensors(value)
+        if floats is not None:
+            flat.append((node.name, id(value), floats))
+    entry_ids = {
+        id(entry)
+        for optimizer, _ in optimizers
+        for entry in _state(optimizer).values()
+        if isinstance(entry, dict)
+    }
+    # A flat dict inside an optimizer's state is one parameter's state, not a model.
+    models = [(name, floats) for name, ident, floats in flat if ident not in entry_ids]
+    params: dict[int, str] = {}
+    for optimizer, groups in optimizers:
+        state = _state(optimizer)
+        names = _names_from_groups(groups) or _names_by_position(state, groups, models)
+        for index, entry in state.items():
+            if isinstance(entry, dict) and isinstance(index, int | str) and index in names:
+                params[id(entry)] = names[index]
+    return _Optimizers(frozenset(entry_ids), params)
+
+
+def _state(optimizer: dict[object, object]) -> dict[object, object]:
+    state = optimizer["state"]
+    return state if isinstance(state, dict) else {}
+
+
+class _Names:
+    """Hands out names, making a repeated one unique: ``{"a.b": x, "a": {"b": y}}`` gives
+    ``a.b`` and ``a.b#2``, so two tensors never share a row or each other's findings."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+
+    def unique(self, name: str) -> str:
+        candidate, n = name, 1
+        while candidate in self._used:
+            n += 1
+            candidate = f"{name}#{n}"
+        self._used.add(candidate)
+        return candidate
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...] | None:
+    """What makes two tensor objects the same data, or None when that cannot be told cheaply."""
+    if tensor.layout is not torch.strided or tensor.is_quantized or tensor.numel() == 0:
+        return None
+    if tensor.device.type == "meta":
+        return None
+    pointer = tensor.untyped_storage().data_ptr()
+    if pointer == 0:
+        return None
+    return (
+        tensor.device,
+        pointer,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _tensor_skip_reason(
+    node: _Node, tensor: torch.Tensor, seen: dict[tuple[object, ...], str]
+) -> str | None:
+    """Why a tensor is not audited here (dtype and layout are left to the engine)."""
+    if type(tensor) not in _PLAIN_TENSOR_TYPES:
+        return f"tensor subclass {type(tensor).__name__}; not audited"
+    if tensor.device.type == "meta":
+        return "meta tensor (it holds no data); not audited"
+    if node.in_optimizer_entry and tensor.dim() == 0 and (node.name or "").endswith(".step"):
+        return "optimizer step counter; not audited"
+    key = _tensor_key(tensor)
+    if key is not None and key in seen:
+        return f"same data as {show(seen[key])} (tied or shared); audited once"
+    return None
+
+
+def walk_checkpoint(obj: object, source: str, select: Select | None = None) -> Iterator[SourceItem]:
+    """Yield every tensor of a loaded checkpoint by path name, and account for the rest.
+
+    ``source`` labels the :class:`Skipped` entries; ``select`` sees the path name (without
+    an optimizer annotation) and rejected names come out as :class:`Excluded`.
+    """
+    bearing = _tensor_bearing(obj)
+    names = _Names()
+    containers: dict[int, str] = {}
+    tensors: dict[tuple[object, ...], str] = {}
+    for node in _plan(obj, bearing, _find_optimizers(obj, bearing)):
+        value = node.value
+        name = ROOT_NAME if node.name is None else node.name
+        container_reason = None
+        if _is_container(value):
+            first = containers.setdefault(id(value), name)
+            if first != name:
+                container_reason = f"the same object as {show(first)}; listed once"
+            elif node.name is not None and id(value) not in bearing:
+                container_reason = f"{_describe(value)}, no tensor; not audited"
+            elif node.depth >= MAX_DEPTH:
+                container_reason = f"nested deeper than {MAX_DEPTH} levels; not searched"
+            else:
+                continue  # walked into: its contents speak for it
+        if select is not None and not select(name):
+            yield Excluded(name)
+            continue
+        shown = names.unique(name if node.param is None else f"{name} ({node.param})")
+        if container_reason is not None:
+            yield Skipped(shown, container_reason, source)
+        elif isinstance(value, torch.Tensor):
+            reason = _tensor_skip_reason(node, value, tensors)
+            if reason is not None:
+                yield Skipped(shown, reason, source)
+                continue
+            key = _tensor_key(value)
+            if key is not None:
+                tensors[key] = shown
+            yield shown, value
+        else:
+            yield Skipped(shown, f"{_describe(value)}, not a tensor; not audited", source)
+
+
+def iter_tensors(obj: object) -> Iterator[torch.Tensor]:
+    """Every tensor object in a loaded checkpoint (meta ones included), each container once."""
+    for node in _plan(obj, _tensor_bearing(obj)):
+        if isinstance(node.value, torch.Tensor):
+            yield node.value

@@ -1,0 +1,161 @@
+"""PyTorch checkpoints (``.pt``, ``.pth``, ``.bin``, ``.ckpt``), loaded only the safe way.
+
+Every load is ``torch.load(path, map_location=..., weights_only=True, mmap=...)`` with
+``weights_only`` passed explicitly: ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` only flips the
+default when a caller leaves it out. There is no fallback to ``weights_only=False``, and
+the advice torch prints to use it is never shown: a refusal is explained by naming the
+global the pickle needed (see :mod:`gradaudit.io.pickle_scan`).
+
+Before torch reads anything:
+
+* the first bytes must say the file is a zip checkpoint or a legacy ``torch.save`` pickle;
+  anything else (a git-lfs pointer, a safetensors file, a plain pickle, gzip, HDF5 ...) is
+  refused with what it looks like, and a plain pickle is never handed to torch at all;
+* a zip checkpoint's container and CRCs are verified (:mod:`gradaudit.io.torch_zip`), and a
+  ``map_location="meta"`` load (no tensor data) checks each storage against its member.
+
+A zip checkpoint is then loaded with ``mmap=True`` on the CPU: tensors are views of the
+file's pages, loaded lazily and moved to the audit device one at a time. The legacy
+format cannot be memory-mapped and is read into memory whole. Warnings torch raises while
+loading are dropped: stderr belongs to the CLI's one-line messages.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from gradaudit.errors import InputError
+from gradaudit.io.base import Select, SourceItem
+from gradaudit.io.nested import iter_tensors, walk_checkpoint
+from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
+from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
+from gradaudit.io.sniff import Sniffed, sniff
+from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
+
+#: File name endings read by this module (compared in lower case).
+PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
+
+#: At most this much of a pickle is re-read to name the globals in a refusal.
+_SCAN_BYTES = 64 << 20
+#: A legacy file is a row of pickles: magic number, protocol, system info, the object.
+_LEGACY_PICKLES = 4
+
+
+def _wrong_content(path: str, sniffed: Sniffed) -> str:
+    """The message for a pickle-extension file whose bytes are not a PyTorch checkpoint."""
+    if sniffed.kind == "safetensors":
+        return (
+            "looks like a safetensors file, not a PyTorch pickle: rename it to .safetensors "
+            "to audit it"
+        )
+    if sniffed.kind == "git-lfs":
+        return "is a git-lfs pointer, not the file's content: run `git lfs pull`"
+    if sniffed.kind == "pickle":
+        unsafe = [g for g in _globals_of(path, _LEGACY_PICKLES) if g not in allowed_globals()]
+        if unsafe:
+            more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+            return (
+                f"refused as unsafe: a plain Python pickle (not written by torch.save) that "
+                f"references {show(unsafe[0])}{more}; nothing from the file was run"
+            )
+        return "is a plain Python pickle, not a checkpoint written by torch.save"
+    if sniffed.kind == "other":
+        return f"not a PyTorch checkpoint: it looks like {sniffed.description}"
+    return "not a PyTorch checkpoint (neither a zip archive nor a pickle)"
+
+
+def _read_prefix(path: str, offset: int, count: int) -> bytes:
+    handle, _ = open_checked(path)
+    with handle:
+        try:
+            handle.seek(offset)
+            return handle.read(count)
+        except OSError as error:
+            raise InputError(path, describe_os_error(error)) from None
+
+
+def _globals_of(path: str, max_pickles: int) -> list[str]:
+    return pickle_globals(io.BytesIO(_read_prefix(path, 0, _SCAN_BYTES)), max_pickles)
+
+
+def _without_advice(text: str) -> str:
+    """Drop the sentences of a torch message that recommend ``weights_only=False``."""
+    sentences = [s for s in text.replace("\n", " ").split(". ") if "weights_only" not in s]
+    return ". ".join(s.strip() for s in sentences if s.strip()).strip()
+
+
+def _load_failure(error: Exception) -> str:
+    """One line for a ``torch.load`` failure that is not a weights-only refusal."""
+    if isinstance(error, MemoryError):
+        return "not enough memory to load it"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if isinstance(error, UnicodeDecodeError):
+        return "corrupt pickle data (a string in it is not valid UTF-8)"
+    ends_early = ("truncated", "Ran out of input", "unexpected EOF")
+    if isinstance(error, EOFError) or any(words in text for words in ends_early):
+        return "file is truncated or corrupt (the pickle ends early)"
+    if "Invalid magic number" in text:
+        return "corrupt legacy PyTorch checkpoint (invalid magic number)"
+    if "legacy .tar format" in text:
+        return "is in PyTorch's pre-1.6 .tar format, which cannot be loaded safely"
+    if "PytorchStreamReader" in text:
+        return f"corrupt zip checkpoint ({_without_advice(text.split(':', 1)[-1])[:200]})"
+    detail = _without_advice(text)[:200] or "no detail"
+    return f"cannot load this PyTorch checkpoint ({type(error).__name__}: {detail})"
+
+
+class TorchPickleSource:
+    """One ``torch.save`` file: a zip checkpoint (memory-mapped) or the legacy pickle format."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        sniffed = sniff(path)
+        self.archive: TorchZip | None = None
+        if sniffed.kind == "zip":
+            self.archive = inspect_torch_zip(path)
+        elif sniffed.kind != "torch-legacy":
+            raise InputError(path, _wrong_content(path, sniffed))
+
+    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
+        """Yield the checkpoint's tensors on the CPU; the engine moves each to ``device``."""
+        if self.archive is not None:
+            structure = self._load("meta")
+            if structure is not None:
+                check_storages(self.path, self.archive, iter_tensors(structure))
+        yield from walk_checkpoint(self._load("cpu"), self.path, select)
+
+    def _load(self, map_location: str) -> Any:
+        """``torch.load`` the weights-only way; every failure becomes an :class:`InputError`.
+
+        A ``"meta"`` load only serves the storage check: when it fails for a reason other
+        than a weights-only refusal (quantized tensors cannot be rebuilt on ``meta``), it
+        returns None and the check is skipped; the real load reports its own errors.
+        """
+        memory_map = self.archive is not None and map_location != "meta"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return torch.load(
+                    self.path, map_location=map_location, weights_only=True, mmap=memory_map
+                )
+        except pickle.UnpicklingError as error:
+            raise InputError(self.path, self._refusal(str(error))) from None
+        except Exception as error:  # noqa: BLE001 - torch.load's failures on hostile files are many
+            if map_location == "meta":
+                return None
+            raise InputError(self.path, _load_failure(error)) from None
+
+    def _refusal(self, message: str) -> str:
+        if self.archive is None:
+            data = _read_prefix(self.path, 0, _SCAN_BYTES)
+            return explain_refusal(message, io.BytesIO(data), _LEGACY_PICKLES)
+        member = self.archive.records["data.pkl"]
+        data = _read_prefix(self.path, member.offset, min(member.size, _SCAN_BYTES))
+        return explain_refusal(message, io.BytesIO(data))
