@@ -15,15 +15,16 @@ from pathlib import Path
 
 import torch
 
-from gradaudit.checks import evaluate_all
+from gradaudit.checks import evaluate_all, evaluate_limits
 from gradaudit.devices import resolve_device
 from gradaudit.errors import InputError
 from gradaudit.kernels import Engine
-from gradaudit.policy import FindingKind, Thresholds
+from gradaudit.policy import FindingKind, Severity, Thresholds
 from gradaudit.results import (
     FileResult,
     Finding,
     InputProblem,
+    LimitFinding,
     Report,
     Skipped,
     Summary,
@@ -154,18 +155,21 @@ class PendingStats:
         )
         findings = evaluate_all(tensors, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
+        global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
         files = tuple(self._file_results(host))
+        limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
         return Report(
             tensors=tensors,
             findings=findings,
             skipped=tuple(self._skipped),
-            summary=_summary(tensors, findings, len(self._skipped), global_row),
+            summary=_summary(tensors, findings, limit_findings, len(self._skipped), global_norm),
             device=self._device_label(),
             engine=self._collector.engine.value,
             elapsed_s=time.perf_counter() - self._started,
             files=files,
             errors=tuple(self._errors),
             thresholds=thresholds,
+            limit_findings=limit_findings,
         )
 
     def _tensor_stats(self, index: int, row: HostRow) -> TensorStats:
@@ -211,13 +215,13 @@ class PendingStats:
 def _summary(
     tensors: Sequence[TensorStats],
     findings: Sequence[Finding],
+    limit_findings: Sequence[LimitFinding],
     skipped: int,
-    global_row: torch.Tensor | None,
+    global_norm: float,
 ) -> Summary:
     def flagged(kind: FindingKind) -> int:
-        return len({(f.source, f.tensor) for f in findings if f.kind is kind})
+        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
 
-    global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
     return Summary(
         tensors=len(tensors),
         skipped=skipped,
@@ -227,8 +231,9 @@ def _summary(
         inf_tensors=flagged(FindingKind.INF),
         vanishing_tensors=flagged(FindingKind.VANISHING),
         exploding_tensors=flagged(FindingKind.EXPLODING),
-        failing_findings=sum(1 for f in findings if f.failing),
-        warnings=sum(1 for f in findings if not f.failing),
+        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
+        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
+        ignored_findings=sum(1 for f in findings if f.ignored),
     )
 
 
