@@ -131,6 +131,9 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
     if len(report.skipped) > 10:
         lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
     lines += _limit_lines(report)
+    for problem in report.errors:
+        text = f"input error: {printable(problem.path)}: {printable(problem.message)}"
+        lines.append(Text(text, style="bold red"))
     lines.append(Text(verdict_line(report), style=_VERDICT_STYLE[exit_code(report)]))
     return lines
 
