@@ -177,6 +177,14 @@ def test_github_orders_errors_before_warnings_and_skips_ignored() -> None:
     assert lines[2].startswith("gradaudit: FAIL: 1 failing finding (nan) · Audited 3 tensors")
 
 
+def test_github_nothing_to_audit_is_an_error_annotation() -> None:
+    lines = render_github(audit({"step": torch.tensor(1)}), RenderOptions(quiet=True))
+    assert lines == (
+        "::error title=gradaudit%3A nothing to audit::"
+        "nothing to audit: no floating-point tensor in the inputs\n"
+    )
+
+
 # --- junit ----------------------------------------------------------------------------
 
 

@@ -54,6 +54,14 @@ def render_github(report: Report, options: RenderOptions) -> str:
                 title="gradaudit: input could not be audited",
             )
         )
+    if not report.errors and not report.tensors:
+        lines.append(
+            command(
+                "error",
+                "nothing to audit: no floating-point tensor in the inputs",
+                title="gradaudit: nothing to audit",
+            )
+        )
     for limit in report.limit_findings:
         source = None if limit.source is None else printable(limit.source)
         lines.append(
