@@ -16,15 +16,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from gradaudit.checks import evaluate_all
+from gradaudit.checks import evaluate_all, evaluate_limits
 from gradaudit.devices import resolve_device
 from gradaudit.errors import InputError
 from gradaudit.kernels import Engine
-from gradaudit.policy import FindingKind, Thresholds
+from gradaudit.policy import FindingKind, Severity, Thresholds
 from gradaudit.results import (
     FileResult,
     Finding,
     InputProblem,
+    LimitFinding,
     Report,
     Skipped,
     Summary,
@@ -166,13 +167,20 @@ class PendingStats:
         )
         findings = evaluate_all(tensors, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
+        global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
         files = tuple(self._file_results(host))
+        limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
         return Report(
             tensors=tensors,
             findings=findings,
             skipped=tuple(self._skipped),
             summary=_summary(
-                tensors, findings, len(self._skipped), global_row, self._excluded.total()
+                tensors,
+                findings,
+                limit_findings,
+                len(self._skipped),
+                global_norm,
+                self._excluded.total(),
             ),
             device=self._device_label(),
             engine=self._collector.engine.value,
@@ -180,6 +188,7 @@ class PendingStats:
             files=files,
             errors=tuple(self._errors),
             thresholds=thresholds,
+            limit_findings=limit_findings,
         )
 
     def _tensor_stats(self, index: int, row: HostRow) -> TensorStats:
@@ -226,14 +235,14 @@ class PendingStats:
 def _summary(
     tensors: Sequence[TensorStats],
     findings: Sequence[Finding],
+    limit_findings: Sequence[LimitFinding],
     skipped: int,
-    global_row: torch.Tensor | None,
+    global_norm: float,
     excluded: int = 0,
 ) -> Summary:
     def flagged(kind: FindingKind) -> int:
-        return len({(f.source, f.tensor) for f in findings if f.kind is kind})
+        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
 
-    global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
     return Summary(
         tensors=len(tensors),
         skipped=skipped,
@@ -243,8 +252,9 @@ def _summary(
         inf_tensors=flagged(FindingKind.INF),
         vanishing_tensors=flagged(FindingKind.VANISHING),
         exploding_tensors=flagged(FindingKind.EXPLODING),
-        failing_findings=sum(1 for f in findings if f.failing),
-        warnings=sum(1 for f in findings if not f.failing),
+        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
+        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
+        ignored_findings=sum(1 for f in findings if f.ignored),
         excluded=excluded,
     )
 

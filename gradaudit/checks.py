@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, Thresholds
-from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.policy import FindingKind, LimitKind, Thresholds, fraction_exceeds
+from gradaudit.results import FileResult, Finding, LimitFinding, Report, TensorStats
 
 
 def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
@@ -15,7 +15,9 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
     Magnitude checks use the norm of the finite elements and are skipped for a
     tensor with no finite element (its NaN/Inf findings already say everything)
     and for an empty tensor (there is nothing to vanish). An all-zero tensor
-    has norm 0 and is vanishing.
+    has norm 0 and is vanishing. A tensor matched by an ``ignore`` pattern
+    still gets its findings, with severity ``ignored``, so reports can count
+    and show them.
     """
     found: list[tuple[FindingKind, str]] = []
     if stats.nan:
@@ -43,7 +45,7 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
                 )
             )
     return tuple(
-        Finding(kind, thresholds.severity(kind), stats.name, message, stats.source)
+        Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)
         for kind, message in found
     )
 
@@ -52,18 +54,79 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tupl
     return tuple(finding for stats in tensors for finding in evaluate(stats, thresholds))
 
 
+def evaluate_limits(
+    tensors: Sequence[TensorStats],
+    findings: Sequence[Finding],
+    files: Sequence[FileResult],
+    global_norm: float,
+    thresholds: Thresholds,
+) -> tuple[LimitFinding, ...]:
+    """The run-level limits that were exceeded, per input file.
+
+    A limit is judged per file because a file is one gradient dump (one step);
+    tensors audited from memory (no file results) are judged as one whole.
+    The global norm covers every tensor, ignored ones included: ``--ignore``
+    silences findings on tensors, it does not edit the gradient. The vanishing
+    fraction is over the tensors that are not ignored.
+    """
+    if thresholds.max_global_norm is None and thresholds.max_vanishing_fraction is None:
+        return ()
+    groups: list[tuple[str | None, float | None]] = (
+        [(f.path, f.global_norm) for f in files if f.tensors]
+        if files
+        else ([(None, global_norm)] if tensors else [])
+    )
+    vanishing = {
+        (f.source, f.tensor) for f in findings if f.kind is FindingKind.VANISHING and not f.ignored
+    }
+    out: list[LimitFinding] = []
+    for source, norm in groups:
+        where = "" if source is None else f" in {source}"
+        limit = thresholds.max_global_norm
+        if limit is not None and norm is not None and not norm <= limit:
+            out.append(
+                LimitFinding(
+                    LimitKind.GLOBAL_NORM,
+                    norm,
+                    limit,
+                    f"global norm {norm:.3g}{where} > max-global-norm {limit:.3g}",
+                    source,
+                )
+            )
+        fraction = thresholds.max_vanishing_fraction
+        if fraction is not None:
+            judged = [
+                t
+                for t in tensors
+                if (not files or t.source == source) and thresholds.ignored_by(t.name) is None
+            ]
+            dead = sum(1 for t in judged if (t.source, t.name) in vanishing)
+            if fraction_exceeds(dead, len(judged), fraction):
+                out.append(
+                    LimitFinding(
+                        LimitKind.VANISHING_FRACTION,
+                        dead / len(judged),
+                        fraction,
+                        f"{dead} of {len(judged)} tensors vanish{where} "
+                        f"({dead / len(judged):.1%} > max-vanishing-fraction {fraction:g})",
+                        source,
+                    )
+                )
+    return tuple(out)
+
+
 def exit_code(report: Report) -> ExitCode:
     """The exit policy, in order of precedence.
 
     1. An input could not be audited, or nothing at all was audited -> INPUT_ERROR.
        Errors beat findings: an incomplete audit never passes.
-    2. A finding the policy fails on -> FINDINGS.
-    3. Otherwise OK.
+    2. A finding the policy fails on, or an exceeded limit -> FINDINGS.
+    3. Otherwise OK (warnings and ignored findings do not fail).
 
     USAGE_ERROR and INTERNAL_ERROR never reach a report: they are raised.
     """
     if report.errors or report.summary.tensors == 0:
         return ExitCode.INPUT_ERROR
-    if any(finding.failing for finding in report.findings):
+    if report.limit_findings or any(finding.failing for finding in report.findings):
         return ExitCode.FINDINGS
     return ExitCode.OK

@@ -1,13 +1,19 @@
 """What counts as a problem, and which problems fail a run.
 
 Kept apart from ``checks.py`` (which applies it) so that result types can
-record the policy they were judged by without importing any logic.
+record the policy they were judged by without importing any logic. The range
+rule of every setting lives here once, as a ``check_*`` function that both
+:class:`Thresholds` and the config-file loader call, so a value is judged the
+same way whether it came from a flag, ``pyproject.toml`` or library code.
 """
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from fractions import Fraction
 
 #: A tensor whose finite L2 norm is below this is reported as vanishing.
 DEFAULT_VANISHING_THRESHOLD = 1e-7
@@ -24,11 +30,24 @@ class FindingKind(str, Enum):
     VANISHING = "vanishing"
 
 
+class LimitKind(str, Enum):
+    """A run-level limit (``--max-…``): about a whole file, not about one tensor."""
+
+    GLOBAL_NORM = "global-norm"
+    VANISHING_FRACTION = "vanishing-fraction"
+
+
 class Severity(str, Enum):
-    """Whether a finding fails the run (``error``) or is only reported (``warning``)."""
+    """What a finding does to the run.
+
+    ``error`` fails it, ``warning`` is only reported, ``ignored`` is a finding
+    on a tensor matched by ``--ignore``: kept (with its stats) so nothing is
+    hidden, counted in the summary, and never failing or warning.
+    """
 
     ERROR = "error"
     WARNING = "warning"
+    IGNORED = "ignored"
 
 
 #: Vanishing is a warning by default: attention key biases get near-zero
@@ -37,46 +56,133 @@ DEFAULT_FAIL_ON: frozenset[FindingKind] = frozenset(
     {FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING}
 )
 
+#: ``--fail-on`` words that stand for several kinds.
+FAIL_ON_ALIASES: dict[str, frozenset[FindingKind]] = {
+    "nonfinite": frozenset({FindingKind.NAN, FindingKind.INF}),
+    "all": frozenset(FindingKind),
+}
+FAIL_ON_WORDS = (*(k.value for k in FindingKind), *FAIL_ON_ALIASES, "none")
+
+
+class PolicyError(ValueError):
+    """A setting with a value the policy cannot use; ``key`` is its flag spelling."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{key}: {problem}")
+
+
+def check_vanishing_threshold(value: float) -> float:
+    if not value >= 0.0:
+        raise PolicyError("vanishing-threshold", f"must be >= 0 (got {value!r})")
+    return float(value)
+
+
+def check_exploding_threshold(value: float) -> float:
+    if not value > 0.0:
+        raise PolicyError("exploding-threshold", f"must be > 0 (got {value!r})")
+    return float(value)
+
+
+def check_max_global_norm(value: float) -> float:
+    if not value > 0.0:
+        raise PolicyError("max-global-norm", f"must be > 0 (got {value!r})")
+    return float(value)
+
+
+def check_max_vanishing_fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise PolicyError("max-vanishing-fraction", f"must be between 0 and 1 (got {value!r})")
+    return float(value)
+
+
+def check_ignore_pattern(pattern: str) -> str:
+    if not pattern.strip():
+        raise PolicyError("ignore", "a pattern cannot be empty")
+    return pattern
+
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Magnitude thresholds, and the finding kinds that fail the run."""
+    """The whole policy: magnitude thresholds, what fails the run, limits, ignores.
+
+    * ``fail_on``: finding kinds whose findings are errors; the others warn.
+    * ``max_global_norm``: a file whose global norm exceeds it fails the run.
+    * ``max_vanishing_fraction``: a file in which more than this fraction of
+      the (not ignored) tensors vanish fails the run. When set, it replaces the
+      per-tensor verdict on vanishing: vanishing findings are warnings even if
+      ``fail_on`` names them, because one dead layer is often legitimate.
+    * ``ignore``: glob patterns (``fnmatch``, case-sensitive, ``*`` crosses
+      dots) on tensor names whose findings are :attr:`Severity.IGNORED`.
+    """
 
     vanishing: float = DEFAULT_VANISHING_THRESHOLD
     exploding: float = DEFAULT_EXPLODING_THRESHOLD
     fail_on: frozenset[FindingKind] = DEFAULT_FAIL_ON
+    max_global_norm: float | None = None
+    max_vanishing_fraction: float | None = None
+    ignore: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not (self.vanishing >= 0.0):
-            raise ValueError("vanishing threshold must be >= 0")
-        if not (self.exploding > 0.0):
-            raise ValueError("exploding threshold must be > 0")
+        check_vanishing_threshold(self.vanishing)
+        check_exploding_threshold(self.exploding)
         if self.vanishing >= self.exploding:
-            raise ValueError("vanishing threshold must be below the exploding threshold")
+            raise PolicyError(
+                "vanishing-threshold",
+                f"must be below the exploding threshold ({self.vanishing:g} >= {self.exploding:g})",
+            )
+        if self.max_global_norm is not None:
+            check_max_global_norm(self.max_global_norm)
+        if self.max_vanishing_fraction is not None:
+            check_max_vanishing_fraction(self.max_vanishing_fraction)
+        for pattern in self.ignore:
+            check_ignore_pattern(pattern)
 
-    def severity(self, kind: FindingKind) -> Severity:
+    def severity(self, kind: FindingKind, tensor: str | None = None) -> Severity:
+        """The severity of a ``kind`` finding on ``tensor`` under this policy."""
+        if tensor is not None and self.ignored_by(tensor) is not None:
+            return Severity.IGNORED
+        if kind is FindingKind.VANISHING and self.max_vanishing_fraction is not None:
+            return Severity.WARNING
         return Severity.ERROR if kind in self.fail_on else Severity.WARNING
 
+    def ignored_by(self, tensor: str) -> str | None:
+        """The first ``ignore`` pattern that matches ``tensor``, if any."""
+        for pattern in self.ignore:
+            if fnmatch.fnmatchcase(tensor, pattern):
+                return pattern
+        return None
 
-def parse_fail_on(spec: str) -> frozenset[FindingKind]:
-    """Parse ``nan,inf,exploding`` / ``none`` / ``all`` into a set of kinds."""
-    words = [w.strip().lower() for w in spec.split(",") if w.strip()]
+
+def parse_fail_on(spec: str | Iterable[str]) -> frozenset[FindingKind]:
+    """Parse ``nan,inf,exploding`` (or a list of words) / ``nonfinite`` / ``all`` / ``none``."""
+    pieces = [spec] if isinstance(spec, str) else list(spec)
+    words = [w.strip().lower() for piece in pieces for w in piece.split(",") if w.strip()]
     if not words:
-        raise ValueError(
-            "--fail-on needs at least one of: nan, inf, exploding, vanishing, all, none"
-        )
+        raise PolicyError("fail-on", f"needs at least one of: {', '.join(FAIL_ON_WORDS)}")
     kinds: set[FindingKind] = set()
     for word in words:
         if word == "none":
             continue
-        if word == "all":
-            kinds.update(FindingKind)
+        if word in FAIL_ON_ALIASES:
+            kinds.update(FAIL_ON_ALIASES[word])
             continue
         try:
             kinds.add(FindingKind(word))
         except ValueError:
-            allowed = ", ".join([k.value for k in FindingKind] + ["all", "none"])
-            raise ValueError(f"unknown --fail-on kind {word!r} (choose from {allowed})") from None
+            raise PolicyError(
+                "fail-on", f"unknown kind {word!r} (choose from {', '.join(FAIL_ON_WORDS)})"
+            ) from None
     if "none" in words and kinds:
-        raise ValueError("--fail-on none cannot be combined with other kinds")
+        raise PolicyError("fail-on", "none cannot be combined with other kinds")
     return frozenset(kinds)
+
+
+def fraction_exceeds(count: int, total: int, limit: float) -> bool:
+    """``count / total > limit`` for the decimal the user wrote, without rounding.
+
+    ``0.57 * 100`` is ``56.99999999999999`` in floating point, which would make
+    57 of 100 "more than 0.57"; the shortest decimal of ``limit`` is exact.
+    """
+    return total > 0 and Fraction(count, total) > Fraction(repr(limit))

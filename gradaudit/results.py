@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.policy import FindingKind, LimitKind, Severity, Thresholds
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,35 @@ class Finding:
     def failing(self) -> bool:
         return self.severity is Severity.ERROR
 
+    @property
+    def ignored(self) -> bool:
+        return self.severity is Severity.IGNORED
+
+
+@dataclass(frozen=True)
+class LimitFinding:
+    """A run-level limit that was exceeded (``--max-global-norm``, ``--max-vanishing-fraction``).
+
+    Not a :class:`Finding`: it is about a whole input file (``source``; ``None``
+    when the tensors came from memory), not about one tensor, and it carries the
+    measured ``value`` against the ``limit``. A limit the user set is a gate, so
+    exceeding it always fails the run, whatever ``fail_on`` says.
+    """
+
+    kind: LimitKind
+    value: float
+    limit: float
+    message: str
+    source: str | None = None
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.ERROR
+
+    @property
+    def failing(self) -> bool:
+        return True
+
 
 @dataclass(frozen=True)
 class Skipped:
@@ -94,7 +123,11 @@ class FileResult:
 
 @dataclass(frozen=True)
 class Summary:
-    """Run-wide totals. ``global_norm`` is over the finite elements of all audited tensors."""
+    """Run-wide totals. ``global_norm`` is over the finite elements of all audited tensors.
+
+    The ``*_tensors`` counts are tensors flagged with a finding that is not
+    ignored; ``failing_findings`` includes exceeded limits.
+    """
 
     tensors: int
     skipped: int
@@ -108,6 +141,8 @@ class Summary:
     warnings: int
     #: Names left out by ``--include``/``--exclude`` over the whole run.
     excluded: int = 0
+    #: Findings on tensors matched by ``--ignore``: not failing, not warnings, still counted.
+    ignored_findings: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,3 +159,5 @@ class Report:
     files: tuple[FileResult, ...] = ()
     errors: tuple[InputProblem, ...] = ()
     thresholds: Thresholds = field(default_factory=Thresholds)
+    #: Run-level limits that were exceeded; every one fails the run.
+    limit_findings: tuple[LimitFinding, ...] = ()

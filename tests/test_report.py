@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable
 
 import pytest
-import torch
 
-from gradaudit import Report, Thresholds, audit
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.json_report import encode_float
 from gradaudit.report.table import render_table
 from gradaudit.report.text import number, printable
-
-
-def sample_report() -> Report:
-    tensors = {
-        "encoder.layer.0.attention.self.key.bias": torch.zeros(8),
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
-        "encoder.layer.0.output.dense.weight": torch.tensor([[1e3, -2.0], [math.nan, 0.0]]),
-        "encoder.layer.1.output.dense.weight": torch.tensor([math.inf, -math.inf, 1.0]),
-        "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
-        "decoder.bias": torch.tensor(2.0, dtype=torch.float64),
-        "step": torch.tensor(10),
-    }
-    report = audit(tensors, thresholds=Thresholds())
-    return dataclasses.replace(report, elapsed_s=0.25)
+from tests.samples import sample_report
 
 
 def test_table_golden(golden: Callable[[str, str], None]) -> None:

@@ -49,8 +49,8 @@ def exit_codes(debug: bool) -> Iterator[None]:
     """Translate errors into one line on stderr and an exit code; the one place that does."""
     try:
         yield
-    except typer.Exit:
-        raise
+    except (typer.Exit, BrokenPipeError):
+        raise  # a closed stdout is not a bug: the entry point ends quietly
     except GradauditError as error:
         if debug:
             traceback.print_exc()
@@ -66,17 +66,21 @@ def exit_codes(debug: bool) -> Iterator[None]:
         raise typer.Exit(int(ExitCode.INTERNAL_ERROR)) from None
 
 
-def output_width() -> int:
-    """``COLUMNS`` if set, else the terminal's width, else 120 (pipes, CI logs)."""
+def output_width(terminal: bool = True) -> int:
+    """``COLUMNS`` if set, else the terminal's width, else 120 (pipes, CI logs, files).
+
+    ``terminal=False`` (output going to a file) skips the terminal's width.
+    """
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    if sys.stdout.isatty():
+    if terminal and sys.stdout.isatty():
         return os.get_terminal_size(sys.stdout.fileno()).columns
     return 120
 
 
 def use_color() -> bool:
+    """Colour only on a terminal, and never when ``NO_COLOR`` is set (https://no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 

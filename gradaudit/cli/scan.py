@@ -2,35 +2,39 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gradaudit.audit import scan_paths
-from gradaudit.checks import exit_code
 from gradaudit.cli.app import (
     EXIT_CODES_HELP,
     app,
     check_device_option,
     exit_codes,
-    make_thresholds,
-    output_width,
-    say,
-    use_color,
 )
+from gradaudit.cli.options import (
+    ConfigOption,
+    DeviceOption,
+    EngineOption,
+    ExplodingThresholdOption,
+    FailOnOption,
+    FormatOption,
+    IgnoreOption,
+    MaxGlobalNormOption,
+    MaxVanishingFractionOption,
+    NoConfigOption,
+    OutputOption,
+    QuietOption,
+    VanishingThresholdOption,
+    settings_from_flags,
+)
+from gradaudit.cli.output import check_output_path, emit_report
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.kernels import Engine
-from gradaudit.policy import (
-    DEFAULT_EXPLODING_THRESHOLD,
-    DEFAULT_FAIL_ON,
-    DEFAULT_VANISHING_THRESHOLD,
-)
-from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
-from gradaudit.report.table import nothing_to_audit
-from gradaudit.report.text import printable
 from gradaudit.stats import DEFAULT_MEMORY_BUDGET
 
 
@@ -47,22 +51,18 @@ def scan(
             readable=False,
         ),
     ],
-    output_format: Annotated[
-        OutputFormat, typer.Option("--format", "-f", help="Output format.")
-    ] = OutputFormat.TABLE,
-    device: Annotated[
-        str, typer.Option(help="Where to reduce: auto (CUDA when available), cpu, cuda, cuda:N.")
-    ] = "auto",
-    vanishing_threshold: Annotated[
-        float, typer.Option(help="Norm below which a tensor is vanishing.")
-    ] = DEFAULT_VANISHING_THRESHOLD,
-    exploding_threshold: Annotated[
-        float, typer.Option(help="Norm above which a tensor is exploding.")
-    ] = DEFAULT_EXPLODING_THRESHOLD,
-    fail_on: Annotated[
-        str,
-        typer.Option(help="Findings that fail the run: nan,inf,exploding,vanishing, all or none."),
-    ] = ",".join(sorted(kind.value for kind in DEFAULT_FAIL_ON)),
+    output_format: FormatOption = None,
+    output: OutputOption = None,
+    quiet: QuietOption = None,
+    device: DeviceOption = None,
+    vanishing_threshold: VanishingThresholdOption = None,
+    exploding_threshold: ExplodingThresholdOption = None,
+    fail_on: FailOnOption = None,
+    max_global_norm: MaxGlobalNormOption = None,
+    max_vanishing_fraction: MaxVanishingFractionOption = None,
+    ignore: IgnoreOption = None,
+    config: ConfigOption = None,
+    no_config: NoConfigOption = False,
     show_all: Annotated[
         bool, typer.Option("--all", help="Show every tensor, not only flagged and top rows.")
     ] = False,
@@ -88,14 +88,11 @@ def scan(
     recursive: Annotated[
         bool, typer.Option("--recursive", "-r", help="Search directories' subdirectories too.")
     ] = False,
-    engine: Annotated[
-        Engine,
-        typer.Option(help="Kernel: eager (default for auto), or compiled with torch.compile."),
-    ] = Engine.AUTO,
     max_memory: Annotated[
         int,
         typer.Option(min=16, help="Working-memory budget in MiB (scratch and buckets)."),
     ] = DEFAULT_MEMORY_BUDGET // (1024 * 1024),
+    engine: EngineOption = None,
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
@@ -110,27 +107,38 @@ def scan(
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
-        thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
-        check_device_option(device)
+        settings = settings_from_flags(
+            config,
+            no_config,
+            format=output_format,
+            output=output,
+            quiet=quiet,
+            device=device,
+            engine=engine,
+            vanishing_threshold=vanishing_threshold,
+            exploding_threshold=exploding_threshold,
+            fail_on=fail_on,
+            max_global_norm=max_global_norm,
+            max_vanishing_fraction=max_vanishing_fraction,
+            ignore=ignore,
+        )
+        thresholds = settings.thresholds()
+        check_device_option(settings.device or "auto")
+        check_output_path(settings.output, paths)
         total = input_bytes(paths, recursive=recursive)
-        show = wants_progress(progress, output_format is OutputFormat.JSON, total)
-        with progress_bar(total, show) as advance:
+        # Only the human table gets a bar by default; machine formats never do.
+        machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
+        with progress_bar(total, wants_progress(progress, machine, total)) as advance:
             report = scan_paths(
                 paths,
                 thresholds=thresholds,
-                device=device,
+                device=settings.device or "auto",
                 chunk_elements=chunk_elements,
-                engine=engine,
+                engine=settings.engine or Engine.AUTO,
                 memory_budget=max_memory * 1024 * 1024,
                 progress=advance,
                 include=include or (),
                 exclude=exclude or (),
                 recursive=recursive,
             )
-        for problem in report.errors:
-            say(f"error: {printable(problem.path)}: {printable(problem.message)}")
-        if not report.errors and report.summary.tensors == 0:
-            say(f"error: {nothing_to_audit(report)}")
-        options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all, top=top)
-        sys.stdout.write(output_format.formatter()(report, options))
-        raise typer.Exit(int(exit_code(report)))
+        raise typer.Exit(int(emit_report(report, settings, show_all=show_all, top=top)))

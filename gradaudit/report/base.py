@@ -19,6 +19,8 @@ class RenderOptions:
     color: bool = False
     show_all: bool = False
     top: int = DEFAULT_TOP_ROWS
+    #: Only findings: no summary, no unflagged rows (data formats ignore it).
+    quiet: bool = False
 
 
 class Formatter(Protocol):

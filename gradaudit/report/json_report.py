@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import json
 import math
+from importlib import resources
 from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
 from gradaudit.report.base import RenderOptions
-from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.report.verdict import findings_by_tensor
+from gradaudit.results import Finding, LimitFinding, Report, TensorStats
 
 #: Bumped whenever a field changes meaning or disappears; adding a field keeps it.
+#: The document is described by ``gradaudit/schema/report.schema.json``.
 SCHEMA_VERSION = 1
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the document :func:`render_json` writes (shipped with the package)."""
+    text = resources.files("gradaudit").joinpath("schema", "report.schema.json").read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def encode_float(value: float | None) -> float | str | None:
@@ -37,7 +47,18 @@ def _finding(finding: Finding) -> dict[str, Any]:
     }
 
 
-def _tensor(stats: TensorStats, findings: list[Finding]) -> dict[str, Any]:
+def _limit(finding: LimitFinding) -> dict[str, Any]:
+    return {
+        "kind": finding.kind.value,
+        "severity": finding.severity.value,
+        "file": finding.source,
+        "value": encode_float(finding.value),
+        "limit": encode_float(finding.limit),
+        "message": finding.message,
+    }
+
+
+def _tensor(stats: TensorStats, findings: list[Finding], ignored_by: str | None) -> dict[str, Any]:
     return {
         "name": stats.name,
         "file": stats.source,
@@ -53,15 +74,15 @@ def _tensor(stats: TensorStats, findings: list[Finding]) -> dict[str, Any]:
         "norm": encode_float(stats.norm),
         "rms": encode_float(stats.rms),
         "findings": [_finding(f) for f in findings],
+        "ignored_by": ignored_by,
     }
 
 
 def to_document(report: Report) -> dict[str, Any]:
     """The JSON document as Python data (also handy for library users)."""
-    by_tensor: dict[tuple[str | None, str], list[Finding]] = {}
-    for finding in report.findings:
-        by_tensor.setdefault((finding.source, finding.tensor), []).append(finding)
+    by_tensor = findings_by_tensor(report)
     summary = report.summary
+    policy = report.thresholds
     return {
         "schema_version": SCHEMA_VERSION,
         "gradaudit_version": __version__,
@@ -69,9 +90,12 @@ def to_document(report: Report) -> dict[str, Any]:
         "engine": report.engine,
         "elapsed_s": round(report.elapsed_s, 6),
         "thresholds": {
-            "vanishing": encode_float(report.thresholds.vanishing),
-            "exploding": encode_float(report.thresholds.exploding),
-            "fail_on": sorted(kind.value for kind in report.thresholds.fail_on),
+            "vanishing": encode_float(policy.vanishing),
+            "exploding": encode_float(policy.exploding),
+            "fail_on": sorted(kind.value for kind in policy.fail_on),
+            "max_global_norm": encode_float(policy.max_global_norm),
+            "max_vanishing_fraction": encode_float(policy.max_vanishing_fraction),
+            "ignore": list(policy.ignore),
         },
         "files": [
             {
@@ -85,7 +109,11 @@ def to_document(report: Report) -> dict[str, Any]:
             }
             for f in report.files
         ],
-        "tensors": [_tensor(t, by_tensor.get((t.source, t.name), [])) for t in report.tensors],
+        "tensors": [
+            _tensor(t, by_tensor.get((t.source, t.name), []), policy.ignored_by(t.name))
+            for t in report.tensors
+        ],
+        "limits": [_limit(f) for f in report.limit_findings],
         "skipped": [{"name": s.name, "file": s.source, "reason": s.reason} for s in report.skipped],
         "errors": [{"file": e.path, "message": e.message} for e in report.errors],
         "summary": {
@@ -99,6 +127,7 @@ def to_document(report: Report) -> dict[str, Any]:
             "exploding_tensors": summary.exploding_tensors,
             "failing_findings": summary.failing_findings,
             "warnings": summary.warnings,
+            "ignored_findings": summary.ignored_findings,
             "input_errors": len(report.errors),
             "excluded": summary.excluded,
         },

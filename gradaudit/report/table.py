@@ -1,8 +1,9 @@
 """``--format table``: a Rich table of tensors and a summary, for people.
 
-Flagged tensors come first (failing before warnings), then the largest norms;
-``--all`` shows every row. Names are shown as ``Text`` (never parsed as Rich
-markup) after escaping control characters.
+Flagged tensors come first (failing before warnings, then tensors whose
+findings are ignored), then the largest norms; ``--all`` shows every row and
+``--quiet`` only the flagged rows and exceeded limits. Names are shown as
+``Text`` (never parsed as Rich markup) after escaping control characters.
 """
 
 from __future__ import annotations
@@ -18,10 +19,21 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.verdict import (
+    audited_line,
+    findings_by_tensor,
+    flagged_line,
+    verdict_line,
+)
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
 _STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
-_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
+_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+_VERDICT_STYLE = {
+    ExitCode.OK: "bold green",
+    ExitCode.FINDINGS: "bold red",
+    ExitCode.INPUT_ERROR: "bold red",
+}
 
 
 def _status(stats: TensorStats, findings: list[Finding]) -> Text:
@@ -32,38 +44,37 @@ def _status(stats: TensorStats, findings: list[Finding]) -> Text:
         if text:
             text.append(",")
         text.append(finding.kind.value, style=_SEVERITY_STYLE[finding.severity])
+    if all(f.ignored for f in findings):
+        text.append(" (ignored)", style="dim")
     return text
 
 
 def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int]:
     """Rows to show and how many were left out."""
-    findings = _findings_by_tensor(report)
-    flagged_failing, flagged_warning, rest = [], [], []
+    findings = findings_by_tensor(report)
+    flagged_failing, flagged_warning, flagged_ignored, rest = [], [], [], []
     for stats in report.tensors:
         found = findings.get((stats.source, stats.name), [])
         if any(f.failing for f in found):
             flagged_failing.append(stats)
-        elif found:
+        elif any(f.severity is Severity.WARNING for f in found):
             flagged_warning.append(stats)
+        elif found:
+            flagged_ignored.append(stats)
         else:
             rest.append(stats)
+    if options.quiet:
+        return flagged_failing + flagged_warning, 0
+    flagged = flagged_failing + flagged_warning + flagged_ignored
     rest.sort(key=lambda s: s.norm, reverse=True)
     if not options.show_all:
         shown_rest = rest[: options.top]
-        return flagged_failing + flagged_warning + shown_rest, len(rest) - len(shown_rest)
-    return flagged_failing + flagged_warning + rest, 0
+        return flagged + shown_rest, len(rest) - len(shown_rest)
+    return flagged + rest, 0
 
 
-def _findings_by_tensor(report: Report) -> dict[tuple[str | None, str], list[Finding]]:
-    by_tensor: dict[tuple[str | None, str], list[Finding]] = {}
-    for finding in report.findings:
-        by_tensor.setdefault((finding.source, finding.tensor), []).append(finding)
-    return by_tensor
-
-
-def _tensor_table(report: Report, options: RenderOptions) -> tuple[Table, int]:
-    rows, hidden = _rank(report, options)
-    findings = _findings_by_tensor(report)
+def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
+    findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
     table = Table(show_lines=False, header_style="bold")
     if several_files:
@@ -76,16 +87,16 @@ def _tensor_table(report: Report, options: RenderOptions) -> tuple[Table, int]:
     table.add_column("status", no_wrap=True)
     for stats in rows:
         found = findings.get((stats.source, stats.name), [])
-        style = None
+        style = ""
         if any(f.failing for f in found):
             style = "red"
-        elif found:
+        elif any(f.severity is Severity.WARNING for f in found):
             style = "yellow"
         cells: list[Text | str] = []
         if several_files:
             cells.append(Text(printable(stats.source or "")))
         cells += [
-            Text(printable(stats.name), style=style or ""),
+            Text(printable(stats.name), style=style),
             "×".join(str(d) for d in stats.shape) or "()",
             stats.dtype,
             number(stats.norm),
@@ -97,7 +108,11 @@ def _tensor_table(report: Report, options: RenderOptions) -> tuple[Table, int]:
             _status(stats, found),
         ]
         table.add_row(*cells)
-    return table, hidden
+    return table
+
+
+def _limit_lines(report: Report) -> list[Text]:
+    return [Text(f"LIMIT: {printable(f.message)}", style="bold red") for f in report.limit_findings]
 
 
 def _file_verdict(report: Report, result: FileResult) -> Text:
@@ -141,29 +156,16 @@ def _files_table(report: Report) -> Table:
 
 
 def _summary_lines(report: Report, hidden: int) -> list[Text]:
-    s = report.summary
     lines: list[Text] = []
     if hidden:
         lines.append(Text(f"… {plural(hidden, 'more tensor')} not shown (--all shows every row)"))
-    files = len(report.files)
-    where = f" in {plural(files, 'file')}" if files else ""
-    excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
     lines.append(
         Text(
-            f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
-            f"skipped {s.skipped}{excluded} · global norm {number(s.global_norm)} · "
-            f"device {report.device} · engine {report.engine} · {report.elapsed_s:.2f} s"
+            f"{audited_line(report)} · device {report.device} · engine {report.engine} · "
+            f"{report.elapsed_s:.2f} s"
         )
     )
-    lines.append(
-        Text(
-            f"Flagged tensors: NaN {s.nan_tensors} · Inf {s.inf_tensors} · "
-            f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}"
-            f"   (thresholds: vanishing < "
-            f"{number(report.thresholds.vanishing)}, exploding > "
-            f"{number(report.thresholds.exploding)})"
-        )
-    )
+    lines.append(Text(flagged_line(report)))
     several = len(report.files) > 1
     for skipped in report.skipped[:10]:
         where = ""
@@ -174,36 +176,12 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         )
     if len(report.skipped) > 10:
         lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
-    code = exit_code(report)
-    if code is ExitCode.INPUT_ERROR:
-        what = (
-            plural(len(report.errors), "input") + " could not be audited"
-            if report.errors
-            else nothing_to_audit(report)
-        )
-        lines.append(Text(f"INCOMPLETE: {what}", style="bold red"))
-    elif code is ExitCode.FINDINGS:
-        kinds = sorted({f.kind.value for f in report.findings if f.failing})
-        lines.append(
-            Text(
-                f"FAIL: {plural(s.failing_findings, 'failing finding')} ({', '.join(kinds)})",
-                style="bold red",
-            )
-        )
-    else:
-        note = f" ({plural(s.warnings, 'warning')})" if s.warnings else ""
-        lines.append(Text(f"OK: no failing findings{note}", style="bold green"))
+    lines += _limit_lines(report)
+    for problem in report.errors:
+        text = f"input error: {printable(problem.path)}: {printable(problem.message)}"
+        lines.append(Text(text, style="bold red"))
+    lines.append(Text(verdict_line(report), style=_VERDICT_STYLE[exit_code(report)]))
     return lines
-
-
-def nothing_to_audit(report: Report) -> str:
-    """Why a run audited no tensor, for the summary and the CLI's stderr line."""
-    if report.summary.excluded:
-        return (
-            "nothing to audit: --include/--exclude left no floating-point tensor "
-            f"({count(report.summary.excluded)} excluded)"
-        )
-    return "nothing to audit: no floating-point tensor found"
 
 
 def render_table(report: Report, options: RenderOptions) -> str:
@@ -219,13 +197,15 @@ def render_table(report: Report, options: RenderOptions) -> str:
         emoji=False,
         legacy_windows=False,
     )
-    if report.tensors:
-        table, hidden = _tensor_table(report, options)
-        console.print(table)
+    rows, hidden = _rank(report, options)
+    if rows:
+        console.print(_tensor_table(report, rows))
+    if options.quiet:
+        for line in _limit_lines(report):
+            console.print(line)
     else:
-        hidden = 0
-    if len(report.files) > 1:
-        console.print(_files_table(report))
-    for line in _summary_lines(report, hidden):
-        console.print(line)
+        if len(report.files) > 1:
+            console.print(_files_table(report))
+        for line in _summary_lines(report, hidden):
+            console.print(line)
     return buffer.getvalue()

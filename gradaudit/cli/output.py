@@ -1,0 +1,158 @@
+"""Where rendered text goes: stdout (surviving ``| head``) or an ``--output`` file (atomically).
+
+Commands render a report with its formatter and hand the text here; this is
+the only code that writes data (stdout or a report file). Messages for people
+go to stderr through :func:`~gradaudit.cli.app.say`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import suppress
+from pathlib import Path
+
+from gradaudit.checks import exit_code
+from gradaudit.cli.app import output_width, say, use_color
+from gradaudit.config import Settings
+from gradaudit.errors import ExitCode, UsageError
+from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.text import printable
+from gradaudit.report.verdict import nothing_to_audit
+from gradaudit.results import Report
+
+
+def check_output_path(output: Path | None, inputs: Sequence[str | Path] = ()) -> None:
+    """Refuse an ``--output`` that cannot work, before spending time on the audit.
+
+    The directory must exist. The target, if it exists, must be a regular file
+    and not a symbolic link: the atomic rename replaces the path itself, so
+    ``--output /dev/stdout`` (a link to wherever stdout goes) would replace the
+    shell's redirection target behind its back. And it must not be one of the
+    inputs, which gradaudit never writes to.
+    """
+    if output is None:
+        return
+    target = _target(output)
+    if not target.parent.is_dir():
+        raise UsageError(f"--output {output}: directory {target.parent} does not exist")
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise UsageError(
+            f"--output {output}: is a symbolic link (name the file it points to; the report "
+            "replaces the path atomically)"
+        )
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(
+            f"--output {output}: not a regular file (leave out --output to write to stdout)"
+        )
+    for raw in inputs:
+        if os.path.realpath(raw) == str(target):
+            raise UsageError(f"--output {output}: is an input; gradaudit never writes to inputs")
+
+
+def _target(path: Path) -> Path:
+    """``path`` with its directory resolved and its last component kept (links not followed)."""
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename.
+
+    A reader (a CI step, a dashboard) sees either the previous file or the
+    complete new one, never half a report; an interrupted run leaves no
+    partial file. The file gets the mode a plain ``open(path, "w")`` would.
+    """
+    check_output_path(path)
+    target = _target(path)
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    try:
+        fd, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+        )
+    except OSError as error:
+        raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException as error:
+        with suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+        raise
+
+
+def write_stdout(text: str) -> None:
+    """Write data to stdout; a reader that went away (``| head``) ends output quietly.
+
+    Whatever the reader did not read, it did not want: the rest is dropped and
+    the command still exits with its verdict. stdout is pointed at /dev/null
+    so the interpreter's final flush does not complain either.
+    """
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def announce_problems(report: Report) -> None:
+    """One stderr line per input that could not be audited, or for an empty audit."""
+    for problem in report.errors:
+        say(f"error: {printable(problem.path)}: {printable(problem.message)}")
+    if not report.errors and report.summary.tensors == 0:
+        say(f"error: {nothing_to_audit(report)}")
+
+
+def render_options(
+    settings: Settings, *, show_all: bool = False, top: int = DEFAULT_TOP_ROWS
+) -> RenderOptions:
+    """Width and colour for where the text goes: a file gets no colour and no terminal width."""
+    to_terminal = settings.output is None
+    return RenderOptions(
+        width=output_width(terminal=to_terminal),
+        color=to_terminal and use_color(),
+        show_all=show_all,
+        top=top,
+        quiet=bool(settings.quiet),
+    )
+
+
+def emit(text: str, settings: Settings, what: str = "report") -> None:
+    """Send rendered text to ``--output`` (with a note on stderr) or stdout."""
+    if settings.output is None:
+        write_stdout(text)
+        return
+    write_atomic(settings.output, text)
+    if not settings.quiet:
+        say(f"wrote {what} to {printable(str(settings.output))}")
+
+
+def emit_report(
+    report: Report, settings: Settings, *, show_all: bool = False, top: int = DEFAULT_TOP_ROWS
+) -> ExitCode:
+    """Announce problems, render ``report`` in the chosen format, send it; return the verdict."""
+    announce_problems(report)
+    output_format = settings.format or OutputFormat.TABLE
+    text = output_format.formatter()(report, render_options(settings, show_all=show_all, top=top))
+    emit(text, settings, f"{output_format.value} report")
+    return exit_code(report)

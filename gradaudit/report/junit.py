@@ -1,0 +1,122 @@
+"""``--format junit``: a JUnit XML report, rendered natively by GitLab, Jenkins and most CIs.
+
+One ``<testsuite>`` per input file and one ``<testcase>`` per check in it:
+``nan``, ``inf``, ``exploding``, ``vanishing``, plus ``global-norm`` and
+``vanishing-fraction`` when those limits are set. A check fails (``<failure>``)
+when it has a failing finding in that file; its warnings and ignored findings
+are listed in ``<system-out>`` of a passing test case. A file that could not
+be audited is one test case ``read`` with an ``<error>``. Built with
+``xml.etree`` (which escapes markup); names go through :func:`printable` first,
+because XML 1.0 cannot carry control characters at all.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from gradaudit.checks import exit_code
+from gradaudit.errors import ExitCode
+from gradaudit.policy import FindingKind, LimitKind, Severity
+from gradaudit.report.base import RenderOptions
+from gradaudit.report.text import plural, printable
+from gradaudit.report.verdict import nothing_to_audit
+from gradaudit.results import Finding, LimitFinding, Report
+
+#: Suite name for tensors audited from memory (no input file).
+IN_MEMORY_SUITE = "gradaudit"
+
+
+@dataclass
+class _Case:
+    """One test case being assembled: failing lines, and lines for ``<system-out>``."""
+
+    name: str
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _finding_line(finding: Finding) -> str:
+    return f"{printable(finding.tensor)}: {finding.message}"
+
+
+def _cases(report: Report, source: str | None) -> list[_Case]:
+    checks = {kind: _Case(kind.value) for kind in FindingKind}
+    for finding in report.findings:
+        if finding.source != source:
+            continue
+        case = checks[finding.kind]
+        if finding.severity is Severity.ERROR:
+            case.failures.append(_finding_line(finding))
+        elif finding.severity is Severity.WARNING:
+            case.notes.append("warning: " + _finding_line(finding))
+        else:
+            pattern = report.thresholds.ignored_by(finding.tensor)
+            case.notes.append(f"ignored ({printable(pattern or '')}): " + _finding_line(finding))
+    cases = list(checks.values())
+    limits: dict[LimitKind, float | None] = {
+        LimitKind.GLOBAL_NORM: report.thresholds.max_global_norm,
+        LimitKind.VANISHING_FRACTION: report.thresholds.max_vanishing_fraction,
+    }
+    for kind, limit in limits.items():
+        if limit is None:
+            continue
+        case = _Case(kind.value)
+        exceeded: list[LimitFinding] = [
+            f for f in report.limit_findings if f.kind is kind and f.source == source
+        ]
+        case.failures += [printable(f.message) for f in exceeded]
+        cases.append(case)
+    return cases
+
+
+def _suite(parent: ET.Element, name: str, cases: list[_Case]) -> None:
+    failures = sum(1 for c in cases if c.failures)
+    errors = sum(1 for c in cases if c.error is not None)
+    suite = ET.SubElement(
+        parent,
+        "testsuite",
+        name=name,
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+    )
+    for case in cases:
+        element = ET.SubElement(suite, "testcase", classname=name, name=case.name)
+        if case.error is not None:
+            ET.SubElement(
+                element, "error", type="input-error", message=case.error
+            ).text = case.error
+        if case.failures:
+            failure = ET.SubElement(
+                element,
+                "failure",
+                type=case.name,
+                message=f"{case.name}: {plural(len(case.failures), 'failing finding')}",
+            )
+            failure.text = "\n".join(case.failures)
+        if case.notes:
+            ET.SubElement(element, "system-out").text = "\n".join(case.notes)
+
+
+def render_junit(report: Report, options: RenderOptions) -> str:
+    root = ET.Element("testsuites", name="gradaudit", time=f"{report.elapsed_s:.3f}")
+    errors = {problem.path: problem.message for problem in report.errors}
+    sources: list[str | None] = [f.path for f in report.files] or ([None] if report.tensors else [])
+    for source in sources:
+        name = IN_MEMORY_SUITE if source is None else printable(source)
+        if source is not None and source in errors:
+            cases = [_Case("read", error=printable(errors[source]))]
+        else:
+            cases = _cases(report, source)
+        _suite(root, name, cases)
+    if exit_code(report) is ExitCode.INPUT_ERROR and not report.errors:
+        message = nothing_to_audit(report)
+        _suite(root, IN_MEMORY_SUITE, [_Case("audit", error=message)])
+    suites = list(root)
+    for attribute in ("tests", "failures", "errors"):
+        root.set(attribute, str(sum(int(s.get(attribute, "0")) for s in suites)))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,0 +1,101 @@
+"""The sentences every human-readable format shares, so they never disagree.
+
+The table, Markdown and GitHub formats all say what was audited and what the
+verdict is; they say it with these functions.
+"""
+
+from __future__ import annotations
+
+from gradaudit.checks import exit_code
+from gradaudit.errors import ExitCode
+from gradaudit.report.text import count, number, plural
+from gradaudit.results import Finding, Report, TensorStats
+
+TensorKey = tuple[str | None, str]
+
+
+def findings_by_tensor(report: Report) -> dict[TensorKey, list[Finding]]:
+    """Findings grouped by ``(file, tensor name)``, in report order."""
+    by_tensor: dict[TensorKey, list[Finding]] = {}
+    for finding in report.findings:
+        by_tensor.setdefault((finding.source, finding.tensor), []).append(finding)
+    return by_tensor
+
+
+def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
+    """Tensors with a failing or warning finding: failing first, then warnings, in file order."""
+    by_tensor = findings_by_tensor(report)
+    failing, warning = [], []
+    for stats in report.tensors:
+        found = [f for f in by_tensor.get((stats.source, stats.name), []) if not f.ignored]
+        if any(f.failing for f in found):
+            failing.append((stats, found))
+        elif found:
+            warning.append((stats, found))
+    return failing + warning
+
+
+def failing_kinds(report: Report) -> list[str]:
+    """The kinds that fail the run, sorted: tensor finding kinds and exceeded limits."""
+    kinds = {f.kind.value for f in report.findings if f.failing}
+    kinds.update(f.kind.value for f in report.limit_findings)
+    return sorted(kinds)
+
+
+def audited_line(report: Report) -> str:
+    """``Audited 35 tensors (21,248 elements) in 1 file, skipped 1 · global norm 2.8e+05``."""
+    s = report.summary
+    files = len(report.files)
+    where = f" in {plural(files, 'file')}" if files else ""
+    excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
+    return (
+        f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
+        f"skipped {s.skipped}{excluded} · global norm {number(s.global_norm)}"
+    )
+
+
+def nothing_to_audit(report: Report) -> str:
+    """Why a run audited no tensor, for the summary and the CLI's stderr line."""
+    if report.summary.excluded:
+        return (
+            "nothing to audit: --include/--exclude left no floating-point tensor "
+            f"({count(report.summary.excluded)} excluded)"
+        )
+    return "nothing to audit: no floating-point tensor found"
+
+
+def flagged_line(report: Report) -> str:
+    """Counts of flagged tensors per kind, the ignored findings, and the thresholds."""
+    s = report.summary
+    t = report.thresholds
+    ignored = f" · ignored findings {s.ignored_findings}" if s.ignored_findings else ""
+    return (
+        f"Flagged tensors: NaN {s.nan_tensors} · Inf {s.inf_tensors} · "
+        f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}{ignored}"
+        f"   (thresholds: vanishing < {number(t.vanishing)}, exploding > {number(t.exploding)})"
+    )
+
+
+def verdict_line(report: Report) -> str:
+    """``OK: …`` / ``FAIL: …`` / ``INCOMPLETE: …``, matching :func:`exit_code`."""
+    s = report.summary
+    code = exit_code(report)
+    if code is ExitCode.INPUT_ERROR:
+        what = (
+            plural(len(report.errors), "input") + " could not be audited"
+            if report.errors
+            else nothing_to_audit(report)
+        )
+        return f"INCOMPLETE: {what}"
+    if code is ExitCode.FINDINGS:
+        return (
+            f"FAIL: {plural(s.failing_findings, 'failing finding')} "
+            f"({', '.join(failing_kinds(report))})"
+        )
+    notes = []
+    if s.warnings:
+        notes.append(plural(s.warnings, "warning"))
+    if s.ignored_findings:
+        notes.append(f"{s.ignored_findings:,} ignored")
+    note = f" ({', '.join(notes)})" if notes else ""
+    return f"OK: no failing findings{note}"

@@ -1,0 +1,203 @@
+"""``[tool.gradaudit]`` in pyproject.toml: discovery, parsing, and the errors that name the key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gradaudit.config import (
+    KEYS,
+    Settings,
+    find_config,
+    load_config,
+    parse_setting,
+    resolve,
+)
+from gradaudit.errors import UsageError
+from gradaudit.kernels import Engine
+from gradaudit.policy import FindingKind
+from gradaudit.report import OutputFormat
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_key_is_a_flag_spelling_and_a_settings_field() -> None:
+    fields = set(Settings.__dataclass_fields__) - {"source"}
+    assert {field for field, _ in KEYS.values()} == fields
+    assert all(key == key.lower() and "_" not in key for key in KEYS)
+
+
+def test_a_full_table_parses_to_typed_settings(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "pyproject.toml",
+        """
+[project]
+name = "demo"
+
+[tool.gradaudit]
+fail-on = ["nonfinite", "exploding"]
+vanishing-threshold = 1e-8
+exploding-threshold = 50
+max-global-norm = 1e3
+max-vanishing-fraction = 0.25
+ignore = ["*.key.bias", "embed.*"]
+format = "Markdown"
+output = "reports/grads.md"
+quiet = true
+device = "cpu"
+engine = "eager"
+""",
+    )
+    settings = load_config(path)
+    assert settings == Settings(
+        fail_on=frozenset({FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING}),
+        vanishing_threshold=1e-8,
+        exploding_threshold=50.0,
+        max_global_norm=1e3,
+        max_vanishing_fraction=0.25,
+        ignore=("*.key.bias", "embed.*"),
+        format=OutputFormat.MARKDOWN,
+        output=tmp_path / "reports" / "grads.md",  # relative to the config file
+        quiet=True,
+        device="cpu",
+        engine=Engine.EAGER,
+        source=path,
+    )
+    assert isinstance(settings.exploding_threshold, float)
+    thresholds = settings.thresholds()
+    assert thresholds.ignore == ("*.key.bias", "embed.*")
+    assert thresholds.max_vanishing_fraction == 0.25
+
+
+def test_fail_on_as_a_comma_string_too(tmp_path: Path) -> None:
+    path = write(tmp_path / "pyproject.toml", '[tool.gradaudit]\nfail-on = "nan, inf"\n')
+    assert load_config(path).fail_on == {FindingKind.NAN, FindingKind.INF}
+
+
+def test_find_config_walks_up_and_passes_over_pyprojects_without_the_table(
+    tmp_path: Path,
+) -> None:
+    root = write(tmp_path / "pyproject.toml", '[tool.gradaudit]\nfail-on = ["all"]\n')
+    write(tmp_path / "pkg" / "pyproject.toml", '[project]\nname = "pkg"\n[tool.ruff]\n')
+    deep = tmp_path / "pkg" / "src" / "deep"
+    deep.mkdir(parents=True)
+    assert find_config(deep) == root
+    nearer = write(tmp_path / "pkg" / "src" / "pyproject.toml", "[tool.gradaudit]\n")
+    assert find_config(deep) == nearer  # an empty table still counts: it was written on purpose
+    assert find_config(tmp_path) == root
+
+
+def test_resolve_flags_override_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(
+        tmp_path / "pyproject.toml",
+        '[tool.gradaudit]\nfail-on = ["vanishing"]\nignore = ["a.*"]\nformat = "json"\n',
+    )
+    monkeypatch.chdir(tmp_path)
+    merged = resolve(Settings(ignore=("b.*",), quiet=False))
+    assert merged.fail_on == {FindingKind.VANISHING}  # from the file
+    assert merged.ignore == ("b.*",)  # replaced, not extended
+    assert merged.format is OutputFormat.JSON
+    assert merged.quiet is False
+    assert resolve(Settings(quiet=True), no_config=True) == Settings(quiet=True)
+    with pytest.raises(UsageError, match="cannot be combined"):
+        resolve(Settings(), config=tmp_path / "pyproject.toml", no_config=True)
+
+
+def test_other_toml_files_are_the_table_itself(tmp_path: Path) -> None:
+    plain = write(tmp_path / "gradaudit.toml", 'fail-on = "none"\n')
+    assert load_config(plain).fail_on == frozenset()
+    nested = write(tmp_path / "ci.toml", "[tool.gradaudit]\nquiet = true\n")
+    assert load_config(nested).quiet is True
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[project]\n", "no [tool.gradaudit] table"),
+        ("[tool.other]\nx = 1\n", "no [tool.gradaudit] table"),
+        ("[tool]\ngradaudit = 3\n", "tool.gradaudit must be a table"),
+        ("[tool.gradaudit\n", "not valid TOML"),
+    ],
+)
+def test_broken_pyproject_is_a_usage_error(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "pyproject.toml", text)
+    with pytest.raises(UsageError) as error:
+        load_config(path)
+    assert message in str(error.value)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "problem"),
+    [
+        ("fail_on = ['nan']", "fail_on", "unknown key (did you mean 'fail-on'?)"),
+        ("vanishing = 1e-8", "vanishing", "unknown key (did you mean 'vanishing-threshold'?)"),
+        ("colour = true", "colour", "unknown key; known keys: fail-on"),
+        ("fail-on = 3", "fail-on", "expected a string or a list of strings, got an integer (3)"),
+        ("fail-on = ['nan', 'bogus']", "fail-on", "unknown kind 'bogus'"),
+        ("fail-on = []", "fail-on", "needs at least one of"),
+        ("vanishing-threshold = '1e-8'", "vanishing-threshold", "expected a number, got a string"),
+        ("vanishing-threshold = true", "vanishing-threshold", "expected a number, got a boolean"),
+        ("vanishing-threshold = -1", "vanishing-threshold", "must be >= 0"),
+        ("exploding-threshold = 0", "exploding-threshold", "must be > 0"),
+        ("max-global-norm = -5.0", "max-global-norm", "must be > 0"),
+        ("max-global-norm = nan", "max-global-norm", "must be > 0 (got nan)"),
+        ("max-vanishing-fraction = 1.5", "max-vanishing-fraction", "must be between 0 and 1"),
+        ("ignore = [1, 2]", "ignore", "expected a string or a list of strings, got a list"),
+        ("ignore = ['']", "ignore", "a pattern cannot be empty"),
+        ("format = 'xml'", "format", "unknown value 'xml' (choose from table, json, markdown"),
+        ("format = ['json']", "format", "expected a string, got a list"),
+        ("output = ''", "output", "expected a file name"),
+        ("quiet = 'yes'", "quiet", "expected true or false, got a string ('yes')"),
+        ("device = 'tpu'", "device", "unknown device 'tpu'"),
+        ("device = 'meta'", "device", "unknown device 'meta'"),
+        ("engine = 'fast'", "engine", "unknown value 'fast' (choose from eager, compiled, auto)"),
+        ("[tool.gradaudit.nested]", "nested", "unknown key"),
+    ],
+)
+def test_bad_keys_and_values_name_the_file_and_the_key(
+    tmp_path: Path, line: str, key: str, problem: str
+) -> None:
+    path = write(tmp_path / "pyproject.toml", f"[tool.gradaudit]\n{line}\n")
+    with pytest.raises(UsageError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: [tool.gradaudit] {key}: ")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_cross_field_problems_show_up_when_the_policy_is_built(tmp_path: Path) -> None:
+    path = write(tmp_path / "pyproject.toml", "[tool.gradaudit]\nvanishing-threshold = 1e3\n")
+    settings = load_config(path)  # each value is fine on its own
+    with pytest.raises(UsageError, match="below the exploding threshold") as error:
+        settings.thresholds()
+    assert str(path) in str(error.value)
+
+
+def test_unreadable_configs_are_usage_errors_and_never_block(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot read the config file: No such file"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_config(tmp_path)
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_config(fifo)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b"ignore = ['caf\xe9']\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        load_config(latin1)
+
+
+def test_parse_setting_is_shared_by_flags_and_files() -> None:
+    assert parse_setting("max-global-norm", 5) == ("max_global_norm", 5.0)
+    assert parse_setting("format", OutputFormat.JUNIT) == ("format", OutputFormat.JUNIT)
+    assert parse_setting("output", Path("x.md")) == ("output", Path("x.md"))
+    assert parse_setting("ignore", ["a", "b"]) == ("ignore", ("a", "b"))

@@ -1,0 +1,151 @@
+"""The README's CI-gating examples run as written: console output, CI jobs, pre-commit hooks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gradaudit import ExitCode
+from gradaudit.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+HOOKS = (REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8")
+runner = CliRunner()
+
+
+def console_blocks() -> list[tuple[str, str]]:
+    """``(command, output)`` of every ```console block that runs gradaudit."""
+    return re.findall(r"```console\n\$ (gradaudit [^\n]*)\n(.*?)```", README, flags=re.S)
+
+
+def ci_jobs() -> list[str]:
+    """The ```yaml blocks that train a model and run gradaudit."""
+    blocks = re.findall(r"```yaml\n(.*?)```", README, flags=re.S)
+    return [block for block in blocks if "python - <<'EOF'" in block]
+
+
+def normalise(text: str) -> str:
+    return re.sub(r'time="[0-9.]+"', 'time="…"', text)
+
+
+def test_readme_shows_every_ci_format() -> None:
+    commands = [command for command, _ in console_blocks()]
+    for fmt in ("markdown", "github", "junit"):
+        assert f"gradaudit scan fixtures/demo_grads.safetensors --format {fmt}" in commands
+
+
+@pytest.mark.parametrize(("command", "expected"), console_blocks())
+def test_console_examples_print_what_the_readme_shows(
+    command: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    args = shlex.split(command)[1:]
+    result = runner.invoke(app, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
+    assert result.exit_code in (ExitCode.OK, ExitCode.FINDINGS), result.stderr
+    assert normalise(result.stdout) == normalise(expected)
+
+
+def heredoc(job: str) -> str:
+    lines = job.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith("python - <<'EOF'"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "EOF")
+    return textwrap.dedent("\n".join(lines[start + 1 : end]))
+
+
+def gradaudit_commands(job: str) -> list[str]:
+    return re.findall(r"^\s*(?:run: |- )(gradaudit .*)$", job, flags=re.M)
+
+
+def test_readme_has_a_github_and_a_gitlab_job() -> None:
+    jobs = ci_jobs()
+    assert len(jobs) == 2
+    assert "runs-on:" in jobs[0]
+    assert "GITHUB_STEP_SUMMARY" in jobs[0]
+    assert "reports:\n      junit: gradaudit.xml" in jobs[1]
+
+
+@pytest.mark.parametrize("job", ci_jobs(), ids=["github", "gitlab"])
+def test_ci_jobs_run_as_written(job: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The training step, in this process (torch is already imported).
+    monkeypatch.chdir(tmp_path)
+    exec(compile(heredoc(job), "README training step", "exec"), {"__name__": "readme"})
+    assert (tmp_path / "grads.safetensors").is_file()
+    # The gradaudit steps, through a shell as CI runs them, with this checkout's gradaudit.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "gradaudit"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m gradaudit "$@"\n')
+    shim.chmod(0o755)
+    summary = tmp_path / "step-summary.md"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PYTHONPATH": str(REPO),
+        "GITHUB_STEP_SUMMARY": str(summary),
+    }
+    commands = gradaudit_commands(job)
+    assert len(commands) == 2
+    for command in commands:
+        result = subprocess.run(
+            ["bash", "-e", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (command, result.stdout, result.stderr)
+    if "GITHUB_STEP_SUMMARY" in job:
+        assert summary.read_text(encoding="utf-8").startswith("### ✅ gradaudit: OK")
+    else:
+        root = ET.parse(tmp_path / "gradaudit.xml").getroot()
+        assert root.get("failures") == "0"
+        assert root.get("tests") == "4"
+
+
+def hook_args() -> dict[str, list[str]]:
+    """``id -> entry words + args`` from .pre-commit-hooks.yaml (a flat, simple YAML list)."""
+    hooks: dict[str, list[str]] = {}
+    for block in HOOKS.split("\n- ")[1:]:
+        fields = dict(re.findall(r"^\s*(\w+): (.*)$", "- " + block, flags=re.M))
+        ident = re.search(r"id: (\S+)", block)
+        assert ident is not None
+        args = [a.strip() for a in fields["args"].strip("[]").split(",")]
+        hooks[ident.group(1)] = [*fields["entry"].split(), *args]
+        assert fields["files"] == r"\.safetensors$"
+    return hooks
+
+
+def test_pre_commit_hooks_run_on_the_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    hooks = hook_args()
+    assert set(hooks) == {"gradaudit", "gradaudit-system"}
+    for words in hooks.values():
+        assert words[0] == "gradaudit"
+        healthy = runner.invoke(app, [*words[1:], "fixtures/healthy_grads.safetensors"])
+        assert healthy.exit_code == ExitCode.OK, healthy.stderr
+        demo = runner.invoke(app, [*words[1:], "fixtures/demo_grads.safetensors"])
+        assert demo.exit_code == ExitCode.FINDINGS
+
+
+def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    match = re.search(r"- id: gradaudit\n(?:\s*#.*\n)*\s*args: \[(.*)\]", README)
+    assert match is not None
+    args = [a.strip().strip('"') for a in match.group(1).split(",")]
+    demo = runner.invoke(app, ["scan", *args, "fixtures/demo_grads.safetensors"])
+    assert demo.exit_code == ExitCode.FINDINGS  # the NaN
+    assert "exploding" not in demo.stdout  # magnitudes silenced for weights
+    healthy = runner.invoke(app, ["scan", *args, "fixtures/healthy_grads.safetensors"])
+    assert healthy.exit_code == ExitCode.OK
+    assert healthy.stdout == ""
