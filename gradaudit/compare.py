@@ -342,7 +342,7 @@ def _ratio_findings(dual: DualGradientStats, policy: ComparePolicy) -> Iterator[
     ratio = dual.normalized_ratio
     if ratio is None:
         if nonfinite or policy.gated:
-            message = note or "ratio not computed"
+            message = f"normalized ratio not computed: {note}"
             if policy.gated:
                 message += "; --min-ratio/--max-ratio cannot be checked"
             severity = error if policy.gated else warn

@@ -144,11 +144,11 @@ class DualGradientStats:
                 return f"the {side.label} side has no audited gradient element"
         bad = [side.label for side in (self.host, self.seed) if side.nonfinite]
         if bad:
-            return f"NaN/Inf on the {' and '.join(bad)} side; ratio not computed"
+            return f"NaN/Inf on the {' and '.join(bad)} side"
         if self.host_norm == 0.0 and self.seed_norm == 0.0:
-            return "both gradient norms are 0; ratio undefined"
+            return "both gradient norms are 0"
         if self.host_norm == 0.0:
-            return "the host gradient norm is 0; ratio infinite"
+            return "the host gradient norm is 0"
         if self.seed_norm == 0.0:
             return "the seed gradient norm is 0: the seed receives no gradient"
         return None

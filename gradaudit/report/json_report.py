@@ -13,6 +13,7 @@ from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
+from gradaudit.policy import Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.results import Finding, Report, TensorStats
 
@@ -27,6 +28,15 @@ def encode_float(value: float | None) -> float | str | None:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def thresholds_document(thresholds: Thresholds) -> dict[str, Any]:
+    """The ``thresholds`` object, shared by every JSON document that judged tensors."""
+    return {
+        "vanishing": encode_float(thresholds.vanishing),
+        "exploding": encode_float(thresholds.exploding),
+        "fail_on": sorted(kind.value for kind in thresholds.fail_on),
+    }
 
 
 def _finding(finding: Finding) -> dict[str, Any]:
@@ -68,11 +78,7 @@ def to_document(report: Report) -> dict[str, Any]:
         "device": report.device,
         "engine": report.engine,
         "elapsed_s": round(report.elapsed_s, 6),
-        "thresholds": {
-            "vanishing": encode_float(report.thresholds.vanishing),
-            "exploding": encode_float(report.thresholds.exploding),
-            "fail_on": sorted(kind.value for kind in report.thresholds.fail_on),
-        },
+        "thresholds": thresholds_document(report.thresholds),
         "files": [
             {
                 "path": f.path,
