@@ -22,7 +22,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.compare_text import (
-    FORMULA,
+    SHORT_FORMULA,
     change_order,
     failing_kinds,
     interpretation,
@@ -73,7 +73,7 @@ def _ratio_lines(comparison: Comparison) -> list[Text]:
     return [
         Text(
             f"raw ratio seed/host {number(dual.raw_ratio)} · "
-            f"normalized ratio {number(dual.normalized_ratio)}   (= {FORMULA})"
+            f"normalized ratio {number(dual.normalized_ratio)}   (= {SHORT_FORMULA})"
         ),
         Text(interpretation(dual), style=style),
     ]

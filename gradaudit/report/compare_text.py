@@ -6,8 +6,10 @@ import math
 
 from gradaudit.comparison import Comparison, DualGradientStats, ParameterChange, SideStats
 
-#: How the normalized ratio is defined, shown next to it.
-FORMULA = "(seed_norm / host_norm) · sqrt(host_params / seed_params)"
+#: How the normalized ratio is defined, written into the JSON next to it.
+FORMULA = "(seed_norm / host_norm) * sqrt(host_params / seed_params)"
+#: The same, short enough for the table's ratio line.
+SHORT_FORMULA = "raw × √(host_params / seed_params)"
 
 
 def interpretation(dual: DualGradientStats) -> str:
