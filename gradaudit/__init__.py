@@ -13,13 +13,8 @@ __version__ = "0.1.0"
 
 from gradaudit.audit import PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
-from gradaudit.compare import (
-    CompareInput,
-    compare,
-    compare_paths,
-    comparison_exit_code,
-    dual_stats,
-)
+from gradaudit.compare import CompareInput, compare, compare_paths, dual_stats
+from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import (
     DEFAULT_MAX_CHANGE,
     CompareFinding,

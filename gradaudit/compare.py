@@ -5,38 +5,31 @@ tensor labelled with its side (``"host"`` / ``"seed"``) as its ``source``, and
 materialised once: a single device->host read for both sides together. The
 per-source merge that a scan does per file (the overflow-safe ``merge_rows``)
 then gives each side's global norm. Everything after that read is host-side
-arithmetic on plain numbers: the dual stats, the per-parameter table and the
-comparison findings. Never prints, never exits.
+arithmetic on plain numbers (``comparison.py`` for the ratios,
+``compare_checks.py`` for the per-parameter table and the findings). Never
+prints, never exits.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gradaudit.audit import PendingStats, TensorInput
-from gradaudit.checks import exit_code
+from gradaudit.compare_checks import compare_tensors, comparison_findings
 from gradaudit.comparison import (
     HOST,
     SEED,
-    CompareFinding,
-    CompareFindingKind,
     ComparePolicy,
     Comparison,
     DualGradientStats,
-    Mismatch,
-    ParameterChange,
-    ParameterComparison,
     SideStats,
-    scaled_ratio,
 )
-from gradaudit.errors import ExitCode, InputError, UsageError
-from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.errors import InputError, UsageError
+from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
 from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
@@ -196,11 +189,13 @@ def _build(
             errors.append(InputProblem(side.path or side.label, _empty_message(side)))
     report = dataclasses.replace(report, errors=tuple(errors))
     dual = DualGradientStats(host=host, seed=seed)
-    parameters = _parameters(report, sides, policy.max_change)
+    parameters = compare_tensors(
+        _by_key(report, sides[0]), _by_key(report, sides[1]), policy.max_change
+    )
     return Comparison(
         dual=dual,
         parameters=parameters,
-        findings=_findings(dual, parameters, policy),
+        findings=comparison_findings(dual, parameters, policy),
         report=report,
         policy=policy,
     )
@@ -256,156 +251,9 @@ def _by_key(report: Report, side: _Side) -> dict[str, TensorStats]:
     return keyed
 
 
-def _parameters(
-    report: Report, sides: tuple[_Side, _Side], max_change: float
-) -> ParameterComparison | None:
-    """The per-parameter comparison, or ``None`` when the sides share no tensor name."""
-    a, b = _by_key(report, sides[0]), _by_key(report, sides[1])
-    shared = [key for key in a if key in b]
-    if not shared:
-        return None
-    changes: list[ParameterChange] = []
-    mismatches: list[Mismatch] = []
-    for key in shared:
-        ta, tb = a[key], b[key]
-        if ta.shape != tb.shape or ta.dtype != tb.dtype:
-            mismatches.append(Mismatch(key, ta.shape, tb.shape, ta.dtype, tb.dtype))
-        if ta.shape == tb.shape:
-            changes.append(_change(key, ta, tb, max_change))
-    return ParameterComparison(
-        max_change=max_change,
-        changes=tuple(changes),
-        only_in_a=tuple(key for key in a if key not in b),
-        only_in_b=tuple(key for key in b if key not in a),
-        mismatches=tuple(mismatches),
-    )
-
-
-def _change(key: str, ta: TensorStats, tb: TensorStats, max_change: float) -> ParameterChange:
-    ratio: float | None = None
-    note: str | None = None
-    bad = [label for label, t in (("A", ta), ("B", tb)) if t.nonfinite]
-    if bad:
-        note = f"NaN/Inf in {' and '.join(bad)}"
-    elif ta.numel == 0:
-        note = "no elements"
-    elif ta.norm == 0.0 and tb.norm == 0.0:
-        note = "both norms are 0"
-    elif ta.norm == 0.0:
-        ratio = math.inf
-    elif tb.norm == 0.0:
-        ratio = 0.0
-    else:
-        ratio = scaled_ratio(tb.norm, ta.norm)
-    flagged = ratio is not None and (ratio > max_change or ratio < 1.0 / max_change)
-    return ParameterChange(
-        name=key,
-        shape=ta.shape,
-        dtype_a=ta.dtype,
-        dtype_b=tb.dtype,
-        norm_a=ta.norm,
-        norm_b=tb.norm,
-        ratio=ratio,
-        flagged=flagged,
-        note=note,
-    )
-
-
-def _findings(
-    dual: DualGradientStats, parameters: ParameterComparison | None, policy: ComparePolicy
-) -> tuple[CompareFinding, ...]:
-    return tuple(_ratio_findings(dual, policy)) + tuple(_parameter_findings(parameters, policy))
-
-
-def _ratio_findings(dual: DualGradientStats, policy: ComparePolicy) -> Iterator[CompareFinding]:
-    warn, error = Severity.WARNING, Severity.ERROR
-    note = dual.ratio_note
-    empty = not dual.host_params or not dual.seed_params
-    nonfinite = bool(dual.host.nonfinite or dual.seed.nonfinite)
-    if not empty and not nonfinite:
-        if dual.host_norm == 0.0 and dual.seed_norm == 0.0:
-            yield CompareFinding(
-                CompareFindingKind.ZERO_NORMS, warn, "both gradient norms are 0: ratio undefined"
-            )
-        elif dual.host_norm == 0.0:
-            yield CompareFinding(
-                CompareFindingKind.ZERO_HOST_NORM,
-                warn,
-                "the host gradient norm is 0: the ratio is infinite",
-            )
-        elif dual.seed_norm == 0.0:
-            yield CompareFinding(
-                CompareFindingKind.ZERO_SEED_NORM,
-                warn,
-                "the seed gradient norm is 0: the seed receives no gradient",
-            )
-    ratio = dual.normalized_ratio
-    if ratio is None:
-        if nonfinite or policy.gated:
-            message = f"normalized ratio not computed: {note}"
-            if policy.gated:
-                message += "; --min-ratio/--max-ratio cannot be checked"
-            severity = error if policy.gated else warn
-            yield CompareFinding(CompareFindingKind.RATIO_NOT_COMPUTED, severity, message)
-        return
-    if policy.min_ratio is not None and ratio < policy.min_ratio:
-        yield CompareFinding(
-            CompareFindingKind.RATIO_BELOW_MIN,
-            error,
-            f"normalized ratio {ratio:.4g} < --min-ratio {policy.min_ratio:g}",
-        )
-    if policy.max_ratio is not None and ratio > policy.max_ratio:
-        yield CompareFinding(
-            CompareFindingKind.RATIO_ABOVE_MAX,
-            error,
-            f"normalized ratio {ratio:.4g} > --max-ratio {policy.max_ratio:g}",
-        )
-
-
-def _parameter_findings(
-    parameters: ParameterComparison | None, policy: ComparePolicy
-) -> Iterator[CompareFinding]:
-    if parameters is None:
-        return
-    flagged = len(parameters.flagged)
-    if flagged:
-        k = parameters.max_change
-        yield CompareFinding(
-            CompareFindingKind.LARGE_CHANGE,
-            Severity.ERROR if policy.fail_on_change else Severity.WARNING,
-            f"{flagged} shared {'tensor' if flagged == 1 else 'tensors'} changed by more than "
-            f"{k:g}× (norm ratio B/A outside [1/{k:g}, {k:g}])",
-        )
-    if parameters.mismatches:
-        count = len(parameters.mismatches)
-        yield CompareFinding(
-            CompareFindingKind.MISMATCH,
-            Severity.WARNING,
-            f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape or dtype",
-        )
-
-
-def comparison_exit_code(comparison: Comparison) -> ExitCode:
-    """The exit policy of a comparison, with the precedence of :func:`exit_code`.
-
-    1. An input could not be read, or a side has nothing to compare -> INPUT_ERROR.
-    2. A failing per-tensor finding (``--fail-on``) or a failing comparison finding
-       (a ratio outside ``--min-ratio``/``--max-ratio`` or not computable under them,
-       a large change with ``--fail-on-change``) -> FINDINGS.
-    3. Otherwise OK.
-    """
-    code = exit_code(comparison.report)
-    if code is not ExitCode.OK:
-        return code
-    if any(finding.failing for finding in comparison.findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK
-
-
 __all__ = [
     "CompareInput",
     "compare",
     "compare_paths",
-    "comparison_exit_code",
     "dual_stats",
 ]

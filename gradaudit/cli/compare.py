@@ -19,7 +19,8 @@ from gradaudit.cli.app import (
     say,
     use_color,
 )
-from gradaudit.compare import compare_paths, comparison_exit_code
+from gradaudit.compare import compare_paths
+from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import DEFAULT_MAX_CHANGE, ComparePolicy
 from gradaudit.errors import UsageError
 from gradaudit.policy import (

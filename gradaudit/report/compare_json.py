@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from gradaudit import __version__
-from gradaudit.compare import comparison_exit_code
+from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import (
     ComparePolicy,
     Comparison,

@@ -16,7 +16,7 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.compare import comparison_exit_code
+from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
