@@ -2,7 +2,9 @@
 
 Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
-device sync, :func:`scan_paths` for files. Results are frozen dataclasses.
+device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
+and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
+dataclasses.
 """
 
 from __future__ import annotations
@@ -11,6 +13,20 @@ __version__ = "0.1.0"
 
 from gradaudit.audit import PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
+from gradaudit.compare import CompareInput, compare, compare_paths, dual_stats
+from gradaudit.compare_checks import comparison_exit_code
+from gradaudit.comparison import (
+    DEFAULT_MAX_CHANGE,
+    CompareFinding,
+    CompareFindingKind,
+    ComparePolicy,
+    Comparison,
+    DualGradientStats,
+    Mismatch,
+    ParameterChange,
+    ParameterComparison,
+    SideStats,
+)
 from gradaudit.errors import ExitCode, GradauditError, InputError, UsageError
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
@@ -35,7 +51,14 @@ from gradaudit.results import (
 __all__ = [
     "DEFAULT_EXPLODING_THRESHOLD",
     "DEFAULT_FAIL_ON",
+    "DEFAULT_MAX_CHANGE",
     "DEFAULT_VANISHING_THRESHOLD",
+    "CompareFinding",
+    "CompareFindingKind",
+    "CompareInput",
+    "ComparePolicy",
+    "Comparison",
+    "DualGradientStats",
     "ExitCode",
     "FileResult",
     "Finding",
@@ -45,9 +68,13 @@ __all__ = [
     "InputProblem",
     "LimitFinding",
     "LimitKind",
+    "Mismatch",
+    "ParameterChange",
+    "ParameterComparison",
     "PendingStats",
     "Report",
     "Severity",
+    "SideStats",
     "Skipped",
     "Summary",
     "TensorStats",
@@ -56,6 +83,10 @@ __all__ = [
     "__version__",
     "audit",
     "collect_async",
+    "compare",
+    "compare_paths",
+    "comparison_exit_code",
+    "dual_stats",
     "exit_code",
     "scan_paths",
 ]

@@ -54,3 +54,29 @@ def test_cuda_results_match_the_reference() -> None:
     assert stats.max_abs == ref.max_abs
     assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
     assert report.device.startswith("cuda")
+
+
+def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    from gradaudit import compare
+    from tests.grafted import grafted_model
+
+    model = grafted_model()
+    on_cpu = compare(model.host, model.seed)
+    model.cuda()
+    engine = importlib.import_module("gradaudit.audit")
+    calls: list[int] = []
+    real = engine.read_rows
+
+    def counting(rows: list[torch.Tensor]) -> torch.Tensor:
+        calls.append(len(rows))
+        return real(rows)
+
+    monkeypatch.setattr(engine, "read_rows", counting)
+    on_cuda = compare(model.host, model.seed)
+    assert calls == [39]
+    assert on_cuda.report.device.startswith("cuda")
+    assert on_cuda.dual.normalized_ratio == pytest.approx(on_cpu.dual.normalized_ratio, rel=1e-6)

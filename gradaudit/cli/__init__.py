@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from gradaudit.cli import compare as _compare  # noqa: F401  (registers the command)
 from gradaudit.cli import scan as _scan  # noqa: F401  (registers the command)
 from gradaudit.cli.app import app
 

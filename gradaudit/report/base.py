@@ -1,10 +1,17 @@
-"""The one interface every output format implements."""
+"""The interfaces every output format implements: one per result type.
+
+A :class:`Report` and a :class:`Comparison` are different results, so each has
+its own formatter protocol; both share :class:`RenderOptions`, and each output
+format maps to one formatter per result type (``formats.py``,
+``compare_formats.py``), with a test that every mapping is exhaustive.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
+from gradaudit.comparison import Comparison
 from gradaudit.results import Report
 
 #: Rows shown by default in the table: every flagged tensor plus this many of the largest norms.
@@ -27,3 +34,9 @@ class Formatter(Protocol):
     """Turns a report into text. Where the text goes is the CLI's decision."""
 
     def __call__(self, report: Report, options: RenderOptions) -> str: ...
+
+
+class ComparisonFormatter(Protocol):
+    """Turns a comparison into text. Where the text goes is the CLI's decision."""
+
+    def __call__(self, comparison: Comparison, options: RenderOptions) -> str: ...

@@ -14,6 +14,7 @@ from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
+from gradaudit.policy import Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.verdict import findings_by_tensor
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
@@ -37,6 +38,18 @@ def encode_float(value: float | None) -> float | str | None:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def thresholds_document(thresholds: Thresholds) -> dict[str, Any]:
+    """The ``thresholds`` object, shared by every JSON document that judged tensors."""
+    return {
+        "vanishing": encode_float(thresholds.vanishing),
+        "exploding": encode_float(thresholds.exploding),
+        "fail_on": sorted(kind.value for kind in thresholds.fail_on),
+        "max_global_norm": encode_float(thresholds.max_global_norm),
+        "max_vanishing_fraction": encode_float(thresholds.max_vanishing_fraction),
+        "ignore": list(thresholds.ignore),
+    }
 
 
 def _finding(finding: Finding) -> dict[str, Any]:
@@ -89,14 +102,7 @@ def to_document(report: Report) -> dict[str, Any]:
         "device": report.device,
         "engine": report.engine,
         "elapsed_s": round(report.elapsed_s, 6),
-        "thresholds": {
-            "vanishing": encode_float(policy.vanishing),
-            "exploding": encode_float(policy.exploding),
-            "fail_on": sorted(kind.value for kind in policy.fail_on),
-            "max_global_norm": encode_float(policy.max_global_norm),
-            "max_vanishing_fraction": encode_float(policy.max_vanishing_fraction),
-            "ignore": list(policy.ignore),
-        },
+        "thresholds": thresholds_document(report.thresholds),
         "files": [
             {
                 "path": f.path,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -18,6 +17,7 @@ from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
 from gradaudit.report.base import RenderOptions
+from gradaudit.report.console import string_console
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
     audited_line,
@@ -186,17 +186,7 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
 
 def render_table(report: Report, options: RenderOptions) -> str:
     buffer = io.StringIO()
-    console = Console(
-        file=buffer,
-        width=options.width,
-        force_terminal=options.color,
-        no_color=not options.color,
-        color_system="standard" if options.color else None,
-        highlight=False,
-        markup=False,
-        emoji=False,
-        legacy_windows=False,
-    )
+    console = string_console(buffer, options)
     rows, hidden = _rank(report, options)
     if rows:
         console.print(_tensor_table(report, rows))

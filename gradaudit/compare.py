@@ -1,0 +1,261 @@
+"""Host vs seed gradient intensity, and A vs B per parameter.
+
+Both sides are collected into ONE :class:`~gradaudit.audit.PendingStats`, each
+tensor labelled with its side (``"host"`` / ``"seed"``) as its ``source``, and
+materialised once: a single device->host read for both sides together. The
+per-source merge that a scan does per file (the overflow-safe ``merge_rows``)
+then gives each side's global norm. Everything after that read is host-side
+arithmetic on plain numbers (``comparison.py`` for the ratios,
+``compare_checks.py`` for the per-parameter table and the findings). Never
+prints, never exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gradaudit.audit import PendingStats, TensorInput
+from gradaudit.compare_checks import compare_tensors, comparison_findings
+from gradaudit.comparison import (
+    HOST,
+    SEED,
+    ComparePolicy,
+    Comparison,
+    DualGradientStats,
+    SideStats,
+)
+from gradaudit.errors import InputError, UsageError
+from gradaudit.policy import FindingKind, Thresholds
+from gradaudit.results import InputProblem, Report, Skipped, TensorStats
+from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
+
+#: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
+#: parameters' ``.grad`` are compared (parameters without a gradient are left out).
+CompareInput = TensorInput | torch.nn.Module
+
+
+@dataclass(frozen=True)
+class _Side:
+    label: str
+    path: str | None = None
+    prefix: str | None = None
+
+    def key(self, name: str) -> str:
+        """The name the per-parameter comparison matches on: without the side's prefix."""
+        return name[len(self.prefix) :] if self.prefix else name
+
+
+def _named(side: CompareInput) -> TensorInput:
+    # A module is checked first: nn.Sequential is iterable, over its submodules.
+    if isinstance(side, torch.nn.Module):
+        return ((name, p.grad) for name, p in side.named_parameters() if p.grad is not None)
+    return side
+
+
+def compare(
+    a: CompareInput,
+    b: CompareInput,
+    *,
+    thresholds: Thresholds | None = None,
+    policy: ComparePolicy | None = None,
+    device: torch.device | str | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Comparison:
+    """Compare in-memory gradients: ``a`` is the host (A), ``b`` the seed (B).
+
+    One device->host read for both sides. A side without any floating-point
+    element raises :class:`InputError` (exit code 3); every other edge case is a
+    defined result (see :class:`DualGradientStats`).
+    """
+    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    sides = (_Side(HOST), _Side(SEED))
+    for side, tensors in zip(sides, (a, b), strict=True):
+        pending.add_file(side.label)
+        pending.add_all(_named(tensors), source=side.label)
+    comparison = _build(pending, sides, [], thresholds, policy)
+    if comparison.errors:
+        raise InputError(None, comparison.errors[0].message)
+    return comparison
+
+
+def dual_stats(
+    host: CompareInput,
+    seed: CompareInput,
+    *,
+    thresholds: Thresholds | None = None,
+    device: torch.device | str | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> DualGradientStats:
+    """Host and seed gradient norms, parameter counts and ratios, from one device->host read."""
+    return compare(
+        host, seed, thresholds=thresholds, device=device, chunk_elements=chunk_elements
+    ).dual
+
+
+def compare_paths(
+    host_path: str | Path,
+    seed_path: str | Path | None = None,
+    *,
+    host_prefix: str | None = None,
+    seed_prefix: str | None = None,
+    thresholds: Thresholds | None = None,
+    policy: ComparePolicy | None = None,
+    device: torch.device | str | None = "auto",
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Comparison:
+    """Compare two dumps, or the two prefixes of one dump (``seed_path=None``).
+
+    With one file each tensor goes to the side whose prefix it starts with (the
+    longer prefix wins, so ``host_prefix=""`` means "everything that is not the
+    seed"); tensors matching neither are listed as skipped. With two files a
+    prefix selects that file's side. A file that cannot be read, or a side left
+    with nothing to audit, is recorded in ``errors`` (exit code 3) and the rest
+    is still reported.
+    """
+    if seed_path is None:
+        if host_prefix is None or seed_prefix is None:
+            raise UsageError("comparing within one file needs both --host-prefix and --seed-prefix")
+        if host_prefix == seed_prefix:
+            raise UsageError("--host-prefix and --seed-prefix must differ")
+    host = _Side(HOST, str(host_path), host_prefix)
+    seed = _Side(SEED, str(host_path if seed_path is None else seed_path), seed_prefix)
+    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    target = pending.device or torch.device("cpu")
+    errors: list[InputProblem] = []
+    pending.add_file(HOST)
+    pending.add_file(SEED)
+    if seed_path is None:
+        _read(pending, target, (host, seed), errors)
+    else:
+        _read(pending, target, (host,), errors)
+        _read(pending, target, (seed,), errors)
+    return _build(pending, (host, seed), errors, thresholds, policy)
+
+
+def _read(
+    pending: PendingStats,
+    target: torch.device,
+    sides: tuple[_Side, ...],
+    errors: list[InputProblem],
+) -> None:
+    """Collect one file into its side(s); a file that fails half-way contributes nothing."""
+    from gradaudit.io import Excluded, open_source
+
+    path = sides[0].path
+    assert path is not None
+    routes = sorted(sides, key=lambda side: len(side.prefix or ""), reverse=True)
+    outside = _outside_reason(sides)
+    part = pending.child()
+    try:
+        for item in open_source(path).items(target):
+            if isinstance(item, Excluded):  # no selection is passed, so none come
+                continue
+            name = item.name if isinstance(item, Skipped) else item[0]
+            side = next((s for s in routes if name.startswith(s.prefix or "")), None)
+            if side is None:
+                part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
+            elif isinstance(item, Skipped):
+                part.skip(Skipped(name, item.reason, side.label))
+            else:
+                part.add(name, item[1], source=side.label)
+    except InputError as error:
+        errors.append(InputProblem(path, error.cause))
+        return
+    pending.absorb(part)
+
+
+def _outside_reason(sides: tuple[_Side, ...]) -> str:
+    options = " nor ".join(f"--{side.label}-prefix {side.prefix!r}" for side in sides)
+    if len(sides) == 1:
+        return f"name does not start with {options}; not compared"
+    return f"name matches neither {options}; not compared"
+
+
+def _build(
+    pending: PendingStats,
+    sides: tuple[_Side, _Side],
+    errors: list[InputProblem],
+    thresholds: Thresholds | None,
+    policy: ComparePolicy | None,
+) -> Comparison:
+    policy = policy or ComparePolicy()
+    report = pending.materialize(thresholds)  # the one device->host read
+    host, seed = (_side_stats(report, side) for side in sides)
+    failed = {problem.path for problem in errors}
+    for stats, side in ((host, sides[0]), (seed, sides[1])):
+        if not stats.params and side.path not in failed:
+            errors.append(InputProblem(side.path or side.label, _empty_message(side)))
+    report = dataclasses.replace(report, errors=tuple(errors))
+    dual = DualGradientStats(host=host, seed=seed)
+    parameters = compare_tensors(
+        _by_key(report, sides[0]), _by_key(report, sides[1]), policy.max_change
+    )
+    return Comparison(
+        dual=dual,
+        parameters=parameters,
+        findings=comparison_findings(dual, parameters, policy),
+        report=report,
+        policy=policy,
+    )
+
+
+def _empty_message(side: _Side) -> str:
+    if side.path is None:
+        return (
+            f"the {side.label} side has no floating-point gradient element to compare "
+            "(an empty input, or parameters whose .grad is None)"
+        )
+    where = f" starting with --{side.label}-prefix {side.prefix!r}" if side.prefix else ""
+    return f"no floating-point tensor{where} for the {side.label} side; nothing to compare"
+
+
+def _side_stats(report: Report, side: _Side) -> SideStats:
+    file = next(f for f in report.files if f.path == side.label)
+    tensors = [t for t in report.tensors if t.source == side.label]
+
+    def flagged(kind: FindingKind) -> int:
+        return sum(1 for f in report.findings if f.source == side.label and f.kind is kind)
+
+    return SideStats(
+        label=side.label,
+        path=side.path,
+        prefix=side.prefix,
+        tensors=file.tensors,
+        skipped=file.skipped,
+        params=file.elements,
+        norm=file.global_norm or 0.0,
+        nan=sum(t.nan for t in tensors),
+        inf=sum(t.pos_inf + t.neg_inf for t in tensors),
+        nan_tensors=flagged(FindingKind.NAN),
+        inf_tensors=flagged(FindingKind.INF),
+        vanishing_tensors=flagged(FindingKind.VANISHING),
+        exploding_tensors=flagged(FindingKind.EXPLODING),
+    )
+
+
+def _by_key(report: Report, side: _Side) -> dict[str, TensorStats]:
+    keyed: dict[str, TensorStats] = {}
+    for stats in report.tensors:
+        if stats.source != side.label:
+            continue
+        key = side.key(stats.name)
+        if key in keyed:
+            raise InputError(
+                side.path,
+                f"the {side.label} side names {key!r} twice; "
+                "names must be unique to compare per parameter",
+            )
+        keyed[key] = stats
+    return keyed
+
+
+__all__ = [
+    "CompareInput",
+    "compare",
+    "compare_paths",
+    "dual_stats",
+]

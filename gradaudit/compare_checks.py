@@ -1,0 +1,175 @@
+"""Host side, pure Python: per-parameter A vs B, comparison findings, exit code.
+
+The comparison counterpart of ``checks.py``: plain numbers and a policy in,
+results out; no torch, no files, no terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from gradaudit.checks import exit_code
+from gradaudit.comparison import (
+    CompareFinding,
+    CompareFindingKind,
+    ComparePolicy,
+    Comparison,
+    DualGradientStats,
+    Mismatch,
+    ParameterChange,
+    ParameterComparison,
+    scaled_ratio,
+)
+from gradaudit.errors import ExitCode
+from gradaudit.policy import Severity
+from gradaudit.results import TensorStats
+
+
+def compare_tensors(
+    a: dict[str, TensorStats], b: dict[str, TensorStats], max_change: float
+) -> ParameterComparison | None:
+    """A vs B for the names both sides hold, or ``None`` when they share no name.
+
+    Names are matched exactly (prefixes already removed); shapes are compared,
+    never broadcast against each other.
+    """
+    shared = [key for key in a if key in b]
+    if not shared:
+        return None
+    changes: list[ParameterChange] = []
+    mismatches: list[Mismatch] = []
+    for key in shared:
+        ta, tb = a[key], b[key]
+        if ta.shape != tb.shape or ta.dtype != tb.dtype:
+            mismatches.append(Mismatch(key, ta.shape, tb.shape, ta.dtype, tb.dtype))
+        if ta.shape == tb.shape:
+            changes.append(_change(key, ta, tb, max_change))
+    return ParameterComparison(
+        max_change=max_change,
+        changes=tuple(changes),
+        only_in_a=tuple(key for key in a if key not in b),
+        only_in_b=tuple(key for key in b if key not in a),
+        mismatches=tuple(mismatches),
+    )
+
+
+def _change(key: str, ta: TensorStats, tb: TensorStats, max_change: float) -> ParameterChange:
+    ratio: float | None = None
+    note: str | None = None
+    bad = [label for label, t in (("A", ta), ("B", tb)) if t.nonfinite]
+    if bad:
+        note = f"NaN/Inf in {' and '.join(bad)}"
+    elif ta.numel == 0:
+        note = "no elements"
+    elif ta.norm == 0.0 and tb.norm == 0.0:
+        note = "both norms are 0"
+    elif ta.norm == 0.0:
+        ratio = math.inf
+    elif tb.norm == 0.0:
+        ratio = 0.0
+    else:
+        ratio = scaled_ratio(tb.norm, ta.norm)
+    flagged = ratio is not None and (ratio > max_change or ratio < 1.0 / max_change)
+    return ParameterChange(
+        name=key,
+        shape=ta.shape,
+        dtype_a=ta.dtype,
+        dtype_b=tb.dtype,
+        norm_a=ta.norm,
+        norm_b=tb.norm,
+        ratio=ratio,
+        flagged=flagged,
+        note=note,
+    )
+
+
+def comparison_findings(
+    dual: DualGradientStats, parameters: ParameterComparison | None, policy: ComparePolicy
+) -> tuple[CompareFinding, ...]:
+    return tuple(_ratio_findings(dual, policy)) + tuple(_parameter_findings(parameters, policy))
+
+
+def _ratio_findings(dual: DualGradientStats, policy: ComparePolicy) -> Iterator[CompareFinding]:
+    warn, error = Severity.WARNING, Severity.ERROR
+    note = dual.ratio_note
+    empty = not dual.host_params or not dual.seed_params
+    nonfinite = bool(dual.host.nonfinite or dual.seed.nonfinite)
+    if not empty and not nonfinite:
+        if dual.host_norm == 0.0 and dual.seed_norm == 0.0:
+            yield CompareFinding(
+                CompareFindingKind.ZERO_NORMS, warn, "both gradient norms are 0: ratio undefined"
+            )
+        elif dual.host_norm == 0.0:
+            yield CompareFinding(
+                CompareFindingKind.ZERO_HOST_NORM,
+                warn,
+                "the host gradient norm is 0: the ratio is infinite",
+            )
+        elif dual.seed_norm == 0.0:
+            yield CompareFinding(
+                CompareFindingKind.ZERO_SEED_NORM,
+                warn,
+                "the seed gradient norm is 0: the seed receives no gradient",
+            )
+    ratio = dual.normalized_ratio
+    if ratio is None:
+        if nonfinite or policy.gated:
+            message = f"normalized ratio not computed: {note}"
+            if policy.gated:
+                message += "; --min-ratio/--max-ratio cannot be checked"
+            severity = error if policy.gated else warn
+            yield CompareFinding(CompareFindingKind.RATIO_NOT_COMPUTED, severity, message)
+        return
+    if policy.min_ratio is not None and ratio < policy.min_ratio:
+        yield CompareFinding(
+            CompareFindingKind.RATIO_BELOW_MIN,
+            error,
+            f"normalized ratio {ratio:.4g} < --min-ratio {policy.min_ratio:g}",
+        )
+    if policy.max_ratio is not None and ratio > policy.max_ratio:
+        yield CompareFinding(
+            CompareFindingKind.RATIO_ABOVE_MAX,
+            error,
+            f"normalized ratio {ratio:.4g} > --max-ratio {policy.max_ratio:g}",
+        )
+
+
+def _parameter_findings(
+    parameters: ParameterComparison | None, policy: ComparePolicy
+) -> Iterator[CompareFinding]:
+    if parameters is None:
+        return
+    flagged = len(parameters.flagged)
+    if flagged:
+        k = parameters.max_change
+        yield CompareFinding(
+            CompareFindingKind.LARGE_CHANGE,
+            Severity.ERROR if policy.fail_on_change else Severity.WARNING,
+            f"{flagged} shared {'tensor' if flagged == 1 else 'tensors'} changed by more than "
+            f"{k:g}× (norm ratio B/A outside [1/{k:g}, {k:g}])",
+        )
+    if parameters.mismatches:
+        count = len(parameters.mismatches)
+        yield CompareFinding(
+            CompareFindingKind.MISMATCH,
+            Severity.WARNING,
+            f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape or dtype",
+        )
+
+
+def comparison_exit_code(comparison: Comparison) -> ExitCode:
+    """The exit policy of a comparison, with the precedence of :func:`exit_code`.
+
+    1. An input could not be read, or a side has nothing to compare -> INPUT_ERROR.
+    2. A failing per-tensor finding (``--fail-on``) or a failing comparison finding
+       (a ratio outside ``--min-ratio``/``--max-ratio`` or not computable under them,
+       a large change with ``--fail-on-change``) -> FINDINGS.
+    3. Otherwise OK.
+    """
+    code = exit_code(comparison.report)
+    if code is not ExitCode.OK:
+        return code
+    if any(finding.failing for finding in comparison.findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
