@@ -229,15 +229,7 @@ def test_bucketed_collection_matches_reference(batch: list[torch.Tensor]) -> Non
     report = audit({f"t{i}": t for i, t in enumerate(batch)})
     assert [s.name for s in report.tensors] == [f"t{i}" for i in range(len(batch))]
     for tensor, got in zip(batch, report.tensors, strict=True):
-        ref = reference_stats(tensor)
-        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
-            ref.nan,
-            ref.pos_inf,
-            ref.neg_inf,
-            ref.zeros,
-        )
-        assert got.max_abs == ref.max_abs
-        assert got.norm == pytest.approx(ref.norm, rel=1e-6, abs=0.0)
+        assert_matches_reference(tensor, got)
 
 
 def test_buckets_fill_up_and_flush_in_order() -> None:
@@ -251,14 +243,7 @@ def test_buckets_fill_up_and_flush_in_order() -> None:
         tensors[f"p{i}"] = tensor
     report = audit(tensors)
     for stats in report.tensors:
-        ref = reference_stats(tensors[stats.name])
-        assert (stats.nan, stats.pos_inf, stats.neg_inf, stats.zeros) == (
-            ref.nan,
-            ref.pos_inf,
-            ref.neg_inf,
-            ref.zeros,
-        ), stats.name
-        assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
+        assert_matches_reference(tensors[stats.name], stats)
 
 
 def test_compiled_kernel_matches_reference() -> None:
