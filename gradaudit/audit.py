@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,6 +56,20 @@ def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
         yield str(name), tensor
 
 
+@dataclass(frozen=True)
+class PendingEntry:
+    """The host-side facts of one collected tensor; its stats row stays on the device.
+
+    Plain data, so it can travel between processes (``torch.distributed`` object
+    collectives) while the rows travel as device tensors.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    source: str | None = None
+
+
 class PendingStats:
     """Stats collected on the device and not read yet.
 
@@ -81,9 +96,47 @@ class PendingStats:
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
+        #: Rows already copied to the host by :meth:`prefetch`, and how many rows they cover.
+        self._prefetched: tuple[int, torch.Tensor, torch.cuda.Event] | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def entries(self) -> tuple[PendingEntry, ...]:
+        """The host-side facts of the collected tensors, in collection order."""
+        return tuple(
+            PendingEntry(*facts)
+            for facts in zip(self._names, self._shapes, self._dtypes, self._sources, strict=True)
+        )
+
+    @property
+    def rows(self) -> tuple[torch.Tensor, ...]:
+        """The device stats rows, one per entry, in the same order (not read back)."""
+        return tuple(self._rows)
+
+    @property
+    def skipped(self) -> tuple[Skipped, ...]:
+        return tuple(self._skipped)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(self._files)
+
+    @property
+    def errors(self) -> tuple[InputProblem, ...]:
+        return tuple(self._errors)
+
+    def add_row(self, entry: PendingEntry, row: torch.Tensor) -> None:
+        """Record a stats row computed elsewhere: merged across ranks, or sent by another rank.
+
+        The row keeps its device; like :meth:`add`, nothing is read back.
+        """
+        self._names.append(entry.name)
+        self._shapes.append(tuple(entry.shape))
+        self._dtypes.append(entry.dtype)
+        self._sources.append(entry.source)
+        self._rows.append(row)
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
@@ -133,10 +186,62 @@ class PendingStats:
         self._rows += other._rows
         self._skipped += other._skipped
 
+    def add_path(self, path: str) -> None:
+        """Collect one file; a file that fails is recorded as an error and contributes nothing.
+
+        The file is collected into a :meth:`child` and absorbed only when it was
+        read to the end, so a file that fails half-way leaves no partial rows.
+        """
+        from gradaudit.io import open_source
+
+        self.add_file(path)
+        part = self.child()
+        target = self.device or torch.device("cpu")
+        try:
+            for item in open_source(path).items(target):
+                if isinstance(item, Skipped):
+                    part.skip(item)
+                else:
+                    part.add(item[0], item[1], source=path)
+        except InputError as error:
+            self.add_error(InputProblem(path, error.cause))
+            return
+        self.absorb(part)
+
+    def prefetch(self) -> None:
+        """Start copying the rows collected so far to the host, without waiting for it.
+
+        ``materialize`` normally copies the rows when it is called, and a copy
+        waits for everything queued on the stream before it: in a training loop
+        that materialises step N's stats during step N+1, that would be step
+        N+1's backward pass. After ``prefetch`` the copy is queued right behind
+        the collection instead, into pinned host memory, and ``materialize``
+        only waits for that copy (long finished by then). Rows on the CPU (or
+        on ``meta``) need no copy; rows added after the prefetch make
+        ``materialize`` read everything the usual way.
+        """
+        devices = {row.device for row in self._rows}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            return
+        stacked = torch.stack(self._rows)
+        host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+        self._prefetched = (len(self._rows), host, done)
+
+    def _read(self) -> torch.Tensor:
+        """The one host read: the prefetched copy when it is still complete."""
+        if self._prefetched is not None and self._prefetched[0] == len(self._rows):
+            _, host, done = self._prefetched
+            done.synchronize()
+            return host
+        return read_rows(self._rows)
+
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``."""
         thresholds = thresholds or Thresholds()
-        host = read_rows(self._rows)
+        host = self._read()
         values = host.tolist()
         tensors = tuple(self._tensor_stats(i, values[i]) for i in range(len(values)))
         findings = evaluate_all(tensors, thresholds)
@@ -257,22 +362,7 @@ def scan_paths(
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> Report:
     """Audit files one tensor at a time; a bad file is recorded and the others still audited."""
-    from gradaudit.io import open_source
-
     pending = PendingStats(device=device, chunk_elements=chunk_elements)
-    target = pending.device or torch.device("cpu")
     for raw in paths:
-        path = str(raw)
-        pending.add_file(path)
-        part = pending.child()
-        try:
-            for item in open_source(path).items(target):
-                if isinstance(item, Skipped):
-                    part.skip(item)
-                else:
-                    part.add(item[0], item[1], source=path)
-        except InputError as error:
-            pending.add_error(InputProblem(path, error.cause))
-            continue
-        pending.absorb(part)
+        pending.add_path(str(raw))
     return pending.materialize(thresholds)
