@@ -3,15 +3,18 @@
 Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files. Results are frozen dataclasses.
+Inside a training loop: :func:`collect_module` and :func:`save_gradients`.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gradaudit.audit import PendingStats, audit, collect_async, scan_paths
+from gradaudit.audit import PendingEntry, PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
+from gradaudit.dump import save_gradients
 from gradaudit.errors import ExitCode, GradauditError, InputError, UsageError
+from gradaudit.module import collect_module, named_gradients
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -41,6 +44,7 @@ __all__ = [
     "GradauditError",
     "InputError",
     "InputProblem",
+    "PendingEntry",
     "PendingStats",
     "Report",
     "Severity",
@@ -52,6 +56,9 @@ __all__ = [
     "__version__",
     "audit",
     "collect_async",
+    "collect_module",
     "exit_code",
+    "named_gradients",
+    "save_gradients",
     "scan_paths",
 ]
