@@ -3,7 +3,8 @@
 Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files. Results are frozen dataclasses.
-Inside a training loop: :func:`collect_module` and :func:`save_gradients`.
+Inside a training loop: :func:`collect_module`, :func:`save_gradients` and
+:class:`GradientMonitor`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ __version__ = "0.1.0"
 from gradaudit.audit import PendingEntry, PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
 from gradaudit.dump import save_gradients
-from gradaudit.errors import ExitCode, GradauditError, InputError, UsageError
+from gradaudit.errors import (
+    ExitCode,
+    GradauditError,
+    InputError,
+    NonFiniteGradientError,
+    NonFiniteGradientWarning,
+    UsageError,
+)
 from gradaudit.module import collect_module, named_gradients
+from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -42,8 +51,13 @@ __all__ = [
     "Finding",
     "FindingKind",
     "GradauditError",
+    "GradientMonitor",
     "InputError",
     "InputProblem",
+    "MonitorRecord",
+    "NonFiniteAction",
+    "NonFiniteGradientError",
+    "NonFiniteGradientWarning",
     "PendingEntry",
     "PendingStats",
     "Report",
