@@ -4,7 +4,7 @@ Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files. Results are frozen dataclasses.
 Inside a training loop: :func:`collect_module`, :func:`save_gradients` and
-:class:`GradientMonitor`.
+:class:`GradientMonitor`; across ranks: :mod:`gradaudit.distributed`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 from gradaudit.audit import PendingEntry, PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
+from gradaudit.distributed import scan_paths_distributed
 from gradaudit.dump import save_gradients
 from gradaudit.errors import (
     ExitCode,
@@ -75,4 +76,5 @@ __all__ = [
     "named_gradients",
     "save_gradients",
     "scan_paths",
+    "scan_paths_distributed",
 ]

@@ -20,6 +20,8 @@ from gradaudit.cli.app import (
     say,
     use_color,
 )
+from gradaudit.distributed import scan_under_torchrun, torchrun_env
+from gradaudit.errors import UsageError
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -62,15 +64,34 @@ def scan(
     chunk_elements: Annotated[
         int, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = DEFAULT_CHUNK_ELEMENTS,
+    distributed: Annotated[
+        bool | None,
+        typer.Option(
+            "--distributed/--no-distributed",
+            help="Split the inputs across torchrun ranks (default: when run by torchrun).",
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
     with exit_codes(debug):
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
-        report = scan_paths(
-            paths, thresholds=thresholds, device=device, chunk_elements=chunk_elements
-        )
+        job = None if distributed is False else torchrun_env()
+        if distributed and job is None:
+            raise UsageError(
+                "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
+            )
+        if job is None:
+            report = scan_paths(
+                paths, thresholds=thresholds, device=device, chunk_elements=chunk_elements
+            )
+        else:
+            report = scan_under_torchrun(
+                paths, job, thresholds=thresholds, device=device, chunk_elements=chunk_elements
+            )
+            if job.rank != 0:  # every rank has the report; rank 0 alone prints it
+                raise typer.Exit(int(exit_code(report)))
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
         if not report.errors and report.summary.tensors == 0:
