@@ -54,3 +54,27 @@ def test_cuda_results_match_the_reference() -> None:
     assert stats.max_abs == ref.max_abs
     assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
     assert report.device.startswith("cuda")
+
+
+def test_prefetched_rows_are_read_without_a_sync(sync_debug_error: None) -> None:
+    """A monitor's default mode: collect + prefetch, then read, all without a stream sync."""
+    from gradaudit import GradientMonitor
+
+    model = torch.nn.Linear(64, 32, device="cuda")
+    monitor = GradientMonitor(model, every=1, dump_dir=None)
+    records = []
+    for _ in range(3):
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        records.append(monitor.step())
+    assert records[0] is None
+    assert [r.step for r in records[1:] if r is not None] == [0, 1]
+
+
+def test_rows_added_after_a_prefetch_are_read_too() -> None:
+    pending = collect_async({"a": torch.ones(3, device="cuda")})
+    pending.prefetch()
+    pending.add("b", torch.full((2,), math.nan, device="cuda"))
+    report = pending.materialize()
+    assert [t.name for t in report.tensors] == ["a", "b"]
+    assert report.tensors[1].nan == 2
+    assert report.tensors[0].norm == pytest.approx(math.sqrt(3))

@@ -75,3 +75,17 @@ def test_collection_never_reads_the_device() -> None:
     pending = collect_module(model)
     assert len(pending) == 2
     assert {row.device.type for row in pending.rows} == {"meta"}
+
+
+def test_prefetch_off_cuda_changes_nothing() -> None:
+    model = model_with_grads()
+    pending = collect_module(model)
+    pending.prefetch()  # CPU rows need no copy
+    prefetched = pending.materialize()
+    plain = collect_module(model).materialize()
+    assert prefetched.tensors == plain.tensors
+    assert prefetched.summary == plain.summary
+    meta = torch.nn.Linear(2, 2, device="meta")
+    for param in meta.parameters():
+        param.grad = torch.empty_like(param)
+    collect_module(meta).prefetch()  # nothing to copy from meta either
