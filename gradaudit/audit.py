@@ -18,6 +18,7 @@ import torch
 
 from gradaudit.checks import evaluate_all
 from gradaudit.devices import resolve_device
+from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
 from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.results import (
@@ -140,6 +141,11 @@ class PendingStats:
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
+        if is_dtensor(tensor):
+            raise TypeError(
+                f"{name!r} is a DTensor: its stats need its shards on every rank; use "
+                "gradaudit.collect_module (or gradaudit.distributed.collect_sharded)"
+            )
         reason = not_audited_reason(tensor)
         if reason is not None:
             self._skipped.append(Skipped(name, reason, source))

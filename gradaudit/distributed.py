@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from gradaudit.audit import PendingEntry, PendingStats
+from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import UsageError
-from gradaudit.module import is_dtensor
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.stats import (
@@ -256,10 +256,15 @@ def torchrun_process_group(env: TorchrunEnv, device: str) -> Iterator[None]:
     With ``--device auto`` or ``cuda`` each rank takes the GPU of its
     ``LOCAL_RANK``. A process group that is already initialised is used as it is.
     """
+    spec = device.strip().lower()
+    if spec.startswith("cuda:"):
+        raise UsageError(
+            f"--device {device} under torchrun: give no index (auto or cuda); "
+            "each rank uses the GPU of its LOCAL_RANK"
+        )
     if dist.is_initialized():
         yield
         return
-    spec = device.strip().lower()
     use_cuda = spec.startswith("cuda") or (spec == "auto" and torch.cuda.is_available())
     if use_cuda and spec in ("auto", "cuda"):
         if env.local_rank >= torch.cuda.device_count():

@@ -10,13 +10,13 @@ tensors with a process group passed, are combined across ranks by
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from gradaudit.audit import PendingStats
+from gradaudit.dtensor import is_dtensor
 from gradaudit.stats import StatsCollector
 
 if TYPE_CHECKING:
@@ -130,14 +130,3 @@ def collect_gradients(
     for name, grad in named:
         pending.add(name, grad)
     return pending
-
-
-def is_dtensor(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a ``torch.distributed.tensor.DTensor``.
-
-    Importing ``torch.distributed.tensor`` costs about half a second, and no
-    tensor can be a DTensor before something else imported it, so this looks
-    the class up only where it is already loaded.
-    """
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(tensor, module.DTensor)

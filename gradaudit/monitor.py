@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Literal, cast, get_args
 
 import torch
 
+from gradaudit.dtensor import is_dtensor
 from gradaudit.dump import save_gradients
 from gradaudit.errors import NonFiniteGradientError, NonFiniteGradientWarning
-from gradaudit.module import ParametersInput, collect_gradients, is_dtensor, named_gradients
+from gradaudit.module import ParametersInput, collect_gradients, named_gradients
 from gradaudit.policy import Thresholds
 from gradaudit.results import Report
 from gradaudit.stats import StatsCollector

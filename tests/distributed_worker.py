@@ -111,7 +111,7 @@ def run_dtensor(world: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-    from gradaudit import collect_module
+    from gradaudit import audit, collect_module
 
     mesh = init_device_mesh("cpu", (world,))
     mesh2d = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
@@ -130,6 +130,10 @@ def run_dtensor(world: int) -> dict[str, Any]:
     report = collect_module(_module_with_grads(pairs)).materialize()
     result = _stats(report)
     result["local_numels"] = {name: g.to_local().numel() for name, g in grads.items()}
+    try:
+        audit({"shard0_uneven": grads["shard0_uneven"]})
+    except TypeError as error:
+        result["audit_error"] = str(error)
     return result
 
 

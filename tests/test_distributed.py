@@ -192,6 +192,8 @@ def test_dtensor_shards_give_whole_parameter_stats(
     assert results[1]["dtensor"]["local_numels"]["single_row"] == 0
     assert results[1]["dtensor"]["local_numels"]["replicate"] == 9
     assert results[1]["dtensor"]["local_numels"]["mesh2d_replicate_shard"] == 12
+    # The single-process API refuses a DTensor instead of auditing a shard as the whole.
+    assert "is a DTensor" in results[0]["dtensor"]["audit_error"]
 
 
 def test_fsdp2_stats_match_the_gathered_dump(
@@ -305,6 +307,16 @@ def test_cli_no_distributed_ignores_a_torchrun_environment(tmp_path: Path) -> No
     result = CliRunner().invoke(app, ["scan", str(path), "--no-distributed"], env=env)
     assert result.exit_code == ExitCode.OK, result.stderr
     assert "Audited 1 tensor" in result.stdout
+
+
+def test_cli_device_index_under_torchrun_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "g.safetensors"
+    save_file({"w": torch.ones(3)}, str(path))
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    result = CliRunner().invoke(app, ["scan", str(path), "--device", "cuda:1"], env=env)
+    assert result.exit_code == ExitCode.USAGE_ERROR
+    assert result.stdout == ""
+    assert "give no index" in result.stderr
 
 
 def test_cli_incomplete_torchrun_environment_is_a_usage_error(tmp_path: Path) -> None:
