@@ -4,14 +4,16 @@ Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
 and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
-dataclasses.
+dataclasses. Inside a training loop: :func:`collect_module`,
+:func:`save_gradients` and :class:`GradientMonitor`; across ranks:
+:mod:`gradaudit.distributed`.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gradaudit.audit import PendingStats, audit, collect_async, scan_paths
+from gradaudit.audit import PendingEntry, PendingStats, audit, collect_async, scan_paths
 from gradaudit.checks import exit_code
 from gradaudit.compare import CompareInput, compare, compare_paths, dual_stats
 from gradaudit.compare_checks import comparison_exit_code
@@ -27,7 +29,18 @@ from gradaudit.comparison import (
     ParameterComparison,
     SideStats,
 )
-from gradaudit.errors import ExitCode, GradauditError, InputError, UsageError
+from gradaudit.distributed import scan_paths_distributed
+from gradaudit.dump import save_gradients
+from gradaudit.errors import (
+    ExitCode,
+    GradauditError,
+    InputError,
+    NonFiniteGradientError,
+    NonFiniteGradientWarning,
+    UsageError,
+)
+from gradaudit.module import collect_module, named_gradients
+from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -64,13 +77,19 @@ __all__ = [
     "Finding",
     "FindingKind",
     "GradauditError",
+    "GradientMonitor",
     "InputError",
     "InputProblem",
     "LimitFinding",
     "LimitKind",
     "Mismatch",
+    "MonitorRecord",
+    "NonFiniteAction",
+    "NonFiniteGradientError",
+    "NonFiniteGradientWarning",
     "ParameterChange",
     "ParameterComparison",
+    "PendingEntry",
     "PendingStats",
     "Report",
     "Severity",
@@ -83,10 +102,14 @@ __all__ = [
     "__version__",
     "audit",
     "collect_async",
+    "collect_module",
     "compare",
     "compare_paths",
     "comparison_exit_code",
     "dual_stats",
     "exit_code",
+    "named_gradients",
+    "save_gradients",
     "scan_paths",
+    "scan_paths_distributed",
 ]

@@ -13,11 +13,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from gradaudit.checks import evaluate_all, evaluate_limits
 from gradaudit.devices import resolve_device
+from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
 from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind, Severity, Thresholds
@@ -32,11 +35,16 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.selection import NameFilter
+
+if TYPE_CHECKING:
+    from gradaudit.io.discover import Expanded
+
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     ZEROS,
     HostRow,
+    Placement,
     StatsCollector,
     dtype_name,
     merge_rows,
@@ -56,6 +64,20 @@ def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
     for item in tensors:
         name, tensor = item
         yield str(name), tensor
+
+
+@dataclass(frozen=True)
+class PendingEntry:
+    """The host-side facts of one collected tensor; its stats row stays on the device.
+
+    Plain data, so it can travel between processes (``torch.distributed`` object
+    collectives) while the rows travel as device tensors.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    source: str | None = None
 
 
 class PendingStats:
@@ -90,12 +112,78 @@ class PendingStats:
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
         self._excluded: Counter[str | None] = Counter()
+        #: Rows already copied to the host by :meth:`prefetch`, and how many rows they cover.
+        self._prefetched: tuple[int, list[torch.Tensor], torch.cuda.Event] | None = None
 
     def __len__(self) -> int:
         return len(self._tickets)
 
+    @property
+    def entries(self) -> tuple[PendingEntry, ...]:
+        """The host-side facts of the collected tensors, in collection order."""
+        return tuple(
+            PendingEntry(*facts)
+            for facts in zip(self._names, self._shapes, self._dtypes, self._sources, strict=True)
+        )
+
+    @property
+    def rows(self) -> tuple[torch.Tensor, ...]:
+        """The device stats rows, one per entry, in the same order (not read back).
+
+        Bucketed rows come with the zeros of their padding already taken out
+        (a scalar subtraction on the device; nothing is read).
+        """
+        blocks, placements = self._collector.flush()
+        rows = []
+        for ticket in self._tickets:
+            place = placements[ticket]
+            row = blocks[place.block][place.row]
+            if place.padding:
+                row = row.clone()
+                row[ZEROS] -= place.padding
+            rows.append(row)
+        return tuple(rows)
+
+    @property
+    def skipped(self) -> tuple[Skipped, ...]:
+        return tuple(self._skipped)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(self._files)
+
+    @property
+    def errors(self) -> tuple[InputProblem, ...]:
+        return tuple(self._errors)
+
+    @property
+    def excluded(self) -> dict[str | None, int]:
+        """Names left out by ``--include``/``--exclude``, counted per source."""
+        return dict(self._excluded)
+
+    def add_excluded(self, counts: Mapping[str | None, int]) -> None:
+        """Add exclusion counts gathered elsewhere (another rank's share of the inputs)."""
+        self._excluded.update(counts)
+
+    def add_row(self, entry: PendingEntry, row: torch.Tensor) -> None:
+        """Record a stats row computed elsewhere: merged across ranks, or sent by another rank.
+
+        The row keeps its device; like :meth:`add`, nothing is read back.
+        """
+        self._names.append(entry.name)
+        self._shapes.append(tuple(entry.shape))
+        self._dtypes.append(entry.dtype)
+        self._sources.append(entry.source)
+        self._tickets.append(self._collector.adopt(row))
+        self._devices[str(row.device)] = None
+
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
+        if is_dtensor(tensor):
+            raise TypeError(
+                f"{name!r} is a DTensor: its stats need its shards on every rank; use "
+                "gradaudit.collect_module (or gradaudit.distributed.collect_sharded)"
+            )
         reason = not_audited_reason(tensor)
         if reason is not None:
             self._skipped.append(Skipped(name, reason, source))
@@ -149,12 +237,93 @@ class PendingStats:
         self._skipped += other._skipped
         self._excluded += other._excluded
 
+    def add_input(
+        self,
+        entry: Expanded,
+        select: Callable[[str], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Collect one expanded input: a file, or a path that was skipped or is bad."""
+        from gradaudit.io.discover import BadInput, SkippedPath
+
+        if isinstance(entry, SkippedPath):
+            self.skip(Skipped(entry.path, entry.reason, entry.within))
+        elif isinstance(entry, BadInput):
+            self.add_error(InputProblem(entry.path, entry.cause))
+        else:
+            self.add_path(entry.path, select, progress)
+
+    def add_path(
+        self,
+        path: str,
+        select: Callable[[str], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Collect one file; a file that fails is recorded as an error and contributes nothing.
+
+        The file is collected into a :meth:`child` and absorbed only when it was
+        read to the end, so a file that fails half-way leaves no partial rows.
+        ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
+        """
+        from gradaudit.io import Excluded, open_source
+
+        self.add_file(path)
+        part = self.child()
+        target = self.device or torch.device("cpu")
+        try:
+            for item in open_source(path).items(target, select):
+                if isinstance(item, Excluded):
+                    part.exclude(path)
+                elif isinstance(item, Skipped):
+                    part.skip(Skipped(item.name, item.reason, path))
+                else:
+                    part.add(item[0], item[1], source=path)
+                    if progress is not None:
+                        progress(item[1].numel() * item[1].element_size())
+        except InputError as error:
+            self.add_error(InputProblem(path, error.cause))
+            return
+        self.absorb(part)
+
+    def prefetch(self) -> None:
+        """Start copying the rows collected so far to the host, without waiting for it.
+
+        ``materialize`` normally copies the rows when it is called, and a copy
+        waits for everything queued on the stream before it: in a training loop
+        that materialises step N's stats during step N+1, that would be step
+        N+1's backward pass. After ``prefetch`` the copy is queued right behind
+        the collection instead, into pinned host memory, and ``materialize``
+        only waits for that copy (long finished by then). Rows on the CPU (or
+        on ``meta``) need no copy; rows added after the prefetch make
+        ``materialize`` read everything the usual way.
+        """
+        blocks, _ = self._collector.flush()
+        devices = {block.device for block in blocks}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            return
+        host = []
+        for block in blocks:
+            pinned = torch.empty(block.shape, dtype=block.dtype, pin_memory=True)
+            pinned.copy_(block, non_blocking=True)
+            host.append(pinned)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+        self._prefetched = (len(blocks), host, done)
+
+    def _read(self) -> tuple[list[Placement], list[torch.Tensor]]:
+        """The one host read: each ticket's placement and the host copy of every block."""
+        blocks, placements = self._collector.flush()
+        mine = [placements[ticket] for ticket in self._tickets]
+        if self._prefetched is not None and self._prefetched[0] == len(blocks):
+            _, host, done = self._prefetched
+            done.synchronize()
+            return mine, host
+        return mine, read_blocks(blocks)
+
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``."""
         thresholds = thresholds or Thresholds()
-        blocks, placements = self._collector.flush()
-        host_blocks = read_blocks(blocks)
-        mine = [placements[ticket] for ticket in self._tickets]
+        mine, host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
         # out; the merges (per file, global) then run on this host copy.
         host = torch.empty((len(mine), ROW_WIDTH), dtype=torch.float64)
@@ -309,37 +478,12 @@ def scan_paths(
     tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
     the byte size of each tensor once it is queued.
     """
-    from gradaudit.io import Excluded, expand_inputs, open_source
-    from gradaudit.io.discover import BadInput, SkippedPath
+    from gradaudit.io import expand_inputs
 
     selection = NameFilter(tuple(include), tuple(exclude))
-    select = selection if selection.active else None
     pending = PendingStats(
         device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
     )
-    target = pending.device or torch.device("cpu")
     for entry in expand_inputs(paths, recursive=recursive):
-        if isinstance(entry, SkippedPath):
-            pending.skip(Skipped(entry.path, entry.reason, entry.within))
-            continue
-        if isinstance(entry, BadInput):
-            pending.add_error(InputProblem(entry.path, entry.cause))
-            continue
-        path = entry.path
-        pending.add_file(path)
-        part = pending.child()
-        try:
-            for item in open_source(path).items(target, select):
-                if isinstance(item, Excluded):
-                    part.exclude(path)
-                elif isinstance(item, Skipped):
-                    part.skip(Skipped(item.name, item.reason, path))
-                else:
-                    part.add(item[0], item[1], source=path)
-                    if progress is not None:
-                        progress(item[1].numel() * item[1].element_size())
-        except InputError as error:
-            pending.add_error(InputProblem(path, error.cause))
-            continue
-        pending.absorb(part)
+        pending.add_input(entry, selection if selection.active else None, progress)
     return pending.materialize(thresholds)

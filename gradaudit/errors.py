@@ -53,3 +53,25 @@ class InputError(GradauditError):
 
 class NothingToAuditError(InputError):
     """The inputs hold no floating-point tensor at all."""
+
+
+class NonFiniteGradientError(GradauditError):
+    """A :class:`~gradaudit.GradientMonitor` found NaN or Inf gradients and was told to raise.
+
+    Carries the step whose stats showed them, the tensors' names and the dump
+    written (or ``None``), so a training script can log them and stop cleanly.
+    """
+
+    exit_code = ExitCode.FINDINGS
+
+    def __init__(
+        self, step: int, tensors: tuple[str, ...], dump: Path | None, message: str
+    ) -> None:
+        self.step = step
+        self.tensors = tensors
+        self.dump = dump
+        super().__init__(message)
+
+
+class NonFiniteGradientWarning(RuntimeWarning):
+    """Issued by a :class:`~gradaudit.GradientMonitor` that found NaN or Inf gradients."""

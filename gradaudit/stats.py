@@ -116,9 +116,13 @@ def merge_rows(rows: torch.Tensor) -> torch.Tensor:
     """
     counts = rows[:, _COUNT_SLOTS].sum(dim=0)
     max_abs = rows[:, MAX_ABS].amax()
-    scale = rows[:, SCALE].amax()
+    # Only rows that hold a sum of squares choose the common scale: an all-zero
+    # float32 row (scale 1) must not flush a float64 row of 1e-300 values to zero.
+    live = rows[:, SSQ] > 0
+    scale = torch.where(live, rows[:, SCALE], 0.0).amax()
+    scale = torch.where(scale > 0, scale, 1.0)
     ratio = rows[:, SCALE] / scale
-    ssq = (rows[:, SSQ] * ratio * ratio).sum()
+    ssq = torch.where(live, rows[:, SSQ] * ratio * ratio, 0.0).sum()
     return torch.cat([counts, torch.stack([max_abs, scale, ssq])])
 
 
@@ -241,6 +245,27 @@ class StatsCollector:
         if len(bucket.tickets) == bucket.buffer.shape[0]:
             self._reduce_bucket(bucket)
         return ticket
+
+    def adopt(self, row: torch.Tensor) -> int:
+        """Take a row computed elsewhere (merged across ranks, sent by another rank)."""
+        ticket = len(self._placements)
+        self._placements.append(Placement(len(self._blocks), 0, 0))
+        self._blocks.append(row.reshape(1, ROW_WIDTH))
+        return ticket
+
+    def fresh(self) -> StatsCollector:
+        """An empty collector sharing this one's kernel and scratch buffers.
+
+        A training loop collects every few steps; a fresh collector per
+        collection keeps rows from piling up while the buffers are reused.
+        """
+        other = StatsCollector.__new__(StatsCollector)
+        other.__dict__.update(self.__dict__)
+        other._buckets = {}
+        other._bucket_bytes = 0
+        other._blocks = []
+        other._placements = []
+        return other
 
     def flush(self) -> tuple[list[torch.Tensor], list[Placement]]:
         """Reduce what is still bucketed; every block of rows and each ticket's placement."""

@@ -69,14 +69,38 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     model.cuda()
     engine = importlib.import_module("gradaudit.audit")
     calls: list[int] = []
-    real = engine.read_rows
+    real = engine.read_blocks
 
-    def counting(rows: list[torch.Tensor]) -> torch.Tensor:
-        calls.append(len(rows))
-        return real(rows)
+    def counting(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+        calls.append(sum(block.shape[0] for block in blocks))
+        return real(blocks)
 
-    monkeypatch.setattr(engine, "read_rows", counting)
+    monkeypatch.setattr(engine, "read_blocks", counting)
     on_cuda = compare(model.host, model.seed)
     assert calls == [39]
     assert on_cuda.report.device.startswith("cuda")
     assert on_cuda.dual.normalized_ratio == pytest.approx(on_cpu.dual.normalized_ratio, rel=1e-6)
+
+
+def test_prefetched_rows_are_read_without_a_sync(sync_debug_error: None) -> None:
+    """A monitor's default mode: collect + prefetch, then read, all without a stream sync."""
+    from gradaudit import GradientMonitor
+
+    model = torch.nn.Linear(64, 32, device="cuda")
+    monitor = GradientMonitor(model, every=1, dump_dir=None)
+    records = []
+    for _ in range(3):
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        records.append(monitor.step())
+    assert records[0] is None
+    assert [r.step for r in records[1:] if r is not None] == [0, 1]
+
+
+def test_rows_added_after_a_prefetch_are_read_too() -> None:
+    pending = collect_async({"a": torch.ones(3, device="cuda")})
+    pending.prefetch()
+    pending.add("b", torch.full((2,), math.nan, device="cuda"))
+    report = pending.materialize()
+    assert [t.name for t in report.tensors] == ["a", "b"]
+    assert report.tensors[1].nan == 2
+    assert report.tensors[0].norm == pytest.approx(math.sqrt(3))

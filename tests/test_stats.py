@@ -277,3 +277,15 @@ def test_memory_budget_bounds_live_buckets_and_keeps_results_exact() -> None:
         values[ZEROS] -= place.padding
         row = HostRow.from_values(values)
         assert_matches_reference(tensor, row)
+
+
+def test_zero_rows_do_not_flush_tiny_float64_contributions() -> None:
+    """An all-zero float32 tensor (row scale 1) next to float64 values of 1e-300."""
+    report = audit(
+        {
+            "tiny": torch.tensor([1e-300, -1e-300], dtype=torch.float64),
+            "zeros": torch.zeros(4),
+            "empty": torch.empty(0),
+        }
+    )
+    assert report.summary.global_norm == pytest.approx(math.sqrt(2) * 1e-300, rel=1e-12)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from gradaudit.audit import scan_paths
+from gradaudit.checks import exit_code
 from gradaudit.cli.app import (
     EXIT_CODES_HELP,
     app,
@@ -32,6 +33,8 @@ from gradaudit.cli.options import (
 )
 from gradaudit.cli.output import check_output_path, emit_report
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
+from gradaudit.distributed import scan_under_torchrun, torchrun_env
+from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
@@ -96,6 +99,13 @@ def scan(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    distributed: Annotated[
+        bool | None,
+        typer.Option(
+            "--distributed/--no-distributed",
+            help="Split the inputs across torchrun ranks (default: when run by torchrun).",
+        ),
+    ] = None,
     progress: Annotated[
         bool | None,
         typer.Option(
@@ -128,17 +138,27 @@ def scan(
         total = input_bytes(paths, recursive=recursive)
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
-        with progress_bar(total, wants_progress(progress, machine, total)) as advance:
-            report = scan_paths(
-                paths,
-                thresholds=thresholds,
-                device=settings.device or "auto",
-                chunk_elements=chunk_elements,
-                engine=settings.engine or Engine.AUTO,
-                memory_budget=max_memory * 1024 * 1024,
-                progress=advance,
-                include=include or (),
-                exclude=exclude or (),
-                recursive=recursive,
+        job = None if distributed is False else torchrun_env()
+        if distributed and job is None:
+            raise UsageError(
+                "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
             )
+        options: dict[str, Any] = {
+            "thresholds": thresholds,
+            "chunk_elements": chunk_elements,
+            "engine": settings.engine or Engine.AUTO,
+            "memory_budget": max_memory * 1024 * 1024,
+            "include": include or (),
+            "exclude": exclude or (),
+            "recursive": recursive,
+        }
+        if job is not None:
+            report = scan_under_torchrun(paths, job, device=settings.device or "auto", **options)
+            if job.rank != 0:  # every rank has the report; rank 0 alone prints it
+                raise typer.Exit(int(exit_code(report)))
+        else:
+            with progress_bar(total, wants_progress(progress, machine, total)) as advance:
+                report = scan_paths(
+                    paths, device=settings.device or "auto", progress=advance, **options
+                )
         raise typer.Exit(int(emit_report(report, settings, show_all=show_all, top=top)))

@@ -1,0 +1,132 @@
+"""Gradients of a model by parameter name: the engine's entry point inside a training loop.
+
+Call :func:`collect_module` between ``backward()`` and ``optimizer.step()``: it
+queues the device work for every gradient and returns a :class:`PendingStats`
+without reading anything back, so the loop never waits for the device.
+Gradients that are ``DTensor`` shards (FSDP2, tensor parallel), or plain
+tensors with a process group passed, are combined across ranks by
+:mod:`gradaudit.distributed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeAlias
+
+import torch
+
+from gradaudit.audit import PendingStats
+from gradaudit.dtensor import is_dtensor
+from gradaudit.stats import StatsCollector
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+#: What :func:`collect_module` accepts: a module, a mapping of names to
+#: parameters, or an iterable of parameters or of ``(name, parameter)`` pairs
+#: (``model.parameters()``, ``model.named_parameters()``, an optimizer's param group).
+ParametersInput: TypeAlias = (
+    torch.nn.Module
+    | Mapping[str, torch.Tensor]
+    | Iterable[torch.Tensor]
+    | Iterable[tuple[str, torch.Tensor]]
+)
+
+#: Name given to the i-th of an iterable of bare parameters when no prefix is passed.
+DEFAULT_PARAMETER_PREFIX = "param"
+
+
+def named_parameters(
+    params: ParametersInput, *, prefix: str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, parameter)`` pairs, each parameter once, in the order given.
+
+    A module's names are its ``named_parameters()`` names; bare parameters are
+    named by position, ``param.0``, ``param.1``, ... (or ``PREFIX.0``, ...). A
+    ``prefix`` is prepended to every other name as ``PREFIX.name``. A parameter
+    seen twice (tied weights) is yielded once, under its first name, as
+    ``Module.named_parameters`` does: counting it twice would inflate the global norm.
+    """
+    if isinstance(params, torch.nn.Module):
+        items: Iterable[object] = params.named_parameters()
+    elif isinstance(params, Mapping):
+        items = params.items()
+    else:
+        items = params
+    seen: set[int] = set()
+    for index, item in enumerate(items):
+        if isinstance(item, torch.Tensor):
+            name = f"{prefix or DEFAULT_PARAMETER_PREFIX}.{index}"
+            tensor = item
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+            name = str(item[0]) if prefix is None else f"{prefix}.{item[0]}"
+            tensor = item[1]
+        else:
+            raise TypeError(
+                "expected a module, parameters, or (name, parameter) pairs; "
+                f"got an item of type {type(item).__name__}"
+            )
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield name, tensor
+
+
+def named_gradients(
+    params: ParametersInput, *, prefix: str | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """``(name, gradient)`` of every parameter whose ``grad`` is not ``None``.
+
+    Frozen parameters and parameters that took no part in the backward pass
+    have no gradient and are left out: they have nothing to audit. The result
+    is a list, so it can be handed to several consumers (``collect_async``,
+    ``save_gradients``, ``dual_stats``).
+    """
+    return [
+        (name, param.grad)
+        for name, param in named_parameters(params, prefix=prefix)
+        if param.grad is not None
+    ]
+
+
+def collect_module(
+    model: ParametersInput,
+    *,
+    prefix: str | None = None,
+    group: ProcessGroup | None = None,
+) -> PendingStats:
+    """Queue the stats of the model's gradients on their devices; nothing is read back.
+
+    Call between ``backward()`` and ``optimizer.step()`` (or ``zero_grad()``),
+    then :meth:`PendingStats.materialize` whenever convenient for the one read.
+
+    Distributed (a collective: every rank calls it with the same parameters in
+    the same order): ``DTensor`` gradients are reduced on their local shard and
+    combined over their device mesh, replicated mesh dimensions counted once;
+    with ``group`` given, every plain gradient is taken to be a disjoint shard of
+    the same-named parameter on each rank of ``group`` and combined over it.
+    Either way every rank gets the stats of the whole parameter.
+    """
+    return collect_gradients(named_gradients(model, prefix=prefix), group=group)
+
+
+def collect_gradients(
+    gradients: Iterable[tuple[str, torch.Tensor]],
+    *,
+    group: ProcessGroup | None = None,
+    collector: StatsCollector | None = None,
+) -> PendingStats:
+    """Collect named gradients, across ranks when needed; ``collector`` keeps scratch buffers.
+
+    A training loop collects again and again: passing the same collector
+    reuses its scratch buffers instead of allocating fresh ones every step.
+    """
+    named = list(gradients)
+    if group is not None or any(is_dtensor(grad) for _, grad in named):
+        from gradaudit.distributed import collect_sharded
+
+        return collect_sharded(named, group=group, collector=collector)
+    pending = PendingStats(collector=None if collector is None else collector.fresh())
+    for name, grad in named:
+        pending.add(name, grad)
+    return pending

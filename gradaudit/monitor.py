@@ -1,0 +1,280 @@
+"""A gradient monitor for training loops: stats every N steps, never waiting for the device.
+
+``monitor.step()`` goes between ``backward()`` and ``optimizer.step()``. On a
+collecting step it queues the stats of every gradient on the device
+(:func:`~gradaudit.module.collect_gradients`) and starts their copy to the host
+(:meth:`PendingStats.prefetch`); the report is built at the next call, when the
+copy has long finished, so the loop never waits for the current step's work.
+
+The price is that a NaN is learned one call late, when the gradients that held
+it are gone (and the optimizer has already applied them). A dump written then
+holds the *current* gradients, named after the current step, with the step
+whose stats showed the NaN in its metadata. ``sync=True`` reads the stats in
+the same call instead: one device sync per collecting step (every ``every``
+steps), and in exchange the dump holds exactly the gradients that had the NaN,
+and ``on_nonfinite="raise"`` stops the loop before ``optimizer.step()`` applies
+them. Chasing a NaN, use ``sync=True``; watching a healthy run, the default.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, cast, get_args
+
+import torch
+
+from gradaudit.dtensor import is_dtensor
+from gradaudit.dump import save_gradients
+from gradaudit.errors import NonFiniteGradientError, NonFiniteGradientWarning
+from gradaudit.module import ParametersInput, collect_gradients, named_gradients
+from gradaudit.policy import Thresholds
+from gradaudit.results import Report
+from gradaudit.stats import StatsCollector
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from gradaudit.audit import PendingStats
+
+__all__ = ["GradientMonitor", "MonitorRecord", "NonFiniteAction"]
+
+#: What a monitor does when a collected step has NaN or Inf gradients:
+#: ``dump`` writes a dump and warns; ``raise`` writes a dump and raises
+#: :class:`~gradaudit.NonFiniteGradientError`; ``warn`` only warns; ``ignore``
+#: only records it in the history.
+NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
+
+#: Names listed in a warning or error message before "and N more".
+_NAMES_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class MonitorRecord:
+    """The stats of one collected step, as the monitor keeps them in its history."""
+
+    #: The step whose gradients these stats describe.
+    step: int
+    report: Report
+    #: The dump written because of this record, or ``None``.
+    dump: Path | None = None
+    #: Why a dump this record called for could not be written, or ``None``.
+    dump_error: str | None = None
+
+    @property
+    def global_norm(self) -> float:
+        """L2 norm over the finite elements of every gradient (overflow-safe)."""
+        return self.report.summary.global_norm
+
+    @property
+    def norms(self) -> dict[str, float]:
+        """Per-parameter (per-layer) gradient norms, by parameter name."""
+        return {t.name: t.norm for t in self.report.tensors}
+
+    @property
+    def nonfinite(self) -> tuple[str, ...]:
+        """Names of the gradients holding NaN or Inf."""
+        return tuple(t.name for t in self.report.tensors if t.nonfinite)
+
+
+class GradientMonitor:
+    """Gradient stats every ``every`` steps, a short history, and dumps on NaN/Inf.
+
+    ::
+
+        monitor = GradientMonitor(model, every=100, dump_dir="grad_dumps")
+        for batch in loader:
+            loss = model(batch).loss
+            loss.backward()
+            monitor.step()          # after backward, before optimizer.step()
+            optimizer.step()
+            optimizer.zero_grad()
+        monitor.flush()             # the last collected step's stats
+
+    ``step()`` returns the :class:`MonitorRecord` it completed in this call (in
+    the default mode, the previous collected step's), or ``None``. The history
+    keeps the last ``history`` records. With ``DTensor`` gradients or ``group``
+    the stats are of whole parameters on every rank (see
+    :func:`~gradaudit.collect_module`), so every rank must call ``step()``.
+
+    Dumps go to ``dump_dir/step_NNNNNNNN.safetensors`` (at most ``max_dumps``
+    of them; ``dump_dir=None`` never writes one). With DTensor gradients rank 0
+    writes the gathered gradients; other distributed runs write one file per
+    rank (``step_NNNNNNNN.rankRRRRR.safetensors``). A dump that fails (a full
+    disk) does not stop training in ``dump`` mode: the warning says why.
+    """
+
+    def __init__(
+        self,
+        model: ParametersInput,
+        *,
+        every: int = 100,
+        dump_dir: str | Path | None = "grad_dumps",
+        on_nonfinite: NonFiniteAction = "dump",
+        sync: bool = False,
+        history: int = 32,
+        max_dumps: int = 3,
+        thresholds: Thresholds | None = None,
+        prefix: str | None = None,
+        group: ProcessGroup | None = None,
+    ) -> None:
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        if history < 1:
+            raise ValueError("history must be >= 1")
+        if max_dumps < 0:
+            raise ValueError("max_dumps must be >= 0")
+        if on_nonfinite not in get_args(NonFiniteAction):
+            choices = ", ".join(repr(a) for a in get_args(NonFiniteAction))
+            raise ValueError(f"on_nonfinite must be one of {choices}; got {on_nonfinite!r}")
+        # A generator of parameters would be used up by the first collection.
+        self._params: ParametersInput = model
+        if not isinstance(model, torch.nn.Module | Mapping | list | tuple):
+            self._params = cast(ParametersInput, list(model))
+        self.every = every
+        self.dump_dir = None if dump_dir is None else Path(dump_dir)
+        self.on_nonfinite: NonFiniteAction = on_nonfinite
+        self.sync = sync
+        self.max_dumps = max_dumps
+        self.thresholds = thresholds or Thresholds()
+        self.prefix = prefix
+        self.group = group
+        self.dumps_written = 0
+        self._history: deque[MonitorRecord] = deque(maxlen=history)
+        self._collector = StatsCollector()
+        self._pending: tuple[int, PendingStats] | None = None
+        self._next_step = 0
+
+    @property
+    def history(self) -> tuple[MonitorRecord, ...]:
+        """The most recent records, oldest first."""
+        return tuple(self._history)
+
+    @property
+    def last(self) -> MonitorRecord | None:
+        return self._history[-1] if self._history else None
+
+    def norm_history(self, name: str | None = None) -> list[tuple[int, float]]:
+        """``(step, norm)`` over the history: the global norm, or parameter ``name``'s."""
+        if name is None:
+            return [(r.step, r.global_norm) for r in self._history]
+        return [(r.step, r.norms[name]) for r in self._history if name in r.norms]
+
+    def step(self, step: int | None = None) -> MonitorRecord | None:
+        """Call once per optimizer step, after ``backward()``; see the class docstring.
+
+        ``step`` numbers this call (e.g. your global step); by default calls are
+        numbered 0, 1, 2, ... Steps that are multiples of ``every`` are collected.
+        """
+        current = self._next_step if step is None else step
+        self._next_step = current + 1
+        record = self._complete(current)
+        if current % self.every == 0:
+            pending = collect_gradients(
+                named_gradients(self._params, prefix=self.prefix),
+                group=self.group,
+                collector=self._collector,
+            )
+            if self.sync:
+                record = self._finish(current, pending, current)
+            else:
+                pending.prefetch()
+                self._pending = (current, pending)
+        if record is not None:
+            self._act(record, current)
+        return record
+
+    def flush(self) -> MonitorRecord | None:
+        """Complete the stats still pending (call after the loop); ``None`` if there are none."""
+        now = self._next_step - 1
+        record = self._complete(now)
+        if record is not None:
+            self._act(record, now)
+        return record
+
+    def _complete(self, now: int) -> MonitorRecord | None:
+        if self._pending is None:
+            return None
+        collected, pending = self._pending
+        self._pending = None
+        return self._finish(collected, pending, now)
+
+    def _finish(self, collected: int, pending: PendingStats, now: int) -> MonitorRecord:
+        """The one host read for step ``collected``; a dump holds the gradients of ``now``."""
+        record = MonitorRecord(collected, pending.materialize(self.thresholds))
+        if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
+            record = self._dump(record, now)
+        self._history.append(record)
+        return record
+
+    def _act(self, record: MonitorRecord, now: int) -> None:
+        """Warn or raise about NaN/Inf, pointing at the caller of ``step()``/``flush()``."""
+        if not record.nonfinite or self.on_nonfinite == "ignore":
+            return
+        message = _message(record, now)
+        if self.on_nonfinite == "raise":
+            raise NonFiniteGradientError(record.step, record.nonfinite, record.dump, message)
+        warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
+
+    def _dump(self, record: MonitorRecord, now: int) -> MonitorRecord:
+        if self.dump_dir is None or self.dumps_written >= self.max_dumps:
+            return record
+        gradients = named_gradients(self._params, prefix=self.prefix)
+        if not gradients:
+            return MonitorRecord(record.step, record.report, None, "no gradients to dump")
+        path = self.dump_dir / _dump_name(now, gathered=any(is_dtensor(g) for _, g in gradients))
+        metadata = {
+            "nonfinite_step": str(record.step),
+            "nonfinite_tensors": _names(record),
+        }
+        try:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            save_gradients(gradients, path, step=now, metadata=metadata)
+        except OSError as error:
+            return MonitorRecord(
+                record.step, record.report, None, f"{type(error).__name__}: {error}"
+            )
+        self.dumps_written += 1
+        return MonitorRecord(record.step, record.report, path)
+
+
+def _dump_name(step: int, *, gathered: bool) -> str:
+    """``step_00000120.safetensors``; per rank when each rank writes its own shards."""
+    import torch.distributed as dist
+
+    name = f"step_{step:08d}"
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if distributed and not gathered:
+        name += f".rank{dist.get_rank():05d}"
+    return name + ".safetensors"
+
+
+def _names(record: MonitorRecord) -> str:
+    shown = [
+        f"{t.name} ({_counts(t.nan, t.pos_inf, t.neg_inf)})"
+        for t in record.report.tensors
+        if t.nonfinite
+    ]
+    more = len(shown) - _NAMES_SHOWN
+    return ", ".join(shown[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _counts(nan: int, pos_inf: int, neg_inf: int) -> str:
+    parts = [f"{n} {label}" for n, label in ((nan, "NaN"), (pos_inf, "+Inf"), (neg_inf, "-Inf"))]
+    return ", ".join(p for p in parts if not p.startswith("0 "))
+
+
+def _message(record: MonitorRecord, now: int) -> str:
+    count = len(record.nonfinite)
+    text = (
+        f"step {record.step}: NaN/Inf gradients in {count} tensor"
+        f"{'s' if count != 1 else ''}: {_names(record)}"
+    )
+    if record.dump is not None:
+        text += f"; gradients of step {now} written to {record.dump}"
+    elif record.dump_error is not None:
+        text += f"; no dump written ({record.dump_error})"
+    return text

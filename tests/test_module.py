@@ -1,0 +1,91 @@
+"""collect_module: gradients by parameter name, collected without a host read."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradaudit import audit, collect_module, named_gradients
+from tests.reference import reference_stats
+
+
+def model_with_grads() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    model(torch.randn(5, 4)).sum().backward()
+    return model
+
+
+def test_module_gradients_by_name_match_the_reference() -> None:
+    model = model_with_grads()
+    model[0].weight.grad[1, 2] = math.nan  # type: ignore[index]
+    report = collect_module(model).materialize()
+    assert [t.name for t in report.tensors] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for stats, (_, param) in zip(report.tensors, model.named_parameters(), strict=True):
+        assert param.grad is not None
+        ref = reference_stats(param.grad)
+        assert stats.nan == ref.nan
+        assert stats.norm == pytest.approx(ref.norm, rel=1e-12)
+        assert stats.shape == tuple(param.shape)
+    assert report.tensors[0].nan == 1
+
+
+def test_prefix_and_parameters_without_grad() -> None:
+    model = model_with_grads()
+    model[2].bias.grad = None
+    model[0].bias.requires_grad_(False)
+    model[0].bias.grad = None
+    names = [t.name for t in collect_module(model, prefix="student").materialize().tensors]
+    assert names == ["student.0.weight", "student.2.weight"]
+
+
+def test_iterables_of_parameters_and_of_pairs() -> None:
+    model = model_with_grads()
+    bare = collect_module(model.parameters()).materialize()
+    assert [t.name for t in bare.tensors] == ["param.0", "param.1", "param.2", "param.3"]
+    prefixed = collect_module(list(model.parameters()), prefix="opt").materialize()
+    assert [t.name for t in prefixed.tensors][:2] == ["opt.0", "opt.1"]
+    pairs = collect_module(model.named_parameters()).materialize()
+    assert [t.name for t in pairs.tensors] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    mapping = collect_module(dict(model.named_parameters())).materialize()
+    assert [t.norm for t in mapping.tensors] == [t.norm for t in pairs.tensors]
+
+
+def test_tied_parameter_is_counted_once() -> None:
+    model = model_with_grads()
+    params = [*model.parameters(), model[0].weight]
+    report = collect_module(params).materialize()
+    assert len(report.tensors) == 4
+    grads = {n: g for n, g in named_gradients(model)}
+    assert report.summary.global_norm == pytest.approx(audit(grads).summary.global_norm)
+
+
+def test_bad_item_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="got an item of type int"):
+        collect_module([1, 2])  # type: ignore[list-item]
+
+
+def test_collection_never_reads_the_device() -> None:
+    """On ``meta`` every host read raises, so collecting there proves there is none."""
+    model = torch.nn.Linear(3, 2, device="meta")
+    for param in model.parameters():
+        param.grad = torch.empty_like(param)
+    pending = collect_module(model)
+    assert len(pending) == 2
+    assert {row.device.type for row in pending.rows} == {"meta"}
+
+
+def test_prefetch_off_cuda_changes_nothing() -> None:
+    model = model_with_grads()
+    pending = collect_module(model)
+    pending.prefetch()  # CPU rows need no copy
+    prefetched = pending.materialize()
+    plain = collect_module(model).materialize()
+    assert prefetched.tensors == plain.tensors
+    assert prefetched.summary == plain.summary
+    meta = torch.nn.Linear(2, 2, device="meta")
+    for param in meta.parameters():
+        param.grad = torch.empty_like(param)
+    collect_module(meta).prefetch()  # nothing to copy from meta either

@@ -1,0 +1,204 @@
+"""GradientMonitor: stats one call late, a bounded history, dumps and errors on NaN/Inf."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from gradaudit import (
+    GradientMonitor,
+    NonFiniteGradientError,
+    NonFiniteGradientWarning,
+    audit,
+    named_gradients,
+)
+from gradaudit.io.safetensors_header import read_header
+
+
+class Loop:
+    """A tiny model and a way to give it known gradients at each step."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def backward(self, poison: float | None = None) -> None:
+        self.model.zero_grad()
+        self.model(torch.randn(5, 3)).pow(2).sum().backward()
+        if poison is not None:
+            self.model[1].bias.grad[0] = poison  # type: ignore[index]
+        self.grads.append({n: g.clone() for n, g in named_gradients(self.model)})
+
+
+def test_stats_arrive_one_call_late_and_match_that_step(tmp_path: Path) -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=2, dump_dir=tmp_path)
+    returned = []
+    for _ in range(5):
+        loop.backward()
+        returned.append(monitor.step())
+    assert [r and r.step for r in returned] == [None, 0, None, 2, None]
+    final = monitor.flush()
+    assert final is not None
+    assert final.step == 4
+    assert monitor.flush() is None
+    assert [r.step for r in monitor.history] == [0, 2, 4]
+    for record in monitor.history:
+        expected = audit(loop.grads[record.step])
+        assert record.global_norm == expected.summary.global_norm
+        assert record.norms == {t.name: t.norm for t in expected.tensors}
+    assert monitor.norm_history() == [(r.step, r.global_norm) for r in monitor.history]
+    assert [s for s, _ in monitor.norm_history("1.bias")] == [0, 2, 4]
+    assert list(tmp_path.iterdir()) == []  # healthy: no dump
+
+
+def test_sync_mode_returns_this_steps_stats() -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, sync=True, dump_dir=None)
+    for step in range(3):
+        loop.backward()
+        record = monitor.step()
+        assert record is not None
+        assert record.step == step
+        assert record.global_norm == audit(loop.grads[step]).summary.global_norm
+    assert monitor.flush() is None
+
+
+def test_history_is_bounded() -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, history=3, dump_dir=None)
+    for _ in range(10):
+        loop.backward()
+        monitor.step()
+    monitor.flush()
+    assert [r.step for r in monitor.history] == [7, 8, 9]
+    assert monitor.last is monitor.history[-1]
+
+
+def test_explicit_step_numbers_choose_what_is_collected() -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=10, dump_dir=None)
+    for step in range(95, 112):
+        loop.backward()
+        monitor.step(step)
+    monitor.flush()
+    assert [r.step for r in monitor.history] == [100, 110]
+
+
+def test_async_nan_dumps_the_current_gradients(tmp_path: Path) -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, dump_dir=tmp_path / "dumps")
+    loop.backward(poison=math.nan)
+    assert monitor.step() is None
+    loop.backward()
+    with pytest.warns(NonFiniteGradientWarning, match=r"step 0: NaN/Inf .* 1\.bias \(1 NaN\)"):
+        record = monitor.step()
+    assert record is not None
+    assert record.step == 0
+    assert record.nonfinite == ("1.bias",)
+    # Learned one call late: the dump holds step 1's gradients, and says so.
+    assert record.dump == tmp_path / "dumps" / "step_00000001.safetensors"
+    header = read_header(record.dump)
+    assert header.metadata["step"] == "1"
+    assert header.metadata["nonfinite_step"] == "0"
+    assert header.metadata["nonfinite_tensors"] == "1.bias (1 NaN)"
+    with safe_open(str(record.dump), framework="pt") as handle:
+        assert handle.get_tensor("1.bias").equal(loop.grads[1]["1.bias"])
+
+
+def test_sync_nan_dumps_exactly_the_bad_gradients_and_raises(tmp_path: Path) -> None:
+    loop = Loop()
+    monitor = GradientMonitor(
+        loop.model, every=1, sync=True, dump_dir=tmp_path, on_nonfinite="raise"
+    )
+    loop.backward()
+    monitor.step()
+    loop.backward(poison=-math.inf)
+    with pytest.raises(NonFiniteGradientError, match=r"step 1: .*1\.bias \(1 -Inf\)") as caught:
+        monitor.step()
+    error = caught.value
+    assert error.step == 1
+    assert error.tensors == ("1.bias",)
+    assert error.dump == tmp_path / "step_00000001.safetensors"
+    with safe_open(str(error.dump), framework="pt") as handle:
+        assert handle.get_tensor("1.bias")[0] == -math.inf
+    assert monitor.last is not None
+    assert monitor.last.dump == error.dump
+
+
+def test_warn_and_ignore_write_no_dump(tmp_path: Path) -> None:
+    for action in ("warn", "ignore"):
+        loop = Loop()
+        monitor = GradientMonitor(
+            loop.model, every=1, sync=True, dump_dir=tmp_path, on_nonfinite=action
+        )
+        loop.backward(poison=math.nan)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            record = monitor.step()
+        assert record is not None
+        assert record.nonfinite == ("1.bias",)
+        assert record.dump is None
+        assert len(caught) == (1 if action == "warn" else 0)
+        if caught:
+            assert caught[0].filename == __file__  # points at the caller of step()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dumps_are_capped(tmp_path: Path) -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, sync=True, dump_dir=tmp_path, max_dumps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteGradientWarning)
+        for _ in range(4):
+            loop.backward(poison=math.nan)
+            monitor.step()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000000.safetensors",
+        "step_00000001.safetensors",
+    ]
+    assert monitor.dumps_written == 2
+
+
+def test_a_failed_dump_does_not_stop_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, sync=True, dump_dir=blocker / "dumps")
+    loop.backward(poison=math.nan)
+    with pytest.warns(NonFiniteGradientWarning, match="no dump written"):
+        record = monitor.step()
+    assert record is not None
+    assert record.dump is None
+    assert record.dump_error is not None
+    assert "Error" in record.dump_error
+
+
+def test_a_generator_of_parameters_is_kept() -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model.parameters(), every=1, sync=True, dump_dir=None)
+    for _ in range(2):
+        loop.backward()
+        record = monitor.step()
+        assert record is not None
+        assert len(record.report.tensors) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"every": 0}, "every"),
+        ({"history": 0}, "history"),
+        ({"max_dumps": -1}, "max_dumps"),
+        ({"on_nonfinite": "explode"}, "on_nonfinite must be one of"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GradientMonitor(torch.nn.Linear(1, 1), **kwargs)  # type: ignore[arg-type]
