@@ -14,6 +14,7 @@ devices where one fused pass beats several cached ones, and as a cross-check.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Protocol
 
@@ -174,3 +175,25 @@ def make_kernel(engine: Engine) -> RowKernel:
     if engine is Engine.COMPILED:
         return CompiledKernel()
     return EagerKernel()
+
+
+def collect_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stats rows ``[len(tensors), 7]`` of whole tensors: the collection as one pure function.
+
+    Written so that ``torch.compile(collect_rows, fullgraph=True)`` traces it
+    without a graph break (no host reads, no Python branch on a device value,
+    only shapes and dtypes, which are static), for training loops that want
+    the whole collection fused into their compiled step. Each tensor is one
+    row (no chunking, no buckets): under ``torch.compile`` the reductions
+    stream without temporaries, eagerly they would not — use the
+    :class:`~gradaudit.stats.StatsCollector` there.
+    """
+    rows = []
+    for tensor in tensors:
+        if tensor.numel() == 0:
+            empty = torch.zeros((1, 7), dtype=torch.float64, device=tensor.device)
+            empty[0, 5] = 1.0  # scale slot: the identity of the merge
+            rows.append(empty)
+            continue
+        rows.append(fused_rows(tensor.detach().reshape(1, -1)))
+    return torch.cat(rows)
