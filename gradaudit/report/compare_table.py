@@ -27,6 +27,7 @@ from gradaudit.report.compare_text import (
     change_text,
     compared_line,
     interpretation,
+    mismatch_parts,
     notable,
     ratio_line,
     shape_text,
@@ -97,13 +98,13 @@ def _status(change: ParameterChange) -> Text:
 
 def _parameter_table(parameters: ParameterComparison, options: RenderOptions) -> tuple[Table, int]:
     ordered = sorted(parameters.changes, key=change_order)
-    shown = [c for c in ordered if notable(c)]
-    rest = [c for c in ordered if not notable(c)]
-    if options.quiet:
-        shown_rest: list[ParameterChange] = []
-        rest = []
+    if options.quiet:  # only the findings: the rows behind the large_change finding
+        shown = [c for c in ordered if c.flagged]
+        rest: list[ParameterChange] = []
     else:
-        shown_rest = rest if options.show_all else rest[: options.top]
+        shown = [c for c in ordered if notable(c)]
+        rest = [c for c in ordered if not notable(c)]
+    shown_rest = rest if options.show_all else rest[: options.top]
     table = Table(header_style="bold")
     table.add_column("name", overflow="fold")
     table.add_column("shape", overflow="fold")
@@ -138,13 +139,8 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
     if parameters.only_in_b:
         lines.append(_name_list("only in B", list(parameters.only_in_b)))
     for mismatch in parameters.mismatches[:_LIST_LIMIT]:
-        parts = []
-        if mismatch.shape_differs:
-            shape_a, shape_b = shape_text(mismatch.shape_a), shape_text(mismatch.shape_b)
-            parts.append(f"shape {shape_a} vs {shape_b} (not compared)")
-        if mismatch.dtype_differs:
-            parts.append(f"dtype {mismatch.dtype_a} vs {mismatch.dtype_b}")
-        lines.append(Text(f"mismatch {printable(mismatch.name)}: {'; '.join(parts)}", "yellow"))
+        parts = "; ".join(mismatch_parts(mismatch))
+        lines.append(Text(f"mismatch {printable(mismatch.name)}: {parts}", "yellow"))
     if len(parameters.mismatches) > _LIST_LIMIT:
         lines.append(Text(f"… and {len(parameters.mismatches) - _LIST_LIMIT} more mismatches"))
     return lines
@@ -199,7 +195,7 @@ def _quiet(comparison: Comparison, options: RenderOptions) -> list[Table | Text]
     """Only what is wrong: flagged shared tensors, then every finding; nothing when healthy."""
     out: list[Table | Text] = []
     parameters = comparison.parameters
-    if parameters is not None and any(notable(c) for c in parameters.changes):
+    if parameters is not None and parameters.flagged:
         out.append(_parameter_table(parameters, options)[0])
     return out + _finding_lines(comparison, options)
 

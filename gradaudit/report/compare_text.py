@@ -10,10 +10,17 @@ from __future__ import annotations
 import math
 
 from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import Comparison, DualGradientStats, ParameterChange, SideStats
+from gradaudit.comparison import (
+    CompareFindingKind,
+    Comparison,
+    DualGradientStats,
+    Mismatch,
+    ParameterChange,
+    SideStats,
+)
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.report.text import count, number, plural
+from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding
 
 #: How the normalized ratio is defined, written into the JSON next to it.
@@ -37,6 +44,13 @@ def interpretation(dual: DualGradientStats) -> str:
     return text
 
 
+def ratio_sentence(dual: DualGradientStats) -> str:
+    """``normalized ratio 1.76: seed gradients are …`` or ``normalized ratio not computed: …``."""
+    if dual.normalized_ratio is None:
+        return f"normalized ratio not computed: {dual.ratio_note}"
+    return f"normalized ratio {number(dual.normalized_ratio)}: {interpretation(dual)}"
+
+
 def ratio_line(dual: DualGradientStats) -> str:
     """``raw ratio seed/host 0.206 · normalized ratio 1.76``."""
     return (
@@ -53,6 +67,38 @@ def side_input(side: SideStats) -> str:
 
 def shape_text(shape: tuple[int, ...]) -> str:
     return "×".join(str(d) for d in shape) or "()"
+
+
+def mismatch_parts(mismatch: Mismatch) -> list[str]:
+    """What differs: ``shape 64×32 vs 32×64 (not compared)``, ``dtype bfloat16 vs float32``."""
+    parts = []
+    if mismatch.shape_differs:
+        shapes = f"{shape_text(mismatch.shape_a)} vs {shape_text(mismatch.shape_b)}"
+        parts.append(f"shape {shapes} (not compared)")
+    if mismatch.dtype_differs:
+        parts.append(f"dtype {mismatch.dtype_a} vs {mismatch.dtype_b}")
+    return parts
+
+
+def finding_subjects(comparison: Comparison, kind: CompareFindingKind) -> list[str]:
+    """The shared tensors a per-parameter finding is about, one phrase each (names printable).
+
+    ``mlp.weight: B/A 4.5 (+350%)`` for a large change, ``pooler.weight: shape
+    2×3 vs 3×2 (not compared)`` for a mismatch; nothing for other kinds.
+    """
+    parameters = comparison.parameters
+    if parameters is None:
+        return []
+    if kind is CompareFindingKind.LARGE_CHANGE:
+        return [
+            f"{printable(c.name)}: B/A {number(c.ratio)} ({change_text(c)})"
+            for c in sorted(parameters.flagged, key=change_order)
+        ]
+    if kind is CompareFindingKind.MISMATCH:
+        return [
+            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}" for m in parameters.mismatches
+        ]
+    return []
 
 
 def change_order(change: ParameterChange) -> tuple[int, float]:
