@@ -14,7 +14,7 @@ import torch
 from gradaudit import ComparePolicy, Comparison, compare
 from gradaudit.comparison import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
-from gradaudit.report.compare_junit import check_name, render_comparison_junit
+from gradaudit.report.compare_junit import CHECKS, check_name, render_comparison_junit
 from gradaudit.report.compare_markdown import render_comparison_markdown
 from gradaudit.report.markdown import MAX_FLAGGED_ROWS
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
@@ -100,8 +100,7 @@ def test_quiet_keeps_every_failing_finding(fmt: OutputFormat, gated: Comparison)
 
 
 def test_every_comparison_finding_has_a_junit_test_case() -> None:
-    cases = {"normalized-ratio", "parameter-change", "shapes-and-dtypes"}
-    assert {check_name(kind) for kind in CompareFindingKind} == cases
+    assert {check_name(kind) for kind in CompareFindingKind} == set(CHECKS)
 
 
 def test_junit_counts_match_the_verdict(gated: Comparison) -> None:

@@ -32,6 +32,8 @@ from gradaudit.report.junit import Case, add_suite, check_cases, finish
 from gradaudit.report.text import number, plural, printable
 
 COMPARISON_SUITE = "comparison"
+#: The comparison suite's test cases, in order.
+CHECKS = ("normalized-ratio", "parameter-change", "shapes-and-dtypes")
 NO_SHARED_NAMES = "no tensor names shared by A and B"
 
 
@@ -57,13 +59,11 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
     if comparison.errors:
         what = plural(len(comparison.errors), "input problem")
         return [Case("compare", error=f"nothing is compared: {what}")]
+    cases = {name: Case(name) for name in CHECKS}
     dual = comparison.dual
     raw = "" if dual.raw_ratio is None else f" (raw ratio seed/host {number(dual.raw_ratio)})"
-    ratio = Case("normalized-ratio", notes=[ratio_sentence(dual) + raw])
-    cases = {case.name: case for case in (ratio, Case("parameter-change"))}
-    cases["shapes-and-dtypes"] = Case("shapes-and-dtypes")
-    parameters = comparison.parameters
-    if parameters is None:
+    cases["normalized-ratio"].notes.append(ratio_sentence(dual) + raw)  # always: the ratio
+    if comparison.parameters is None:
         cases["parameter-change"].skipped = NO_SHARED_NAMES
         cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES
     for finding in comparison.findings:
