@@ -29,6 +29,7 @@ from gradaudit.comparison import (
     SideStats,
 )
 from gradaudit.errors import InputError, UsageError
+from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
 from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
@@ -64,6 +65,7 @@ def compare(
     policy: ComparePolicy | None = None,
     device: torch.device | str | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    engine: Engine | str = Engine.AUTO,
 ) -> Comparison:
     """Compare in-memory gradients: ``a`` is the host (A), ``b`` the seed (B).
 
@@ -71,7 +73,7 @@ def compare(
     element raises :class:`InputError` (exit code 3); every other edge case is a
     defined result (see :class:`DualGradientStats`).
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
     sides = (_Side(HOST), _Side(SEED))
     for side, tensors in zip(sides, (a, b), strict=True):
         pending.add_file(side.label)
@@ -106,6 +108,7 @@ def compare_paths(
     policy: ComparePolicy | None = None,
     device: torch.device | str | None = "auto",
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    engine: Engine | str = Engine.AUTO,
 ) -> Comparison:
     """Compare two dumps, or the two prefixes of one dump (``seed_path=None``).
 
@@ -123,7 +126,7 @@ def compare_paths(
             raise UsageError("--host-prefix and --seed-prefix must differ")
     host = _Side(HOST, str(host_path), host_prefix)
     seed = _Side(SEED, str(host_path if seed_path is None else seed_path), seed_prefix)
-    pending = PendingStats(device=device, chunk_elements=chunk_elements)
+    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
     target = pending.device or torch.device("cpu")
     errors: list[InputProblem] = []
     pending.add_file(HOST)
@@ -218,7 +221,13 @@ def _side_stats(report: Report, side: _Side) -> SideStats:
     tensors = [t for t in report.tensors if t.source == side.label]
 
     def flagged(kind: FindingKind) -> int:
-        return sum(1 for f in report.findings if f.source == side.label and f.kind is kind)
+        # Like a scan's summary: a tensor whose finding is --ignore'd is not counted as flagged
+        # (its NaN/Inf elements still are, and still stop the ratio: ignoring edits nothing).
+        return sum(
+            1
+            for f in report.findings
+            if f.source == side.label and f.kind is kind and not f.ignored
+        )
 
     return SideStats(
         label=side.label,

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gradaudit.policy import Severity
+from gradaudit.policy import PolicyError, Severity
 from gradaudit.results import Finding, InputProblem, Report
 
 #: The two sides of every comparison, also the ``source`` label of their tensors.
@@ -41,6 +41,24 @@ def scaled_ratio(numerator: float, denominator: float, factor: float = 1.0) -> f
         return math.inf
 
 
+def check_min_ratio(value: float) -> float:
+    if not value >= 0.0:
+        raise PolicyError("min-ratio", f"must be >= 0 (got {value!r})")
+    return float(value)
+
+
+def check_max_ratio(value: float) -> float:
+    if not value > 0.0:
+        raise PolicyError("max-ratio", f"must be > 0 (got {value!r})")
+    return float(value)
+
+
+def check_max_change(value: float) -> float:
+    if not value >= 1.0:
+        raise PolicyError("max-change", f"must be >= 1, the band is [1/k, k] (got {value!r})")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class ComparePolicy:
     """What a comparison gates on, recorded in its result like :class:`Thresholds` in a report.
@@ -48,6 +66,8 @@ class ComparePolicy:
     ``min_ratio`` / ``max_ratio`` bound the *normalized* ratio (``None``: no bound);
     ``max_change`` is the ``k`` of the per-parameter band ``[1/k, k]``;
     ``fail_on_change`` makes parameters outside that band fail the run instead of warn.
+    A bad value raises :class:`~gradaudit.policy.PolicyError` (a ``ValueError``) naming
+    the setting, judged by the same ``check_*`` rules as the config file's keys.
     """
 
     min_ratio: float | None = None
@@ -56,18 +76,20 @@ class ComparePolicy:
     fail_on_change: bool = False
 
     def __post_init__(self) -> None:
-        if self.min_ratio is not None and not (self.min_ratio >= 0.0):
-            raise ValueError("--min-ratio must be >= 0")
-        if self.max_ratio is not None and not (self.max_ratio > 0.0):
-            raise ValueError("--max-ratio must be > 0")
+        if self.min_ratio is not None:
+            check_min_ratio(self.min_ratio)
+        if self.max_ratio is not None:
+            check_max_ratio(self.max_ratio)
         if (
             self.min_ratio is not None
             and self.max_ratio is not None
             and self.min_ratio > self.max_ratio
         ):
-            raise ValueError("--min-ratio must not exceed --max-ratio")
-        if not (self.max_change >= 1.0):
-            raise ValueError("--max-change must be >= 1 (the band is [1/k, k])")
+            raise PolicyError(
+                "min-ratio",
+                f"must not exceed max-ratio ({self.min_ratio:g} > {self.max_ratio:g})",
+            )
+        check_max_change(self.max_change)
 
     @property
     def gated(self) -> bool:

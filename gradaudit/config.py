@@ -12,7 +12,17 @@ command in CI and on laptops applies it. The rules, like ruff's:
   extended, so what you read on the command line is what applies);
 * an unknown key or a bad value is a usage error naming the file and the key:
   a typo in a CI gate must not silently weaken it;
-* relative paths in the file (``output``) are relative to the file's directory.
+* relative paths in the file (``output``) are relative to the file's directory;
+* one file serves every command. Keys that apply to every command sit in the
+  table itself; a ``[tool.gradaudit.<command>]`` sub-table (``compare``,
+  ``scan``) holds the keys only that command reads (``min-ratio``,
+  ``max-ratio``, ``max-change``, ``fail-on-change`` for ``compare``) and may
+  override shared keys for that command alone (its own ``output`` or
+  ``format``). Precedence: flags, then the command's sub-table, then the
+  table. Every sub-table is validated on every run, so a typo in the
+  ``compare`` gate fails the quick ``scan`` in pre-commit too, not only the
+  nightly job; a command-only key in the shared table is a usage error that
+  says where it belongs.
 
 Every value, from the file or from a flag, goes through :func:`parse_setting`,
 so both are judged by the same rules.
@@ -30,6 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from gradaudit.comparison import (
+    DEFAULT_MAX_CHANGE,
+    ComparePolicy,
+    check_max_change,
+    check_max_ratio,
+    check_min_ratio,
+)
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import (
@@ -56,6 +73,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 #: The file searched for, and the table read from it.
 PYPROJECT = "pyproject.toml"
 TABLE = ("tool", "gradaudit")
+#: The commands that read settings; each may have its own sub-table.
+COMMANDS = ("scan", "compare")
 
 
 @dataclass(frozen=True)
@@ -63,8 +82,10 @@ class Settings:
     """Every setting a config file or a flag can give; ``None`` means "not given".
 
     Field names are the long flags with ``_`` for ``-``. Display flags that
-    only make sense per invocation (``--all``, ``--top``, ``--debug``) are not
-    settings.
+    only make sense per invocation (``--all``, ``--top``, ``--debug``) and
+    flags that describe the inputs (``--include``, ``--host-prefix`` …) are
+    not settings. The ``compare`` gate (``min_ratio`` … ``fail_on_change``)
+    is only ever filled for ``compare``.
     """
 
     fail_on: frozenset[FindingKind] | None = None
@@ -78,6 +99,10 @@ class Settings:
     quiet: bool | None = None
     device: str | None = None
     engine: Engine | None = None
+    min_ratio: float | None = None
+    max_ratio: float | None = None
+    max_change: float | None = None
+    fail_on_change: bool | None = None
     #: Where the file settings came from (for messages); not a setting.
     source: Path | None = None
 
@@ -102,8 +127,25 @@ class Settings:
                 ignore=self.ignore or (),
             )
         except PolicyError as error:
-            origin = f" (settings from {self.source} and the command line)" if self.source else ""
-            raise UsageError(f"{error}{origin}") from None
+            raise self._usage_error(error) from None
+
+    def compare_policy(self) -> ComparePolicy:
+        """The ``compare`` gate these settings describe, defaults filling the gaps."""
+        try:
+            return ComparePolicy(
+                min_ratio=self.min_ratio,
+                max_ratio=self.max_ratio,
+                max_change=_default(self.max_change, DEFAULT_MAX_CHANGE),
+                fail_on_change=bool(self.fail_on_change),
+            )
+        except PolicyError as error:
+            raise self._usage_error(error) from None
+
+    def _usage_error(self, error: PolicyError) -> UsageError:
+        # Each value was checked alone when parsed; this is a conflict between
+        # two of them, which may come from different places.
+        origin = f" (settings from {self.source} and the command line)" if self.source else ""
+        return UsageError(f"{error}{origin}")
 
 
 def _default(value: Any, default: Any) -> Any:
@@ -205,23 +247,40 @@ def _output(raw: object) -> Path:
     return Path(text)
 
 
-#: Config key (= long flag) -> (Settings field, parser). Add a key here to make a
-#: new flag configurable; the README's configuration table lists these keys.
-KEYS: Mapping[str, tuple[str, Callable[[object], Any]]] = {
-    "fail-on": ("fail_on", _fail_on),
-    "vanishing-threshold": ("vanishing_threshold", _checked(check_vanishing_threshold)),
-    "exploding-threshold": ("exploding_threshold", _checked(check_exploding_threshold)),
-    "max-global-norm": ("max_global_norm", _checked(check_max_global_norm)),
-    "max-vanishing-fraction": (
-        "max_vanishing_fraction",
-        _checked(check_max_vanishing_fraction),
-    ),
-    "ignore": ("ignore", _ignore),
-    "format": ("format", _choice(OutputFormat)),
-    "output": ("output", _output),
-    "quiet": ("quiet", _boolean),
-    "device": ("device", _device),
-    "engine": ("engine", _choice(Engine)),
+@dataclass(frozen=True)
+class Key:
+    """One config key: the :class:`Settings` field it fills, its parser, who reads it."""
+
+    field: str
+    parse: Callable[[object], Any]
+    commands: frozenset[str] = frozenset(COMMANDS)
+
+    @property
+    def shared(self) -> bool:
+        """Read by every command, so it belongs in the shared table."""
+        return self.commands == frozenset(COMMANDS)
+
+
+_COMPARE = frozenset({"compare"})
+
+#: Config key (= long flag) -> :class:`Key`. Add a key here to make a new flag
+#: configurable; the README's configuration table lists these keys.
+KEYS: Mapping[str, Key] = {
+    "fail-on": Key("fail_on", _fail_on),
+    "vanishing-threshold": Key("vanishing_threshold", _checked(check_vanishing_threshold)),
+    "exploding-threshold": Key("exploding_threshold", _checked(check_exploding_threshold)),
+    "max-global-norm": Key("max_global_norm", _checked(check_max_global_norm)),
+    "max-vanishing-fraction": Key("max_vanishing_fraction", _checked(check_max_vanishing_fraction)),
+    "ignore": Key("ignore", _ignore),
+    "format": Key("format", _choice(OutputFormat)),
+    "output": Key("output", _output),
+    "quiet": Key("quiet", _boolean),
+    "device": Key("device", _device),
+    "engine": Key("engine", _choice(Engine)),
+    "min-ratio": Key("min_ratio", _checked(check_min_ratio), _COMPARE),
+    "max-ratio": Key("max_ratio", _checked(check_max_ratio), _COMPARE),
+    "max-change": Key("max_change", _checked(check_max_change), _COMPARE),
+    "fail-on-change": Key("fail_on_change", _boolean, _COMPARE),
 }
 
 
@@ -241,22 +300,99 @@ def parse_setting(key: str, raw: object) -> tuple[str, Any]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         known = ", ".join(KEYS)
         raise SettingError(key, f"unknown key{hint}; known keys: {known}")
-    name, parse = KEYS[key]
+    spec = KEYS[key]
     try:
-        return name, parse(raw)
+        return spec.field, spec.parse(raw)
     except ValueError as error:
         raise SettingError(key, str(error)) from None
 
 
-def settings_from_table(table: Mapping[str, object], base: Path | None = None) -> Settings:
-    """Settings from a ``[tool.gradaudit]`` table; ``base`` resolves relative paths."""
-    values: dict[str, Any] = {}
+class TableError(ValueError):
+    """A bad key or value in a (sub-)table; ``table`` names it, e.g. ``[tool.gradaudit.compare]``.
+
+    ``table`` is empty for the top level of a plain TOML file given by ``--config``.
+    """
+
+    def __init__(self, table: str, error: SettingError) -> None:
+        self.table = table
+        self.key = error.key
+        self.problem = error.problem
+        super().__init__(f"{table} {error.key}: {error.problem}".lstrip())
+
+
+def _table_name(prefix: str, *parts: str) -> str:
+    dotted = ".".join(part for part in (prefix, *parts) if part)
+    return f"[{dotted}]" if dotted else ""
+
+
+def settings_from_table(
+    table: Mapping[str, object],
+    base: Path | None = None,
+    *,
+    command: str | None = None,
+    prefix: str = "tool.gradaudit",
+) -> Settings:
+    """Settings from a ``[tool.gradaudit]`` table for ``command``; ``base`` resolves paths.
+
+    Every command sub-table is checked whatever ``command`` is; only
+    ``command``'s own is applied, over the shared keys (``command=None``
+    applies none). ``prefix`` is the table's dotted name, for messages.
+    Raises :class:`TableError` naming the (sub-)table and the key.
+    """
+    shared: dict[str, Any] = {}
+    own: dict[str, Any] = {}
     for key, raw in table.items():
-        name, value = parse_setting(key, raw)
-        if isinstance(value, Path) and base is not None and not value.is_absolute():
-            value = base / value
-        values[name] = value
-    return dataclasses.replace(Settings(), **values)
+        if key in COMMANDS:
+            values = _sub_table(key, raw, base, prefix)
+            if key == command:
+                own = values
+            continue
+        spec = KEYS.get(key)
+        try:
+            if spec is not None and not spec.shared:
+                home = _table_name(prefix, min(spec.commands))
+                raise SettingError(key, f"only {_readers(spec)} reads it: put it in {home}")
+            field, value = _parsed(key, raw, base)
+        except SettingError as error:
+            raise TableError(_table_name(prefix), _with_sub_tables(error)) from None
+        shared[field] = value
+    return dataclasses.replace(Settings(), **{**shared, **own})
+
+
+def _readers(spec: Key) -> str:
+    return " and ".join(command for command in COMMANDS if command in spec.commands)
+
+
+def _sub_table(command: str, raw: object, base: Path | None, prefix: str) -> dict[str, Any]:
+    """The settings of one command's sub-table, each key checked against that command."""
+    if not isinstance(raw, dict):
+        raise TableError(_table_name(prefix), SettingError(command, "must be a table"))
+    values: dict[str, Any] = {}
+    for key, raw_value in raw.items():
+        spec = KEYS.get(key)
+        try:
+            if spec is not None and command not in spec.commands:
+                raise SettingError(key, f"{command} does not read it (only {_readers(spec)})")
+            field, value = _parsed(key, raw_value, base)
+        except SettingError as error:
+            raise TableError(_table_name(prefix, command), error) from None
+        values[field] = value
+    return values
+
+
+def _with_sub_tables(error: SettingError) -> SettingError:
+    """An unknown key's message, also naming the command sub-tables a table may hold."""
+    if error.key in KEYS or not error.problem.startswith("unknown key"):
+        return error
+    tables = ", ".join(f"[{command}]" for command in COMMANDS)
+    return SettingError(error.key, f"{error.problem}; sub-tables: {tables}")
+
+
+def _parsed(key: str, raw: object, base: Path | None) -> tuple[str, Any]:
+    field, value = parse_setting(key, raw)
+    if isinstance(value, Path) and base is not None and not value.is_absolute():
+        value = base / value
+    return field, value
 
 
 def find_config(start: Path | None = None) -> Path | None:
@@ -274,22 +410,23 @@ def find_config(start: Path | None = None) -> Path | None:
     return None
 
 
-def load_config(path: Path) -> Settings:
-    """The settings in ``path``: its ``[tool.gradaudit]`` table, else its top level.
+def load_config(path: Path, command: str | None = None) -> Settings:
+    """The settings in ``path`` for ``command``: its ``[tool.gradaudit]`` table, else its top level.
 
     A ``pyproject.toml`` (or any file with a ``[tool]`` table) must have
-    ``[tool.gradaudit]``; any other TOML file is read as the table itself.
+    ``[tool.gradaudit]``; any other TOML file is read as the table itself (and
+    its command sub-tables are ``[compare]``, ``[scan]``).
     """
     document = _read(path)
     if path.name == PYPROJECT or "tool" in document:
         table = _table(document, path, required=True) or {}
-        where = f"{path}: [tool.gradaudit] "
+        prefix = ".".join(TABLE)
     else:
-        table, where = document, f"{path}: "
+        table, prefix = document, ""
     try:
-        settings = settings_from_table(table, base=path.parent)
-    except SettingError as error:
-        raise UsageError(f"{where}{error.key}: {error.problem}") from None
+        settings = settings_from_table(table, base=path.parent, command=command, prefix=prefix)
+    except TableError as error:
+        raise UsageError(f"{path}: {error}") from None
     return dataclasses.replace(settings, source=path)
 
 
@@ -323,8 +460,14 @@ def _table(document: Mapping[str, Any], path: Path, *, required: bool) -> dict[s
     return node
 
 
-def resolve(cli: Settings, *, config: Path | None = None, no_config: bool = False) -> Settings:
-    """The settings that apply: the config file's, overridden by the command line's."""
+def resolve(
+    cli: Settings,
+    *,
+    config: Path | None = None,
+    no_config: bool = False,
+    command: str | None = None,
+) -> Settings:
+    """The settings that apply to ``command``: the config file's, overridden by the flags."""
     if no_config and config is not None:
         raise UsageError("--config and --no-config cannot be combined")
     if no_config:
@@ -332,4 +475,4 @@ def resolve(cli: Settings, *, config: Path | None = None, no_config: bool = Fals
     path = config if config is not None else find_config()
     if path is None:
         return cli
-    return load_config(path).overridden_by(cli)
+    return load_config(path, command).overridden_by(cli)

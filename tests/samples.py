@@ -1,4 +1,4 @@
-"""Reports the format tests share: small, deterministic, with every kind of finding."""
+"""Reports and comparisons the format tests share: small, deterministic, every kind of finding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from gradaudit import Report, Thresholds, audit, scan_paths
+from gradaudit import (
+    ComparePolicy,
+    Comparison,
+    Report,
+    Thresholds,
+    audit,
+    compare,
+    compare_paths,
+    scan_paths,
+)
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:
@@ -59,3 +68,88 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
         device="cpu",
     )
     return dataclasses.replace(report, elapsed_s=0.5)
+
+
+def sample_comparison() -> Comparison:
+    """In memory: NaN on the host (no ratio, under a --max-ratio gate), large changes,
+    names only in A or B, a shape and a dtype mismatch, a skipped integer tensor."""
+    a = {
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
+        "encoder.layer.0.output.dense.weight": torch.full((4, 4), 0.5),
+        "encoder.layer.1.output.dense.weight": torch.tensor([1.0, math.nan, 2.0]),
+        "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
+        "decoder.bias": torch.ones(4),
+        "pooler.weight": torch.ones(2, 3),
+        "old.adapter": torch.ones(2),
+        "step": torch.tensor(10),
+    }
+    b = {
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.012),
+        "encoder.layer.0.output.dense.weight": torch.full((4, 4), 20.0),
+        "encoder.layer.1.output.dense.weight": torch.tensor([1.0, 3.0, 2.0]),
+        "decoder.weight": torch.full((4, 4), 0.5),
+        "decoder.bias": torch.full((4,), 0.05),
+        "pooler.weight": torch.ones(3, 2),
+        "new.adapter": torch.ones(5),
+    }
+    comparison = compare(a, b, policy=ComparePolicy(max_ratio=100.0))
+    report = dataclasses.replace(comparison.report, elapsed_s=0.25)
+    return dataclasses.replace(comparison, report=report)
+
+
+#: The CI policy of :func:`gated_comparison`: a ratio band, a per-side norm limit, ignores.
+GATE_THRESHOLDS = Thresholds(max_global_norm=1.0, ignore=("*.k.bias",))
+GATE_POLICY = ComparePolicy(min_ratio=0.1, max_ratio=3.0, max_change=4.0, fail_on_change=True)
+
+
+def gated_comparison(
+    directory: Path,
+    thresholds: Thresholds = GATE_THRESHOLDS,
+    policy: ComparePolicy = GATE_POLICY,
+) -> Comparison:
+    """One dump split by ``host.``/``seed.``, read by relative name from ``directory``.
+
+    Under the default gate it fails three ways: the normalized ratio (about 5.9)
+    is above ``max_ratio``, the seed's norm exceeds ``max_global_norm``, and
+    ``mlp.weight`` changes 4.5× under ``--fail-on-change``. The vanishing key
+    biases are ignored; ``optimizer.step`` and ``other.weight`` match neither
+    prefix and are skipped. The caller must ``chdir`` into ``directory``.
+    """
+    save_file(
+        {
+            "host.embed.weight": torch.full((8, 4), 0.05),
+            "host.attn.k.bias": torch.zeros(4),
+            "host.mlp.weight": torch.full((4, 4), 0.2),
+            "seed.mlp.weight": torch.full((4, 4), 0.9),
+            "seed.adapter.weight": torch.full((2, 4), 0.3),
+            "seed.attn.k.bias": torch.zeros(4),
+            "optimizer.step": torch.tensor(3),
+            "other.weight": torch.ones(2),
+        },
+        str(directory / "grafted.safetensors"),
+    )
+    comparison = compare_paths(
+        "grafted.safetensors",
+        host_prefix="host.",
+        seed_prefix="seed.",
+        thresholds=thresholds,
+        policy=policy,
+        device="cpu",
+    )
+    return dataclasses.replace(
+        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.5)
+    )
+
+
+def incomplete_comparison(directory: Path) -> Comparison:
+    """Host file fine, seed file missing: exit 3. The caller must ``chdir`` into ``directory``."""
+    save_file({"w": torch.ones(4), "b": torch.zeros(2)}, str(directory / "host.safetensors"))
+    comparison = compare_paths(
+        "host.safetensors",
+        "missing.safetensors",
+        policy=ComparePolicy(min_ratio=0.5),
+        device="cpu",
+    )
+    return dataclasses.replace(
+        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.125)
+    )

@@ -24,6 +24,7 @@ from gradaudit import (
     dual_stats,
 )
 from gradaudit.comparison import scaled_ratio
+from gradaudit.policy import PolicyError
 from tests.grafted import grads, grafted_model
 
 
@@ -245,19 +246,22 @@ def test_an_infinite_ratio_fails_max_ratio_and_a_zero_one_fails_min_ratio() -> N
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "message"),
     [
-        {"min_ratio": -1.0},
-        {"max_ratio": 0.0},
-        {"min_ratio": 2.0, "max_ratio": 1.0},
-        {"max_change": 0.5},
-        {"max_change": math.nan},
-        {"min_ratio": math.nan},
+        ({"min_ratio": -1.0}, "min-ratio: must be >= 0 (got -1.0)"),
+        ({"max_ratio": 0.0}, "max-ratio: must be > 0 (got 0.0)"),
+        ({"min_ratio": 2.0, "max_ratio": 1.0}, "min-ratio: must not exceed max-ratio (2 > 1)"),
+        ({"max_change": 0.5}, "max-change: must be >= 1, the band is [1/k, k] (got 0.5)"),
+        ({"max_change": math.nan}, "max-change: must be >= 1"),
+        ({"min_ratio": math.nan}, "min-ratio: must be >= 0 (got nan)"),
     ],
 )
-def test_policy_refuses_bad_values(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="--"):
+def test_policy_refuses_bad_values(kwargs: dict[str, float], message: str) -> None:
+    # PolicyError is a ValueError naming the setting, like Thresholds' errors.
+    with pytest.raises(PolicyError) as error:
         ComparePolicy(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(error.value, ValueError)
+    assert str(error.value).startswith(message)
 
 
 # --- A vs B per parameter -----------------------------------------------------------------

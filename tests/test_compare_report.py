@@ -2,58 +2,31 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from gradaudit import ComparePolicy, Comparison, Thresholds, UsageError, compare
+from gradaudit import Thresholds, compare
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.report.compare_github import render_comparison_github
 from gradaudit.report.compare_json import render_comparison_json
+from gradaudit.report.compare_junit import render_comparison_junit
+from gradaudit.report.compare_markdown import render_comparison_markdown
 from gradaudit.report.compare_table import render_comparison_table
 from gradaudit.report.compare_text import interpretation
-
-
-def sample_comparison() -> Comparison:
-    a = {
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
-        "encoder.layer.0.output.dense.weight": torch.full((4, 4), 0.5),
-        "encoder.layer.1.output.dense.weight": torch.tensor([1.0, math.nan, 2.0]),
-        "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
-        "decoder.bias": torch.ones(4),
-        "pooler.weight": torch.ones(2, 3),
-        "old.adapter": torch.ones(2),
-        "step": torch.tensor(10),
-    }
-    b = {
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.012),
-        "encoder.layer.0.output.dense.weight": torch.full((4, 4), 20.0),
-        "encoder.layer.1.output.dense.weight": torch.tensor([1.0, 3.0, 2.0]),
-        "decoder.weight": torch.full((4, 4), 0.5),
-        "decoder.bias": torch.full((4,), 0.05),
-        "pooler.weight": torch.ones(3, 2),
-        "new.adapter": torch.ones(5),
-    }
-    comparison = compare(a, b, policy=ComparePolicy(max_ratio=100.0))
-    report = dataclasses.replace(comparison.report, elapsed_s=0.25)
-    return dataclasses.replace(comparison, report=report)
+from tests.samples import sample_comparison
 
 
 def strict(text: str) -> Any:
     return json.loads(text, parse_constant=lambda token: pytest.fail(f"non-standard {token}"))
 
 
-def test_every_output_format_has_a_comparison_formatter_or_a_usage_error() -> None:
+def test_every_output_format_has_a_comparison_formatter() -> None:
     comparison = sample_comparison()
     for fmt in OutputFormat:
-        if fmt in (OutputFormat.MARKDOWN, OutputFormat.GITHUB, OutputFormat.JUNIT):
-            with pytest.raises(UsageError, match="use table or json"):
-                comparison_formatter(fmt)
-            continue
         text = comparison_formatter(fmt)(comparison, RenderOptions())
         assert text.endswith("\n")
         assert "decoder.bias" in text
@@ -62,6 +35,9 @@ def test_every_output_format_has_a_comparison_formatter_or_a_usage_error() -> No
 def test_the_map_is_the_renderers() -> None:
     assert comparison_formatter(OutputFormat.TABLE) is render_comparison_table
     assert comparison_formatter(OutputFormat.JSON) is render_comparison_json
+    assert comparison_formatter(OutputFormat.MARKDOWN) is render_comparison_markdown
+    assert comparison_formatter(OutputFormat.GITHUB) is render_comparison_github
+    assert comparison_formatter(OutputFormat.JUNIT) is render_comparison_junit
 
 
 def test_comparison_table_golden(golden: Callable[[str, str], None]) -> None:

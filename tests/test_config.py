@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gradaudit.comparison import ComparePolicy
 from gradaudit.config import (
+    COMMANDS,
     KEYS,
     Settings,
     find_config,
@@ -29,8 +31,16 @@ def write(path: Path, text: str) -> Path:
 
 def test_every_key_is_a_flag_spelling_and_a_settings_field() -> None:
     fields = set(Settings.__dataclass_fields__) - {"source"}
-    assert {field for field, _ in KEYS.values()} == fields
+    assert {spec.field for spec in KEYS.values()} == fields
     assert all(key == key.lower() and "_" not in key for key in KEYS)
+    assert all(spec.commands <= set(COMMANDS) and spec.commands for spec in KEYS.values())
+    assert not set(KEYS) & set(COMMANDS)  # a key never shadows a command's sub-table
+
+
+def test_only_the_compare_gate_is_compare_only() -> None:
+    only = {key for key, spec in KEYS.items() if not spec.shared}
+    assert only == {"min-ratio", "max-ratio", "max-change", "fail-on-change"}
+    assert all(KEYS[key].commands == {"compare"} for key in only)
 
 
 def test_a_full_table_parses_to_typed_settings(tmp_path: Path) -> None:
@@ -201,3 +211,159 @@ def test_parse_setting_is_shared_by_flags_and_files() -> None:
     assert parse_setting("format", OutputFormat.JUNIT) == ("format", OutputFormat.JUNIT)
     assert parse_setting("output", Path("x.md")) == ("output", Path("x.md"))
     assert parse_setting("ignore", ["a", "b"]) == ("ignore", ("a", "b"))
+
+
+# --- one file for every command: [tool.gradaudit.<command>] sub-tables ----------------
+
+SHARED_AND_COMPARE = """
+[tool.gradaudit]
+fail-on = ["nonfinite"]
+ignore = ["*.k.bias"]
+format = "markdown"
+output = "reports/scan.md"
+
+[tool.gradaudit.compare]
+min-ratio = 0.1
+max-ratio = 10
+max-change = 5
+fail-on-change = true
+output = "reports/compare.md"
+ignore = ["seed.*"]
+"""
+
+
+def test_a_command_reads_the_shared_table_then_its_own(tmp_path: Path) -> None:
+    path = write(tmp_path / "pyproject.toml", SHARED_AND_COMPARE)
+    scan = load_config(path, "scan")
+    assert scan.fail_on == {FindingKind.NAN, FindingKind.INF}
+    assert scan.output == tmp_path / "reports" / "scan.md"
+    assert scan.ignore == ("*.k.bias",)
+    assert (scan.min_ratio, scan.max_ratio, scan.max_change, scan.fail_on_change) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert load_config(path) == scan  # no command: the shared table alone
+    compare = load_config(path, "compare")
+    assert compare.fail_on == scan.fail_on  # shared
+    assert compare.format is OutputFormat.MARKDOWN  # shared
+    assert compare.output == tmp_path / "reports" / "compare.md"  # its own, relative to the file
+    assert compare.ignore == ("seed.*",)  # a list replaces, as a flag's does
+    assert compare.compare_policy() == ComparePolicy(
+        min_ratio=0.1, max_ratio=10.0, max_change=5.0, fail_on_change=True
+    )
+
+
+def test_flags_beat_the_command_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "pyproject.toml", SHARED_AND_COMPARE)
+    monkeypatch.chdir(tmp_path)
+    settings = resolve(Settings(min_ratio=0.5, fail_on_change=False), command="compare")
+    assert settings.compare_policy() == ComparePolicy(
+        min_ratio=0.5, max_ratio=10.0, max_change=5.0, fail_on_change=False
+    )
+    assert resolve(Settings(), command="scan").min_ratio is None
+
+
+def test_without_settings_the_compare_policy_is_the_default() -> None:
+    assert Settings().compare_policy() == ComparePolicy()
+
+
+@pytest.mark.parametrize(
+    ("text", "table", "key", "problem"),
+    [
+        (
+            "[tool.gradaudit]\nmin-ratio = 0.1\n",
+            "[tool.gradaudit]",
+            "min-ratio",
+            "only compare reads it: put it in [tool.gradaudit.compare]",
+        ),
+        (
+            "[tool.gradaudit.scan]\nmax-change = 3\n",
+            "[tool.gradaudit.scan]",
+            "max-change",
+            "scan does not read it (only compare)",
+        ),
+        (
+            "[tool.gradaudit.compare]\nmin-ratio = -1\n",
+            "[tool.gradaudit.compare]",
+            "min-ratio",
+            "must be >= 0 (got -1.0)",
+        ),
+        (
+            "[tool.gradaudit.compare]\nmax-ratio = nan\n",
+            "[tool.gradaudit.compare]",
+            "max-ratio",
+            "must be > 0 (got nan)",
+        ),
+        (
+            "[tool.gradaudit.compare]\nmax-change = 0.5\n",
+            "[tool.gradaudit.compare]",
+            "max-change",
+            "must be >= 1, the band is [1/k, k] (got 0.5)",
+        ),
+        (
+            "[tool.gradaudit.compare]\nfail-on-change = 1\n",
+            "[tool.gradaudit.compare]",
+            "fail-on-change",
+            "expected true or false, got an integer (1)",
+        ),
+        (
+            "[tool.gradaudit.compare]\nmin_ratio = 1\n",
+            "[tool.gradaudit.compare]",
+            "min_ratio",
+            "unknown key (did you mean 'min-ratio'?)",
+        ),
+        (
+            "[tool.gradaudit]\ncompare = 3\n",
+            "[tool.gradaudit]",
+            "compare",
+            "must be a table",
+        ),
+        (
+            "[tool.gradaudit]\ncomparison = {}\n",
+            "[tool.gradaudit]",
+            "comparison",
+            "sub-tables: [scan], [compare]",
+        ),
+    ],
+)
+def test_sub_table_problems_name_the_sub_table_for_every_command(
+    tmp_path: Path, text: str, table: str, key: str, problem: str
+) -> None:
+    path = write(tmp_path / "pyproject.toml", text)
+    # Checked whatever the command: a typo in the compare gate also fails a quick scan.
+    for command in (None, *COMMANDS):
+        with pytest.raises(UsageError) as error:
+            load_config(path, command)
+        message = str(error.value)
+        assert message.startswith(f"{path}: {table} {key}: "), message
+        assert problem in message
+        assert "\n" not in message
+
+
+def test_plain_toml_files_have_plain_sub_tables(tmp_path: Path) -> None:
+    path = write(tmp_path / "gradaudit.toml", 'fail-on = "all"\n[compare]\nmax-ratio = 4\n')
+    assert load_config(path, "compare").max_ratio == 4.0
+    assert load_config(path, "scan").max_ratio is None
+    bad = write(tmp_path / "bad.toml", "[compare]\nmax-ratio = 0\n")
+    with pytest.raises(UsageError) as error:
+        load_config(bad, "scan")
+    assert str(error.value) == f"{bad}: [compare] max-ratio: must be > 0 (got 0.0)"
+    top = write(tmp_path / "top.toml", "min-ratio = 1\n")
+    with pytest.raises(
+        UsageError,
+        match=r"top.toml: min-ratio: only compare reads it: put it "
+        r"in \[compare\]",
+    ):
+        load_config(top, "compare")
+
+
+def test_ratio_bounds_that_conflict_across_tables_name_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "pyproject.toml", "[tool.gradaudit.compare]\nmin-ratio = 5\n")
+    settings = load_config(path, "compare").overridden_by(Settings(max_ratio=2.0))
+    with pytest.raises(UsageError) as error:
+        settings.compare_policy()
+    assert str(error.value) == (
+        f"min-ratio: must not exceed max-ratio (5 > 2) (settings from {path} and the command line)"
+    )

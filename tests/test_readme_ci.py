@@ -42,6 +42,9 @@ def test_readme_shows_every_ci_format() -> None:
     commands = [command for command, _ in console_blocks()]
     for fmt in ("markdown", "github", "junit"):
         assert f"gradaudit scan fixtures/demo_grads.safetensors --format {fmt}" in commands
+    compare = [c for c in commands if c.startswith("gradaudit compare fixtures/grafted_grads")]
+    for fmt in ("markdown", "github"):
+        assert any(c.endswith(f"--format {fmt}") for c in compare)
 
 
 @pytest.mark.parametrize(("command", "expected"), console_blocks())
@@ -66,15 +69,18 @@ def gradaudit_commands(job: str) -> list[str]:
     return re.findall(r"^\s*(?:run: |- )(gradaudit .*)$", job, flags=re.M)
 
 
-def test_readme_has_a_github_and_a_gitlab_job() -> None:
+def test_readme_has_a_github_and_a_gitlab_job_and_a_compare_gate() -> None:
     jobs = ci_jobs()
-    assert len(jobs) == 2
+    assert len(jobs) == 3
     assert "runs-on:" in jobs[0]
     assert "GITHUB_STEP_SUMMARY" in jobs[0]
     assert "reports:\n      junit: gradaudit.xml" in jobs[1]
+    assert "runs-on:" in jobs[2]
+    assert all(c.startswith("gradaudit compare ") for c in gradaudit_commands(jobs[2]))
+    assert "--min-ratio" in jobs[2]
 
 
-@pytest.mark.parametrize("job", ci_jobs(), ids=["github", "gitlab"])
+@pytest.mark.parametrize("job", ci_jobs(), ids=["github", "gitlab", "github-compare"])
 def test_ci_jobs_run_as_written(job: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The training step, in this process (torch is already imported).
     monkeypatch.chdir(tmp_path)
@@ -105,7 +111,9 @@ def test_ci_jobs_run_as_written(job: str, tmp_path: Path, monkeypatch: pytest.Mo
             timeout=120,
         )
         assert result.returncode == 0, (command, result.stdout, result.stderr)
-    if "GITHUB_STEP_SUMMARY" in job:
+    if "gradaudit compare" in job:
+        assert summary.read_text(encoding="utf-8").startswith("### ✅ gradaudit compare: OK")
+    elif "GITHUB_STEP_SUMMARY" in job:
         assert summary.read_text(encoding="utf-8").startswith("### ✅ gradaudit: OK")
     else:
         root = ET.parse(tmp_path / "gradaudit.xml").getroot()
@@ -149,3 +157,23 @@ def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) ->
     healthy = runner.invoke(app, ["scan", *args, "fixtures/healthy_grads.safetensors"])
     assert healthy.exit_code == ExitCode.OK
     assert healthy.stdout == ""
+
+
+def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> None:
+    from gradaudit.config import COMMANDS, load_config
+
+    blocks = re.findall(r"```toml\n(.*?)```", README, flags=re.S)
+    assert len(blocks) >= 2
+    for index, block in enumerate(blocks):
+        path = tmp_path / str(index) / "pyproject.toml"
+        path.parent.mkdir()
+        path.write_text(block, encoding="utf-8")
+        for command in COMMANDS:
+            settings = load_config(path, command)
+            settings.thresholds()
+            settings.compare_policy()
+    compare = load_config(tmp_path / "1" / "pyproject.toml", "compare")
+    scan = load_config(tmp_path / "1" / "pyproject.toml", "scan")
+    assert compare.min_ratio == 0.1
+    assert scan.min_ratio is None
+    assert compare.output != scan.output

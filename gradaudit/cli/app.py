@@ -17,7 +17,6 @@ import typer
 
 from gradaudit import __version__
 from gradaudit.errors import ExitCode, GradauditError, UsageError
-from gradaudit.policy import Thresholds, parse_fail_on
 from gradaudit.report.text import printable
 
 EXIT_CODES_HELP = (
@@ -82,14 +81,6 @@ def output_width(terminal: bool = True) -> int:
 def use_color() -> bool:
     """Colour only on a terminal, and never when ``NO_COLOR`` is set (https://no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def make_thresholds(vanishing: float, exploding: float, fail_on: str) -> Thresholds:
-    """Thresholds from option values; a bad value is a usage error (exit 2)."""
-    try:
-        return Thresholds(vanishing=vanishing, exploding=exploding, fail_on=parse_fail_on(fail_on))
-    except ValueError as error:
-        raise UsageError(str(error)) from None
 
 
 def check_device_option(device: str) -> None:

@@ -1,36 +1,40 @@
-"""``gradaudit compare``: host vs seed gradient intensity, A vs B per parameter, and a gate."""
+"""``gradaudit compare``: host vs seed gradient intensity, A vs B per parameter, and a gate.
+
+Shares ``scan``'s policy, configuration and output options (``cli/options.py``)
+and adds the comparison's own gate. Those four flags are settings too: they can
+be written in the config file's ``[tool.gradaudit.compare]`` sub-table.
+"""
 
 from __future__ import annotations
 
-import math
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gradaudit.cli.app import (
-    EXIT_CODES_HELP,
-    app,
-    check_device_option,
-    exit_codes,
-    make_thresholds,
-    output_width,
-    say,
-    use_color,
+from gradaudit.cli.app import EXIT_CODES_HELP, app, check_device_option, exit_codes
+from gradaudit.cli.options import (
+    ConfigOption,
+    DeviceOption,
+    EngineOption,
+    ExplodingThresholdOption,
+    FailOnOption,
+    FormatOption,
+    IgnoreOption,
+    MaxGlobalNormOption,
+    MaxVanishingFractionOption,
+    NoConfigOption,
+    OutputOption,
+    QuietOption,
+    VanishingThresholdOption,
+    settings_from_flags,
 )
+from gradaudit.cli.output import check_output_path, emit_comparison
 from gradaudit.compare import compare_paths
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import DEFAULT_MAX_CHANGE, ComparePolicy
+from gradaudit.comparison import DEFAULT_MAX_CHANGE
 from gradaudit.errors import UsageError
-from gradaudit.policy import (
-    DEFAULT_EXPLODING_THRESHOLD,
-    DEFAULT_FAIL_ON,
-    DEFAULT_VANISHING_THRESHOLD,
-)
-from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.kernels import Engine
 from gradaudit.report.base import DEFAULT_TOP_ROWS
-from gradaudit.report.text import printable
 from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
 COMPARE_EPILOG = (
@@ -38,26 +42,32 @@ COMPARE_EPILOG = (
     "of the RMS gradient element, comparable across modules of different sizes. "
     + EXIT_CODES_HELP
     + " A ratio outside --min-ratio/--max-ratio, or not computable while they are set, is a "
-    "failing finding (1)."
+    "failing finding (1). Settings: [tool.gradaudit] in pyproject.toml, and "
+    "[tool.gradaudit.compare] for compare's own (min-ratio, max-ratio, max-change, "
+    "fail-on-change) or to override shared keys for compare only."
 )
 
-
-def make_policy(
-    min_ratio: float | None, max_ratio: float | None, max_change: float, fail_on_change: bool
-) -> ComparePolicy:
-    """The gate from option values; a bad value is a usage error (exit 2)."""
-    for option, value in (("--min-ratio", min_ratio), ("--max-ratio", max_ratio)):
-        if value is not None and math.isnan(value):
-            raise UsageError(f"{option} must be a number, not nan")
-    try:
-        return ComparePolicy(
-            min_ratio=min_ratio,
-            max_ratio=max_ratio,
-            max_change=max_change,
-            fail_on_change=fail_on_change,
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+MinRatioOption = Annotated[
+    float | None, typer.Option(help="Fail when the normalized ratio is below this.")
+]
+MaxRatioOption = Annotated[
+    float | None, typer.Option(help="Fail when the normalized ratio is above this.")
+]
+MaxChangeOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Flag shared tensors whose norm ratio B/A leaves [1/k, k]. "
+        f"[default: {DEFAULT_MAX_CHANGE:g}]",
+        metavar="K",
+    ),
+]
+FailOnChangeOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--fail-on-change/--no-fail-on-change",
+        help="Flagged per-parameter changes fail the run. [default: warn]",
+    ),
+]
 
 
 @app.command(epilog=COMPARE_EPILOG)
@@ -67,6 +77,7 @@ def compare(
         typer.Argument(
             help="HOST and SEED dumps (A and B), or one dump split by --host-prefix/--seed-prefix.",
             metavar="HOST [SEED]",
+            readable=False,  # an unreadable input is an input error (exit 3), as in scan
         ),
     ],
     host_prefix: Annotated[
@@ -77,35 +88,23 @@ def compare(
         str | None,
         typer.Option(help="Seed tensors are those whose name starts with this (removed for A/B)."),
     ] = None,
-    min_ratio: Annotated[
-        float | None, typer.Option(help="Fail when the normalized ratio is below this.")
-    ] = None,
-    max_ratio: Annotated[
-        float | None, typer.Option(help="Fail when the normalized ratio is above this.")
-    ] = None,
-    max_change: Annotated[
-        float,
-        typer.Option(help="Flag shared tensors whose norm ratio B/A leaves [1/k, k].", metavar="K"),
-    ] = DEFAULT_MAX_CHANGE,
-    fail_on_change: Annotated[
-        bool, typer.Option(help="Flagged per-parameter changes fail the run (default: warn).")
-    ] = False,
-    output_format: Annotated[
-        OutputFormat, typer.Option("--format", "-f", help="Output format.")
-    ] = OutputFormat.TABLE,
-    device: Annotated[
-        str, typer.Option(help="Where to reduce: auto (CUDA when available), cpu, cuda, cuda:N.")
-    ] = "auto",
-    vanishing_threshold: Annotated[
-        float, typer.Option(help="Norm below which a tensor is vanishing.")
-    ] = DEFAULT_VANISHING_THRESHOLD,
-    exploding_threshold: Annotated[
-        float, typer.Option(help="Norm above which a tensor is exploding.")
-    ] = DEFAULT_EXPLODING_THRESHOLD,
-    fail_on: Annotated[
-        str,
-        typer.Option(help="Findings that fail the run: nan,inf,exploding,vanishing, all or none."),
-    ] = ",".join(sorted(kind.value for kind in DEFAULT_FAIL_ON)),
+    min_ratio: MinRatioOption = None,
+    max_ratio: MaxRatioOption = None,
+    max_change: MaxChangeOption = None,
+    fail_on_change: FailOnChangeOption = None,
+    output_format: FormatOption = None,
+    output: OutputOption = None,
+    quiet: QuietOption = None,
+    device: DeviceOption = None,
+    engine: EngineOption = None,
+    vanishing_threshold: VanishingThresholdOption = None,
+    exploding_threshold: ExplodingThresholdOption = None,
+    fail_on: FailOnOption = None,
+    max_global_norm: MaxGlobalNormOption = None,
+    max_vanishing_fraction: MaxVanishingFractionOption = None,
+    ignore: IgnoreOption = None,
+    config: ConfigOption = None,
+    no_config: NoConfigOption = False,
     show_all: Annotated[
         bool, typer.Option("--all", help="Show every shared tensor and every finding.")
     ] = False,
@@ -121,10 +120,30 @@ def compare(
     with exit_codes(debug):
         if len(paths) > 2:
             raise UsageError(f"compare takes one or two files, got {len(paths)}")
-        thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
-        policy = make_policy(min_ratio, max_ratio, max_change, fail_on_change)
-        check_device_option(device)
-        render = comparison_formatter(output_format)  # an unsupported format fails before work
+        settings = settings_from_flags(
+            config,
+            no_config,
+            command="compare",
+            format=output_format,
+            output=output,
+            quiet=quiet,
+            device=device,
+            engine=engine,
+            vanishing_threshold=vanishing_threshold,
+            exploding_threshold=exploding_threshold,
+            fail_on=fail_on,
+            max_global_norm=max_global_norm,
+            max_vanishing_fraction=max_vanishing_fraction,
+            ignore=ignore,
+            min_ratio=min_ratio,
+            max_ratio=max_ratio,
+            max_change=max_change,
+            fail_on_change=fail_on_change,
+        )
+        thresholds = settings.thresholds()
+        policy = settings.compare_policy()
+        check_device_option(settings.device or "auto")
+        check_output_path(settings.output, paths)
         comparison = compare_paths(
             paths[0],
             paths[1] if len(paths) == 2 else None,
@@ -132,11 +151,8 @@ def compare(
             seed_prefix=seed_prefix,
             thresholds=thresholds,
             policy=policy,
-            device=device,
+            device=settings.device or "auto",
+            engine=settings.engine or Engine.AUTO,
             chunk_elements=chunk_elements,
         )
-        for problem in comparison.errors:
-            say(f"error: {printable(problem.path)}: {printable(problem.message)}")
-        options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all, top=top)
-        sys.stdout.write(render(comparison, options))
-        raise typer.Exit(int(comparison_exit_code(comparison)))
+        raise typer.Exit(int(emit_comparison(comparison, settings, show_all=show_all, top=top)))

@@ -18,8 +18,8 @@ turns the values into :class:`~gradaudit.config.Settings` with
     ) -> None:
         with exit_codes(debug):
             settings = settings_from_flags(
-                config, no_config, format=output_format, output=output, quiet=quiet,
-                fail_on=fail_on, ...
+                config, no_config, command="mycommand", format=output_format,
+                output=output, quiet=quiet, fail_on=fail_on, ...
             )
             thresholds = settings.thresholds()
 """
@@ -121,16 +121,19 @@ NoConfigOption = Annotated[
 ]
 
 
-def settings_from_flags(config: Path | None, no_config: bool, **flags: Any) -> Settings:
-    """The settings that apply: config file overridden by the flags that were given.
+def settings_from_flags(
+    config: Path | None, no_config: bool, *, command: str, **flags: Any
+) -> Settings:
+    """The settings that apply to ``command``: config file overridden by the flags given.
 
     ``flags`` are named like :class:`Settings` fields (``fail_on``,
     ``max_global_norm``, ``format`` …); ``None`` means the flag was not given.
     Every value goes through the same parser as the config file's, so a bad
     ``--max-vanishing-fraction 2`` and a bad ``max-vanishing-fraction = 2`` get
-    the same message (naming the flag or the file and key).
+    the same message (naming the flag or the file and key). ``command`` picks
+    the config file's ``[tool.gradaudit.<command>]`` sub-table.
     """
-    keys = {field: key for key, (field, _) in KEYS.items()}
+    keys = {spec.field: key for key, spec in KEYS.items()}
     given: dict[str, Any] = {}
     for name, raw in flags.items():
         if raw is None or raw == []:  # a repeatable option that was not given
@@ -140,4 +143,4 @@ def settings_from_flags(config: Path | None, no_config: bool, **flags: Any) -> S
         except SettingError as error:
             raise UsageError(f"--{error.key}: {error.problem}") from None
         given[field] = value
-    return resolve(Settings(**given), config=config, no_config=no_config)
+    return resolve(Settings(**given), config=config, no_config=no_config, command=command)

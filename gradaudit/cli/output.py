@@ -17,9 +17,11 @@ from pathlib import Path
 
 from gradaudit.checks import exit_code
 from gradaudit.cli.app import output_width, say, use_color
+from gradaudit.compare_checks import comparison_exit_code
+from gradaudit.comparison import Comparison
 from gradaudit.config import Settings
 from gradaudit.errors import ExitCode, UsageError
-from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
 from gradaudit.report.verdict import nothing_to_audit
@@ -156,3 +158,19 @@ def emit_report(
     text = output_format.formatter()(report, render_options(settings, show_all=show_all, top=top))
     emit(text, settings, f"{output_format.value} report")
     return exit_code(report)
+
+
+def emit_comparison(
+    comparison: Comparison,
+    settings: Settings,
+    *,
+    show_all: bool = False,
+    top: int = DEFAULT_TOP_ROWS,
+) -> ExitCode:
+    """:func:`emit_report` for ``compare``: the same stderr lines, formats and destinations."""
+    announce_problems(comparison.report)
+    output_format = settings.format or OutputFormat.TABLE
+    render = comparison_formatter(output_format)
+    text = render(comparison, render_options(settings, show_all=show_all, top=top))
+    emit(text, settings, f"{output_format.value} comparison")
+    return comparison_exit_code(comparison)

@@ -120,6 +120,7 @@ def scan(
         settings = settings_from_flags(
             config,
             no_config,
+            command="scan",
             format=output_format,
             output=output,
             quiet=quiet,

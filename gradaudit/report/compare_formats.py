@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from gradaudit.errors import UsageError
 from gradaudit.report.base import ComparisonFormatter
+from gradaudit.report.compare_github import render_comparison_github
 from gradaudit.report.compare_json import render_comparison_json
+from gradaudit.report.compare_junit import render_comparison_junit
+from gradaudit.report.compare_markdown import render_comparison_markdown
 from gradaudit.report.compare_table import render_comparison_table
 from gradaudit.report.formats import OutputFormat
 
@@ -22,8 +24,10 @@ def comparison_formatter(output_format: OutputFormat) -> ComparisonFormatter:
         return render_comparison_table
     if output_format is OutputFormat.JSON:
         return render_comparison_json
-    if output_format in (OutputFormat.MARKDOWN, OutputFormat.GITHUB, OutputFormat.JUNIT):
-        raise UsageError(
-            f"compare does not write --format {output_format.value} yet: use table or json"
-        )
+    if output_format is OutputFormat.MARKDOWN:
+        return render_comparison_markdown
+    if output_format is OutputFormat.GITHUB:
+        return render_comparison_github
+    if output_format is OutputFormat.JUNIT:
+        return render_comparison_junit
     assert_never(output_format)

@@ -4,12 +4,14 @@ The dual stats sit under ``"dual"`` with the keys ``host_norm``, ``seed_norm``,
 ``host_params``, ``seed_params``, ``raw_ratio`` and ``normalized_ratio``. A ratio
 that is not defined is ``null`` and ``ratio_note`` says why; an infinite one is
 the string ``"Infinity"`` (JSON has no Infinity, see :func:`encode_float`).
-Unlike the table, every shared tensor, name and finding is listed.
+Unlike the table, every shared tensor, name and finding is listed. The document
+is described by ``gradaudit/schema/comparison.schema.json``.
 """
 
 from __future__ import annotations
 
 import json
+from importlib import resources
 from typing import Any
 
 from gradaudit import __version__
@@ -23,11 +25,26 @@ from gradaudit.comparison import (
     SideStats,
 )
 from gradaudit.report.base import RenderOptions
-from gradaudit.report.compare_text import FORMULA, change_order, interpretation
+from gradaudit.report.compare_text import (
+    FORMULA,
+    change_order,
+    failing_count,
+    ignored_count,
+    interpretation,
+    warning_count,
+)
 from gradaudit.report.json_report import encode_float, thresholds_document
+from gradaudit.results import LimitFinding
 
 #: Bumped whenever a field changes meaning or disappears; adding a field keeps it.
 COMPARISON_SCHEMA_VERSION = 1
+
+
+def comparison_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the document :func:`render_comparison_json` writes (shipped)."""
+    files = resources.files("gradaudit").joinpath("schema", "comparison.schema.json")
+    schema: dict[str, Any] = json.loads(files.read_text("utf-8"))
+    return schema
 
 
 def _dual(dual: DualGradientStats) -> dict[str, Any]:
@@ -104,6 +121,17 @@ def _parameters(parameters: ParameterComparison | None) -> dict[str, Any] | None
     }
 
 
+def _limit(finding: LimitFinding) -> dict[str, Any]:
+    return {
+        "kind": finding.kind.value,
+        "severity": finding.severity.value,
+        "side": finding.source,
+        "value": encode_float(finding.value),
+        "limit": encode_float(finding.limit),
+        "message": finding.message,
+    }
+
+
 def _policy(policy: ComparePolicy) -> dict[str, Any]:
     return {
         "min_ratio": encode_float(policy.min_ratio),
@@ -144,8 +172,15 @@ def to_comparison_document(comparison: Comparison) -> dict[str, Any]:
             }
             for f in comparison.tensor_findings
         ],
+        "limits": [_limit(f) for f in report.limit_findings],
         "skipped": [{"side": s.source, "name": s.name, "reason": s.reason} for s in report.skipped],
         "errors": [{"file": e.path, "message": e.message} for e in comparison.errors],
+        "summary": {
+            "failing_findings": failing_count(comparison),
+            "warnings": warning_count(comparison),
+            "ignored_findings": ignored_count(comparison),
+            "input_errors": len(comparison.errors),
+        },
         "exit_code": int(comparison_exit_code(comparison)),
     }
 

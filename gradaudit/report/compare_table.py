@@ -5,13 +5,13 @@ counts and NaN/Inf/vanishing/exploding counts; the raw and normalized ratios and
 one sentence saying what they mean; the per-parameter table when the sides share
 names (flagged rows first, then the largest changes; ``--all`` shows every row),
 the names only in A or only in B and the mismatches; the findings; the verdict.
-Names are ``Text`` after :func:`printable`, never Rich markup.
+``--quiet`` keeps only the flagged rows and the findings. Names are ``Text``
+after :func:`printable`, never Rich markup.
 """
 
 from __future__ import annotations
 
 import io
-import math
 
 from rich.table import Table
 from rich.text import Text
@@ -24,14 +24,26 @@ from gradaudit.report.base import RenderOptions
 from gradaudit.report.compare_text import (
     SHORT_FORMULA,
     change_order,
-    failing_kinds,
+    change_text,
+    compared_line,
     interpretation,
+    mismatch_parts,
+    notable,
+    ratio_line,
+    shape_text,
     side_input,
+    tensor_findings_by_severity,
+    verdict_line,
 )
 from gradaudit.report.console import string_console
 from gradaudit.report.text import count, number, plural, printable
 
-_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
+_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+_VERDICT_STYLE = {
+    ExitCode.OK: "bold green",
+    ExitCode.FINDINGS: "bold red",
+    ExitCode.INPUT_ERROR: "bold red",
+}
 #: Names listed per "only in A/B" or mismatch line, and findings listed, before "… N more".
 _LIST_LIMIT = 10
 _FINDING_LIMIT = 20
@@ -71,22 +83,9 @@ def _ratio_lines(comparison: Comparison) -> list[Text]:
     dual = comparison.dual
     style = "bold red" if dual.normalized_ratio is None else "bold"
     return [
-        Text(
-            f"raw ratio seed/host {number(dual.raw_ratio)} · "
-            f"normalized ratio {number(dual.normalized_ratio)}   (= {SHORT_FORMULA})"
-        ),
+        Text(f"{ratio_line(dual)}   (= {SHORT_FORMULA})"),
         Text(interpretation(dual), style=style),
     ]
-
-
-def _change_text(change: ParameterChange) -> str:
-    relative = change.relative_change
-    if relative is None:
-        return "-"
-    if math.isinf(relative):
-        return "+inf"
-    percent = 100.0 * relative
-    return f"{percent:+,.0f}%" if abs(percent) >= 1000 else f"{percent:+.3g}%"
 
 
 def _status(change: ParameterChange) -> Text:
@@ -99,8 +98,12 @@ def _status(change: ParameterChange) -> Text:
 
 def _parameter_table(parameters: ParameterComparison, options: RenderOptions) -> tuple[Table, int]:
     ordered = sorted(parameters.changes, key=change_order)
-    notable = [c for c in ordered if c.flagged or c.note is not None]
-    rest = [c for c in ordered if not (c.flagged or c.note is not None)]
+    if options.quiet:  # only the findings: the rows behind the large_change finding
+        shown = [c for c in ordered if c.flagged]
+        rest: list[ParameterChange] = []
+    else:
+        shown = [c for c in ordered if notable(c)]
+        rest = [c for c in ordered if not notable(c)]
     shown_rest = rest if options.show_all else rest[: options.top]
     table = Table(header_style="bold")
     table.add_column("name", overflow="fold")
@@ -108,14 +111,14 @@ def _parameter_table(parameters: ParameterComparison, options: RenderOptions) ->
     for header in ("norm A", "norm B", "B/A", "change"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    for change in notable + shown_rest:
+    for change in shown + shown_rest:
         table.add_row(
             Text(printable(change.name), style="red" if change.flagged else ""),
-            "×".join(str(d) for d in change.shape) or "()",
+            shape_text(change.shape),
             number(change.norm_a),
             number(change.norm_b),
             number(change.ratio),
-            _change_text(change),
+            change_text(change),
             _status(change),
         )
     return table, len(rest) - len(shown_rest)
@@ -136,22 +139,18 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
     if parameters.only_in_b:
         lines.append(_name_list("only in B", list(parameters.only_in_b)))
     for mismatch in parameters.mismatches[:_LIST_LIMIT]:
-        parts = []
-        if mismatch.shape_differs:
-            shape_a = "×".join(map(str, mismatch.shape_a)) or "()"
-            shape_b = "×".join(map(str, mismatch.shape_b)) or "()"
-            parts.append(f"shape {shape_a} vs {shape_b} (not compared)")
-        if mismatch.dtype_differs:
-            parts.append(f"dtype {mismatch.dtype_a} vs {mismatch.dtype_b}")
-        lines.append(Text(f"mismatch {printable(mismatch.name)}: {'; '.join(parts)}", "yellow"))
+        parts = "; ".join(mismatch_parts(mismatch))
+        lines.append(Text(f"mismatch {printable(mismatch.name)}: {parts}", "yellow"))
     if len(parameters.mismatches) > _LIST_LIMIT:
         lines.append(Text(f"… and {len(parameters.mismatches) - _LIST_LIMIT} more mismatches"))
     return lines
 
 
 def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]:
-    tensor_findings = sorted(comparison.tensor_findings, key=lambda f: not f.failing)
-    limit = len(tensor_findings) if options.show_all else _FINDING_LIMIT
+    tensor_findings = tensor_findings_by_severity(comparison)
+    if options.quiet:
+        tensor_findings = [f for f in tensor_findings if not f.ignored]
+    limit = len(tensor_findings) if options.show_all or options.quiet else _FINDING_LIMIT
     lines = [
         Text(
             f"{f.severity.value}: {printable(f.tensor)} ({f.source}): {f.kind.value}: {f.message}",
@@ -164,6 +163,10 @@ def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]
             Text(f"… {plural(len(tensor_findings) - limit, 'more tensor finding')} (--all)")
         )
     lines += [
+        Text(f"LIMIT: {printable(f.message)}", style="bold red")
+        for f in comparison.report.limit_findings
+    ]
+    lines += [
         Text(f"{f.severity.value}: {f.message}", style=_SEVERITY_STYLE[f.severity])
         for f in comparison.findings
     ]
@@ -172,11 +175,9 @@ def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]
 
 def _summary_lines(comparison: Comparison) -> list[Text]:
     report = comparison.report
-    dual = comparison.dual
     lines = [
         Text(
-            f"Compared {count(dual.host.tensors)} host and {count(dual.seed.tensors)} seed "
-            f"tensors, skipped {report.summary.skipped} · device {report.device} · "
+            f"{compared_line(comparison)} · device {report.device} · "
             f"engine {report.engine} · {report.elapsed_s:.2f} s"
         )
     ]
@@ -186,25 +187,26 @@ def _summary_lines(comparison: Comparison) -> list[Text]:
     if len(report.skipped) > _LIST_LIMIT:
         lines.append(Text(f"… and {len(report.skipped) - _LIST_LIMIT} more skipped", "dim"))
     code = comparison_exit_code(comparison)
-    if code is ExitCode.INPUT_ERROR:
-        what = plural(len(comparison.errors), "input problem")
-        lines.append(Text(f"INCOMPLETE: {what}; nothing is compared", style="bold red"))
-    elif code is ExitCode.FINDINGS:
-        failing = sum(1 for f in comparison.tensor_findings if f.failing)
-        failing += sum(1 for f in comparison.findings if f.failing)
-        kinds = ", ".join(failing_kinds(comparison))
-        lines.append(Text(f"FAIL: {plural(failing, 'failing finding')} ({kinds})", "bold red"))
-    else:
-        warnings = sum(1 for f in comparison.tensor_findings if not f.failing)
-        warnings += sum(1 for f in comparison.findings if not f.failing)
-        note = f" ({plural(warnings, 'warning')})" if warnings else ""
-        lines.append(Text(f"OK: no failing findings{note}", style="bold green"))
+    lines.append(Text(verdict_line(comparison), style=_VERDICT_STYLE[code]))
     return lines
+
+
+def _quiet(comparison: Comparison, options: RenderOptions) -> list[Table | Text]:
+    """Only what is wrong: flagged shared tensors, then every finding; nothing when healthy."""
+    out: list[Table | Text] = []
+    parameters = comparison.parameters
+    if parameters is not None and parameters.flagged:
+        out.append(_parameter_table(parameters, options)[0])
+    return out + _finding_lines(comparison, options)
 
 
 def render_comparison_table(comparison: Comparison, options: RenderOptions) -> str:
     buffer = io.StringIO()
     console = string_console(buffer, options)
+    if options.quiet:
+        for renderable in _quiet(comparison, options):
+            console.print(renderable)
+        return buffer.getvalue()
     console.print(_dual_table(comparison))
     for line in _ratio_lines(comparison):
         console.print(line)

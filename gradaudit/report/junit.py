@@ -28,21 +28,27 @@ IN_MEMORY_SUITE = "gradaudit"
 
 
 @dataclass
-class _Case:
-    """One test case being assembled: failing lines, and lines for ``<system-out>``."""
+class Case:
+    """One test case being assembled: failing lines, and lines for ``<system-out>``.
+
+    ``error`` makes it an ``<error>`` (the check could not run), ``skipped`` a
+    ``<skipped>`` (the check does not apply), each with its reason.
+    """
 
     name: str
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None
 
 
 def _finding_line(finding: Finding) -> str:
     return f"{printable(finding.tensor)}: {finding.message}"
 
 
-def _cases(report: Report, source: str | None) -> list[_Case]:
-    checks = {kind: _Case(kind.value) for kind in FindingKind}
+def check_cases(report: Report, source: str | None) -> list[Case]:
+    """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
+    checks = {kind: Case(kind.value) for kind in FindingKind}
     for finding in report.findings:
         if finding.source != source:
             continue
@@ -62,7 +68,7 @@ def _cases(report: Report, source: str | None) -> list[_Case]:
     for kind, limit in limits.items():
         if limit is None:
             continue
-        case = _Case(kind.value)
+        case = Case(kind.value)
         exceeded: list[LimitFinding] = [
             f for f in report.limit_findings if f.kind is kind and f.source == source
         ]
@@ -71,9 +77,11 @@ def _cases(report: Report, source: str | None) -> list[_Case]:
     return cases
 
 
-def _suite(parent: ET.Element, name: str, cases: list[_Case]) -> None:
+def add_suite(parent: ET.Element, name: str, cases: list[Case]) -> None:
+    """Append a ``<testsuite>`` of ``cases`` to ``parent``, with its counts."""
     failures = sum(1 for c in cases if c.failures)
     errors = sum(1 for c in cases if c.error is not None)
+    skipped = sum(1 for c in cases if c.skipped is not None)
     suite = ET.SubElement(
         parent,
         "testsuite",
@@ -81,7 +89,7 @@ def _suite(parent: ET.Element, name: str, cases: list[_Case]) -> None:
         tests=str(len(cases)),
         failures=str(failures),
         errors=str(errors),
-        skipped="0",
+        skipped=str(skipped),
     )
     for case in cases:
         element = ET.SubElement(suite, "testcase", classname=name, name=case.name)
@@ -89,6 +97,8 @@ def _suite(parent: ET.Element, name: str, cases: list[_Case]) -> None:
             ET.SubElement(
                 element, "error", type="input-error", message=case.error
             ).text = case.error
+        if case.skipped is not None:
+            ET.SubElement(element, "skipped", message=case.skipped)
         if case.failures:
             failure = ET.SubElement(
                 element,
@@ -108,13 +118,18 @@ def render_junit(report: Report, options: RenderOptions) -> str:
     for source in sources:
         name = IN_MEMORY_SUITE if source is None else printable(source)
         if source is not None and source in errors:
-            cases = [_Case("read", error=printable(errors[source]))]
+            cases = [Case("read", error=printable(errors[source]))]
         else:
-            cases = _cases(report, source)
-        _suite(root, name, cases)
+            cases = check_cases(report, source)
+        add_suite(root, name, cases)
     if exit_code(report) is ExitCode.INPUT_ERROR and not report.errors:
         message = nothing_to_audit(report)
-        _suite(root, IN_MEMORY_SUITE, [_Case("audit", error=message)])
+        add_suite(root, IN_MEMORY_SUITE, [Case("audit", error=message)])
+    return finish(root)
+
+
+def finish(root: ET.Element) -> str:
+    """The document: the root's totals summed from its suites, indented, with its declaration."""
     suites = list(root)
     for attribute in ("tests", "failures", "errors"):
         root.set(attribute, str(sum(int(s.get(attribute, "0")) for s in suites)))

@@ -24,8 +24,9 @@ from gradaudit.results import Finding, LimitFinding, Report, TensorStats
 #: Flagged rows shown without ``--all``.
 MAX_FLAGGED_ROWS = 50
 
-_MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}
-_VERDICT_MARK = {ExitCode.OK: "✅", ExitCode.FINDINGS: "❌", ExitCode.INPUT_ERROR: "❌"}
+#: The mark before a finding, and before the verdict heading (shared with compare's Markdown).
+MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}
+VERDICT_MARK = {ExitCode.OK: "✅", ExitCode.FINDINGS: "❌", ExitCode.INPUT_ERROR: "❌"}
 _SPECIAL = re.compile(r"([\\`*_\[\]<|~])")
 
 
@@ -44,7 +45,7 @@ def escape(text: str) -> str:
 
 
 def _kinds(findings: list[Finding]) -> str:
-    return ", ".join(f"{_MARK[f.severity]} {f.kind.value}" for f in findings)
+    return ", ".join(f"{MARK[f.severity]} {f.kind.value}" for f in findings)
 
 
 def _row(stats: TensorStats, findings: list[Finding], several_files: bool) -> str:
@@ -99,7 +100,8 @@ def _problems(report: Report) -> list[str]:
     return lines
 
 
-def _policy_line(report: Report) -> str:
+def policy_parts(report: Report) -> list[str]:
+    """The policy a report was judged by, piece by piece, for the closing ``Policy:`` line."""
     t = report.thresholds
     parts = [
         f"vanishing < {number(t.vanishing)}",
@@ -117,7 +119,7 @@ def _policy_line(report: Report) -> str:
         parts.append(f"{plural(s.ignored_findings, 'finding')} ignored")
     if report.skipped:
         parts.append(f"{plural(len(report.skipped), 'tensor')} skipped")
-    return "Policy: " + " · ".join(parts)
+    return parts
 
 
 def render_markdown(report: Report, options: RenderOptions) -> str:
@@ -126,9 +128,10 @@ def render_markdown(report: Report, options: RenderOptions) -> str:
     if options.quiet:
         blocks = [block for block in (body, table) if block]
     else:
-        mark = _VERDICT_MARK[exit_code(report)]
+        mark = VERDICT_MARK[exit_code(report)]
         head = [f"### {mark} gradaudit: {verdict_line(report)}", "", audited_line(report)]
-        blocks = [block for block in (head, body, table, [_policy_line(report)]) if block]
+        policy = ["Policy: " + " · ".join(policy_parts(report))]
+        blocks = [block for block in (head, body, table, policy) if block]
     if not blocks:
         return ""
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"
