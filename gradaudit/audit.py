@@ -327,9 +327,13 @@ class PendingStats:
         # Rows in submission order, with the zeros that bucket padding added taken
         # out; the merges (per file, global) then run on this host copy.
         host = torch.empty((len(mine), ROW_WIDTH), dtype=torch.float64)
-        for index, place in enumerate(mine):
-            host[index] = host_blocks[place.block][place.row]
-            host[index, ZEROS] -= place.padding
+        if mine:
+            starts = [0]
+            for block in host_blocks:
+                starts.append(starts[-1] + block.shape[0])
+            rows = torch.tensor([starts[p.block] + p.row for p in mine], dtype=torch.long)
+            host = torch.cat(host_blocks)[rows]
+            host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
         tensors = tuple(
             self._tensor_stats(i, HostRow.from_values(values))
             for i, values in enumerate(host.tolist())
