@@ -190,8 +190,8 @@ class PendingStats:
             return
         if self.device is not None and tensor.device != self.device:
             tensor = tensor.to(self.device, non_blocking=True)
-        with torch.no_grad():
-            ticket = self._collector.submit(tensor.detach())
+        # detach() is enough to keep autograd out: nothing downstream records a graph.
+        ticket = self._collector.submit(tensor.detach())
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(dtype_name(tensor.dtype))

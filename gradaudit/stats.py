@@ -36,6 +36,7 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -133,6 +134,7 @@ def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     return row
 
 
+@functools.lru_cache(maxsize=4096)
 def bucket_length(numel: int) -> int:
     """The padded row length of a bucket for a tensor of ``numel`` elements.
 
