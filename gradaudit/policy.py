@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 #: A tensor whose finite L2 norm is below this is reported as vanishing.
 DEFAULT_VANISHING_THRESHOLD = 1e-7
@@ -58,25 +59,35 @@ class Thresholds:
         return Severity.ERROR if kind in self.fail_on else Severity.WARNING
 
 
-def parse_fail_on(spec: str) -> frozenset[FindingKind]:
-    """Parse ``nan,inf,exploding`` / ``none`` / ``all`` into a set of kinds."""
+KindT = TypeVar("KindT", bound=Enum)
+
+
+def parse_kinds(spec: str, kinds: type[KindT]) -> frozenset[KindT]:
+    """Parse a ``--fail-on`` list (``a,b`` / ``all`` / ``none``) of the values of ``kinds``.
+
+    Shared by every command that has its own kinds of finding (``scan``, ``trend``).
+    """
+    values = [str(k.value) for k in kinds]
     words = [w.strip().lower() for w in spec.split(",") if w.strip()]
     if not words:
-        raise ValueError(
-            "--fail-on needs at least one of: nan, inf, exploding, vanishing, all, none"
-        )
-    kinds: set[FindingKind] = set()
+        raise ValueError(f"--fail-on needs at least one of: {', '.join([*values, 'all', 'none'])}")
+    chosen: set[KindT] = set()
     for word in words:
         if word == "none":
             continue
         if word == "all":
-            kinds.update(FindingKind)
+            chosen.update(kinds)
             continue
         try:
-            kinds.add(FindingKind(word))
+            chosen.add(kinds(word))
         except ValueError:
-            allowed = ", ".join([k.value for k in FindingKind] + ["all", "none"])
+            allowed = ", ".join([*values, "all", "none"])
             raise ValueError(f"unknown --fail-on kind {word!r} (choose from {allowed})") from None
-    if "none" in words and kinds:
+    if "none" in words and chosen:
         raise ValueError("--fail-on none cannot be combined with other kinds")
-    return frozenset(kinds)
+    return frozenset(chosen)
+
+
+def parse_fail_on(spec: str) -> frozenset[FindingKind]:
+    """Parse ``nan,inf,exploding`` / ``none`` / ``all`` into a set of kinds."""
+    return parse_kinds(spec, FindingKind)
