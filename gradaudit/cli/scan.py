@@ -20,6 +20,7 @@ from gradaudit.cli.app import (
     say,
     use_color,
 )
+from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
 from gradaudit.kernels import Engine
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
@@ -66,12 +67,22 @@ def scan(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    chart: ChartOption = None,
+    group_by: GroupByOption = "auto",
+    plot: PlotOption = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps: per-tensor NaN/Inf counts, norms, and a global norm."""
     with exit_codes(debug):
         thresholds = make_thresholds(vanishing_threshold, exploding_threshold, fail_on)
         check_device_option(device)
+        visuals = ScanVisuals.prepare(
+            chart=chart,
+            group_by=group_by,
+            plot=plot,
+            inputs=paths,
+            table=output_format is OutputFormat.TABLE,
+        )
         report = scan_paths(
             paths,
             thresholds=thresholds,
@@ -84,5 +95,7 @@ def scan(
         if not report.errors and report.summary.tensors == 0:
             say("error: nothing to audit: no floating-point tensor in the inputs")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all, top=top)
+        sys.stdout.write(visuals.chart_text(report, options))
         sys.stdout.write(output_format.formatter()(report, options))
+        visuals.write_plot(report)
         raise typer.Exit(int(exit_code(report)))
