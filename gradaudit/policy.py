@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from typing import TypeVar
 
 #: A tensor whose finite L2 norm is below this is reported as vanishing.
 DEFAULT_VANISHING_THRESHOLD = 1e-7
@@ -186,3 +187,33 @@ def fraction_exceeds(count: int, total: int, limit: float) -> bool:
     57 of 100 "more than 0.57"; the shortest decimal of ``limit`` is exact.
     """
     return total > 0 and Fraction(count, total) > Fraction(repr(limit))
+
+
+KindT = TypeVar("KindT", bound=Enum)
+
+
+def parse_kinds(spec: str, kinds: type[KindT]) -> frozenset[KindT]:
+    """Parse a ``--fail-on`` list (``a,b`` / ``all`` / ``none``) of the values of ``kinds``.
+
+    For commands with their own kinds of finding (``trend``); ``scan``'s
+    :func:`parse_fail_on` adds aliases (``nonfinite``) and config-aware errors.
+    """
+    values = [str(k.value) for k in kinds]
+    words = [w.strip().lower() for w in spec.split(",") if w.strip()]
+    if not words:
+        raise ValueError(f"--fail-on needs at least one of: {', '.join([*values, 'all', 'none'])}")
+    chosen: set[KindT] = set()
+    for word in words:
+        if word == "none":
+            continue
+        if word == "all":
+            chosen.update(kinds)
+            continue
+        try:
+            chosen.add(kinds(word))
+        except ValueError:
+            allowed = ", ".join([*values, "all", "none"])
+            raise ValueError(f"unknown --fail-on kind {word!r} (choose from {allowed})") from None
+    if "none" in words and chosen:
+        raise ValueError("--fail-on none cannot be combined with other kinds")
+    return frozenset(chosen)

@@ -7,6 +7,7 @@ import sys
 
 from gradaudit.cli import compare as _compare  # noqa: F401  (registers the command)
 from gradaudit.cli import scan as _scan  # noqa: F401  (registers the command)
+from gradaudit.cli import trend as _trend  # noqa: F401  (registers the command)
 from gradaudit.cli.app import app
 
 __all__ = ["app", "run"]

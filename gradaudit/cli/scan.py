@@ -31,8 +31,9 @@ from gradaudit.cli.options import (
     VanishingThresholdOption,
     settings_from_flags,
 )
-from gradaudit.cli.output import check_output_path, emit_report
+from gradaudit.cli.output import check_output_path, emit_report, render_options, write_stdout
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
+from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
 from gradaudit.distributed import scan_under_torchrun, torchrun_env
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
@@ -113,6 +114,9 @@ def scan(
             help="Progress bar on stderr; by default on a terminal for large inputs, never JSON.",
         ),
     ] = None,
+    chart: ChartOption = None,
+    group_by: GroupByOption = "auto",
+    plot: PlotOption = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
@@ -136,6 +140,13 @@ def scan(
         thresholds = settings.thresholds()
         check_device_option(settings.device or "auto")
         check_output_path(settings.output, paths)
+        visuals = ScanVisuals.prepare(
+            chart=chart,
+            group_by=group_by,
+            plot=plot,
+            inputs=paths,
+            table=(settings.format or OutputFormat.TABLE) is OutputFormat.TABLE,
+        )
         total = input_bytes(paths, recursive=recursive)
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
@@ -162,4 +173,8 @@ def scan(
                 report = scan_paths(
                     paths, device=settings.device or "auto", progress=advance, **options
                 )
-        raise typer.Exit(int(emit_report(report, settings, show_all=show_all, top=top)))
+        if settings.output is None:  # the chart is for the terminal, above the table
+            write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
+        verdict = emit_report(report, settings, show_all=show_all, top=top)
+        visuals.write_plot(report)
+        raise typer.Exit(int(verdict))

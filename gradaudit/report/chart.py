@@ -1,0 +1,244 @@
+"""The gradient-flow chart in the terminal: one bar of log10(norm) per layer.
+
+Rows follow the model (see :mod:`gradaudit.grouping`); every bar starts at the
+left edge of one shared log axis, so a starving depth of the network shows as a
+run of short bars and an exploding one as a bar past the exploding mark. Bars
+are coloured by the worst finding among the layer's tensors (green: none,
+yellow: a warning, red: a failing finding); the vanishing and exploding
+thresholds are drawn as ``┊`` in every row that does not cover them.
+
+Geometry (what the tests check):
+
+* the axis spans whole decades ``[lo, hi]``: ``lo`` is the decade at or below
+  the smallest positive norm or threshold (one decade lower when that value is
+  itself a power of ten, so it is not drawn on the border), ``hi`` likewise above
+  the largest;
+* a bar of ``norm`` is ``floor(B * (log10(norm) - lo) / (hi - lo) + 0.5)`` cells
+  of ``█``, at least 1 for a positive norm; 0 for a zero norm; all ``B`` for an
+  infinite one;
+* a threshold ``t`` is marked in cell ``min(position(t), B - 1)``.
+
+Thresholds apply to tensors, so a group of many tensors can pass the exploding
+mark with no exploding tensor in it; the colour and the status column say
+whether any of its tensors was flagged.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from gradaudit.grouping import GroupBy, Layer, group_layers, resolve
+from gradaudit.policy import Severity, Thresholds
+from gradaudit.report.base import RenderOptions
+from gradaudit.report.console import string_console
+from gradaudit.report.text import number, plural, printable
+from gradaudit.results import Report
+
+#: ``--chart`` is on by default only on a terminal at least this wide.
+MIN_AUTO_CHART_WIDTH = 80
+#: Bars never get narrower than this, however narrow the output.
+MIN_BAR_CELLS = 10
+_VALUE_CELLS = 9
+_BAR = "█"
+_MARK = "┊"
+_SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", None: "green"}
+_LABEL_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", None: ""}
+
+
+@dataclass(frozen=True)
+class LogAxis:
+    """A log10 axis over whole decades ``[lo, hi]`` drawn in ``cells`` cells."""
+
+    lo: int
+    hi: int
+    cells: int
+
+    @classmethod
+    def covering(cls, values: Sequence[float], cells: int) -> LogAxis:
+        positive = [v for v in values if v > 0 and math.isfinite(v)]
+        if not positive:
+            return cls(-1, 1, cells)
+        low, high = math.log10(min(positive)), math.log10(max(positive))
+        lo = math.floor(low) - (1 if low == math.floor(low) else 0)
+        hi = math.ceil(high) + (1 if high == math.ceil(high) else 0)
+        return cls(lo, hi, cells)
+
+    def position(self, value: float) -> float:
+        """Where ``value`` falls, in cells from the left edge (not clamped)."""
+        return self.cells * (math.log10(value) - self.lo) / (self.hi - self.lo)
+
+    def bar(self, value: float) -> int:
+        """Cells of the bar for ``value`` (see the module docstring)."""
+        if math.isnan(value) or value <= 0:
+            return 0
+        if math.isinf(value):
+            return self.cells
+        return min(self.cells, max(1, math.floor(self.position(value) + 0.5)))
+
+    def mark(self, value: float) -> int:
+        """The cell that marks a threshold ``value``."""
+        return min(self.cells - 1, max(0, math.floor(self.position(value) + 0.5)))
+
+
+def status_text(layer: Layer) -> Text:
+    """``nan``, ``vanishing ×2`` …: the kinds of findings in a layer, coloured by severity."""
+    text = Text()
+    for kind, tensors in layer.kind_counts():
+        if text:
+            text.append(", ")
+        severity = next(f.severity for f in layer.findings if f.kind is kind)
+        label = kind.value if tensors == 1 else f"{kind.value} ×{tensors}"
+        text.append(label, style="bold red" if severity is Severity.ERROR else "yellow")
+    return text
+
+
+def _marks(thresholds: Thresholds) -> list[tuple[float, str, str]]:
+    """(value, label, style) of the thresholds that can be drawn on a log axis."""
+    marks = []
+    if thresholds.vanishing > 0:
+        marks.append(
+            (thresholds.vanishing, f"vanishing < {number(thresholds.vanishing)}", "yellow")
+        )
+    marks.append((thresholds.exploding, f"exploding > {number(thresholds.exploding)}", "red"))
+    return marks
+
+
+def _place(line: list[str], start: int, text: str) -> bool:
+    """Write ``text`` into ``line`` at ``start`` if it fits on blanks with a gap; say if it did."""
+    end = start + len(text)
+    if start < 0 or end > len(line):
+        return False
+    if any(c != " " for c in line[max(0, start - 1) : min(len(line), end + 1)]):
+        return False
+    line[start:end] = list(text)
+    return True
+
+
+def _header(axis: LogAxis, thresholds: Thresholds) -> list[str]:
+    """Lines above the bars naming each threshold next to its mark.
+
+    Indices are those of a row's ``│bar│``: 0 is the left border, cell ``i`` is ``i + 1``.
+    """
+    lines: list[list[str]] = []
+    for value, label, _ in _marks(thresholds):
+        index = axis.mark(value) + 1
+        for line in [*lines, [" "] * (axis.cells + 2)]:
+            if line[index] != " ":
+                continue
+            if _place(line, index + 2, label) or _place(line, index - len(label) - 1, label):
+                line[index] = _MARK
+                if line not in lines:
+                    lines.append(line)
+                break
+    return ["".join(line).rstrip() for line in lines]
+
+
+def _footer(axis: LogAxis) -> tuple[str, str]:
+    """The axis line with a tick per labelled decade, and the decade labels under it."""
+    decades = axis.hi - axis.lo
+    steps = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+    step = next((s for s in steps if axis.cells * s / decades >= 7), decades)
+    rule = ["└", *("─" * axis.cells), "┘"]
+    labels = [" "] * (axis.cells + 2)
+    first = -(-axis.lo // step) * step
+    for decade in range(first, axis.hi + 1, step):
+        index = axis.mark(10.0**decade) + 1 if decade < axis.hi else axis.cells + 1
+        if 0 < index <= axis.cells:
+            rule[index] = "┴"
+        text = number(10.0**decade)
+        if not _place(labels, index, text):
+            _place(labels, index - len(text) + 1, text)
+    return "".join(rule), "".join(labels).rstrip()
+
+
+def chart_lines(
+    layers: Sequence[Layer],
+    thresholds: Thresholds,
+    width: int,
+    *,
+    title: str | None = None,
+) -> list[Text]:
+    """The chart as Rich ``Text`` lines that fit ``width`` columns (bars at least 10 cells)."""
+    if not layers:
+        return []
+    statuses = [status_text(layer) for layer in layers]
+    status_cells = max(len(s) for s in statuses)
+    labels = [printable(layer.name) for layer in layers]
+    label_cells = min(max(len(label) for label in labels), max(12, width // 3))
+    fixed = 3 + _VALUE_CELLS + (status_cells + 1 if status_cells else 0)
+    if width - label_cells - fixed < MIN_BAR_CELLS:
+        label_cells = max(8, width - fixed - MIN_BAR_CELLS)
+    cells = max(MIN_BAR_CELLS, width - label_cells - fixed)
+    values = [layer.norm for layer in layers] + [value for value, _, _ in _marks(thresholds)]
+    axis = LogAxis.covering(values, cells)
+    marks = [(axis.mark(value), style) for value, _, style in _marks(thresholds)]
+    indent = " " * (label_cells + 1)
+
+    lines: list[Text] = []
+    if title:
+        lines.append(Text(title, style="bold"))
+    lines += [Text(indent + line, style="dim") for line in _header(axis, thresholds)]
+    several_files = len({layer.source for layer in layers}) > 1
+    source: object = object()
+    for layer, label, status in zip(layers, labels, statuses, strict=True):
+        if several_files and layer.source != source:
+            source = layer.source
+            lines.append(Text(printable(layer.source or "(in memory)"), style="bold"))
+        if len(label) > label_cells:
+            label = "…" + label[len(label) - label_cells + 1 :]
+        severity = layer.severity
+        filled = axis.bar(layer.norm)
+        row = Text(label.ljust(label_cells), style=_LABEL_STYLE[severity])
+        row.append(" │")
+        row.append(_BAR * filled, style=_SEVERITY_STYLE[severity])
+        rest = [" "] * (cells - filled)
+        styles: dict[int, str] = {}
+        for cell, style in marks:
+            if cell >= filled:
+                rest[cell - filled] = _MARK
+                styles[cell - filled] = style
+        for offset, char in enumerate(rest):
+            row.append(char, style=styles.get(offset, ""))
+        row.append("│")
+        row.append(number(layer.norm).rjust(_VALUE_CELLS))
+        if status:
+            row.append(" ")
+            row.append_text(status)
+        lines.append(row)
+    rule, ticks = _footer(axis)
+    lines.append(Text(indent + rule, style="dim"))
+    lines.append(Text(indent + ticks, style="dim"))
+    return lines
+
+
+def chart_title(layers: Sequence[Layer], spec: GroupBy) -> str:
+    return (
+        f"Gradient flow: L2 norm per layer, log10 scale · group-by {spec} · "
+        f"{plural(len(layers), 'row')}"
+    )
+
+
+def report_layers(report: Report, group_by: GroupBy) -> tuple[GroupBy, tuple[Layer, ...]]:
+    """Resolve ``group_by`` over every audited name and group the report's tensors."""
+    spec = resolve(group_by, (t.name for t in report.tensors))
+    return spec, group_layers(report.tensors, report.findings, spec)
+
+
+def render_chart(report: Report, options: RenderOptions, group_by: GroupBy) -> str:
+    """The chart of ``report`` as text (empty when nothing was audited), ending in a blank line."""
+    if not report.tensors:
+        return ""
+    spec, layers = report_layers(report, group_by)
+    buffer = io.StringIO()
+    console = string_console(buffer, options)
+    for line in chart_lines(
+        layers, report.thresholds, options.width, title=chart_title(layers, spec)
+    ):
+        console.print(line, overflow="crop", no_wrap=True)
+    console.print()
+    return buffer.getvalue()

@@ -1,0 +1,517 @@
+"""``gradaudit trend``: how gradient norms evolve over a series of dumps.
+
+A run that diverges rarely does so in one step. Auditing the dumps of many
+steps together shows where it began: which layer's norm spiked first, at which
+step the first NaN/Inf appeared and in which tensor, which layer died.
+
+The pass is streaming: dumps are ordered by their step from the headers alone,
+then audited one at a time with :func:`gradaudit.audit.scan_paths` (one host
+read each). Only per-layer numbers are kept between dumps (a few floats per
+layer and step), never a tensor, so memory does not grow with the dumps' size.
+
+Findings
+--------
+* **nonfinite**: the first step at which any tensor held NaN or ±Inf, naming
+  the tensor(s) (one finding per run).
+* **spike**: a layer's norm above ``spike_factor`` times the median of its
+  norms at all earlier steps. Needs :data:`MIN_SPIKE_HISTORY` earlier steps, and
+  a median at or above the vanishing threshold: the noise of a dead layer is
+  not a spike. One finding per layer, at its first spike; every spiking step is
+  listed in the layer's data.
+* **collapse**: a layer whose norm was at or above the vanishing threshold,
+  then fell below it at some step and stayed below until the last step, for at
+  least :data:`MIN_COLLAPSE_STEPS` steps. A layer that was always below (an
+  attention key bias) has not collapsed.
+
+Steps at which a layer holds NaN/Inf are left out of its spike and collapse
+analysis: its finite-part norm means little there, and the nonfinite finding
+already covers them. By default nonfinite and spike fail the run, collapse is a
+warning (like vanishing in ``scan``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from gradaudit.audit import scan_paths
+from gradaudit.errors import ExitCode, InputError
+from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
+from gradaudit.kernels import Engine
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity, Thresholds
+from gradaudit.results import InputProblem, Report
+
+#: A layer's norm above this many times its running median is a spike.
+DEFAULT_SPIKE_FACTOR = 10.0
+#: Earlier steps a layer needs before its norm can be called a spike.
+MIN_SPIKE_HISTORY = 3
+#: Steps a layer must stay below the vanishing threshold, up to the last, to have collapsed.
+MIN_COLLAPSE_STEPS = 2
+#: ``__metadata__`` keys read as the dump's step, in order of preference.
+STEP_METADATA_KEYS = ("step", "global_step")
+
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+class TrendKind(str, Enum):
+    """What ``trend`` finds. The values are its ``--fail-on`` spellings."""
+
+    NONFINITE = "nonfinite"
+    SPIKE = "spike"
+    COLLAPSE = "collapse"
+
+
+DEFAULT_TREND_FAIL_ON: frozenset[TrendKind] = frozenset({TrendKind.NONFINITE, TrendKind.SPIKE})
+
+
+@dataclass(frozen=True)
+class TrendPolicy:
+    """What counts as a spike or a collapse, and which findings fail the run."""
+
+    spike_factor: float = DEFAULT_SPIKE_FACTOR
+    vanishing: float = DEFAULT_VANISHING_THRESHOLD
+    fail_on: frozenset[TrendKind] = DEFAULT_TREND_FAIL_ON
+
+    def __post_init__(self) -> None:
+        if not (1.0 < self.spike_factor < math.inf):
+            raise ValueError("--spike-factor must be a finite number above 1")
+        if not (0.0 <= self.vanishing < math.inf):
+            raise ValueError("vanishing threshold must be >= 0 and finite")
+
+    def severity(self, kind: TrendKind) -> Severity:
+        return Severity.ERROR if kind in self.fail_on else Severity.WARNING
+
+
+@dataclass(frozen=True)
+class Dump:
+    """One input of the series and the step it was taken at."""
+
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Run-wide numbers of one dump."""
+
+    step: int
+    path: str
+    tensors: int
+    global_norm: float
+    #: Tensors holding at least one NaN or ±Inf.
+    nonfinite_tensors: int
+
+
+@dataclass(frozen=True)
+class NonFiniteTensor:
+    name: str
+    layer: str
+    nan: int
+    pos_inf: int
+    neg_inf: int
+
+    def counts(self) -> str:
+        parts = [(self.nan, "NaN"), (self.pos_inf, "+Inf"), (self.neg_inf, "-Inf")]
+        return ", ".join(f"{n:,} {what}" for n, what in parts if n)
+
+
+@dataclass(frozen=True)
+class Spike:
+    step: int
+    norm: float
+    median: float
+
+    @property
+    def ratio(self) -> float:
+        return self.norm / self.median
+
+
+@dataclass(frozen=True)
+class LayerTrend:
+    """One layer over the series; per-step tuples align with :attr:`TrendReport.steps`."""
+
+    name: str
+    #: Norm of the layer's finite elements; ``None`` at steps where it was absent.
+    norms: tuple[float | None, ...]
+    max_abs: tuple[float | None, ...]
+    #: NaN and ±Inf elements per step (0 where absent).
+    nonfinite: tuple[int, ...]
+    spikes: tuple[Spike, ...] = ()
+    first_nonfinite_step: int | None = None
+    collapse_step: int | None = None
+
+
+@dataclass(frozen=True)
+class TrendFinding:
+    kind: TrendKind
+    severity: Severity
+    #: The layer concerned (for nonfinite: the layer of the first tensor).
+    layer: str
+    step: int
+    path: str
+    message: str
+    #: For nonfinite: every tensor holding NaN/Inf at that step, in model order.
+    tensors: tuple[NonFiniteTensor, ...] = ()
+
+    @property
+    def failing(self) -> bool:
+        return self.severity is Severity.ERROR
+
+
+@dataclass(frozen=True)
+class TrendReport:
+    """Everything one trend found. Built once, rendered by any formatter."""
+
+    steps: tuple[StepResult, ...]
+    layers: tuple[LayerTrend, ...]
+    findings: tuple[TrendFinding, ...]
+    errors: tuple[InputProblem, ...]
+    policy: TrendPolicy
+    #: The grouping actually used (``auto`` resolved on the first audited dump).
+    group_by: GroupBy
+    device: str = "none"
+    engine: str = Engine.EAGER.value
+    elapsed_s: float = 0.0
+
+
+# -- ordering -------------------------------------------------------------------------------
+
+
+def step_from_name(path: str) -> int | None:
+    """The last number in the file name (``step_001200.safetensors`` -> 1200), if any."""
+    name = Path(path).name.removesuffix(".safetensors")
+    match = _LAST_NUMBER.search(name)
+    return int(match.group(1)) if match else None
+
+
+def dump_step(path: str, metadata: dict[str, str]) -> int:
+    """The step of a dump: its ``step`` metadata, else the last number in its file name."""
+    for key in STEP_METADATA_KEYS:
+        if key in metadata:
+            value = metadata[key]
+            if not _INTEGER.fullmatch(value):
+                raise InputError(path, f"metadata {key} {value[:40]!r} is not an integer")
+            return int(value)
+    step = step_from_name(path)
+    if step is None:
+        raise InputError(
+            path,
+            "cannot tell the step of this dump: no 'step' in its metadata and no number "
+            "in its file name",
+        )
+    return step
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> tuple[list[str], list[InputProblem]]:
+    """Files as given; a directory stands for the ``.safetensors`` files directly in it."""
+    files: list[str] = []
+    problems: list[InputProblem] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            try:
+                found = sorted(
+                    str(child) for child in path.iterdir() if child.name.endswith(".safetensors")
+                )
+            except OSError as error:
+                problems.append(InputProblem(str(path), f"cannot list the directory: {error}"))
+                continue
+            if not found:
+                problems.append(InputProblem(str(path), "no .safetensors files in this directory"))
+            files += found
+        else:
+            files.append(str(raw))
+    return list(dict.fromkeys(files)), problems
+
+
+def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProblem]]:
+    """Expand and order the inputs by step, reading headers only (no tensor data).
+
+    An input that cannot be opened, or whose step is unknown or already taken by
+    another dump, is a problem; the others are still ordered.
+    """
+    from gradaudit.io import open_source
+    from gradaudit.io.safetensors_source import SafetensorsSource
+
+    files, problems = expand_inputs(paths)
+    by_step: dict[int, str] = {}
+    for path in files:
+        try:
+            source = open_source(path)
+            metadata = source.header.metadata if isinstance(source, SafetensorsSource) else {}
+            step = dump_step(path, metadata)
+        except InputError as error:
+            problems.append(InputProblem(path, error.cause))
+            continue
+        if step in by_step:
+            problems.append(
+                InputProblem(
+                    path, f"step {step} is already taken by {by_step[step]}; one dump per step"
+                )
+            )
+            continue
+        by_step[step] = path
+    dumps = [Dump(step, by_step[step]) for step in sorted(by_step)]
+    return dumps, problems
+
+
+# -- the streaming pass ---------------------------------------------------------------------
+
+
+def _median(ordered: Sequence[float]) -> float:
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+@dataclass
+class _LayerState:
+    """What the builder keeps of one layer between dumps: numbers only."""
+
+    norms: list[float | None]
+    max_abs: list[float | None]
+    nonfinite: list[int]
+    history: list[float] = field(default_factory=list)  # sorted finite-step norms
+    spikes: list[Spike] = field(default_factory=list)
+    first_nonfinite_step: int | None = None
+    was_above: bool = False
+    below_since: int | None = None  # step index where the current run below began
+    below_steps: int = 0
+
+
+class TrendBuilder:
+    """Accumulates one report per step, in step order, into a :class:`TrendReport`.
+
+    Usable from a training loop as well as from files: ``add(step, label, report)``
+    after each audit, ``finish()`` at the end. Keeps per-layer numbers only.
+    """
+
+    def __init__(self, policy: TrendPolicy | None = None, group_by: GroupBy | None = None) -> None:
+        self.policy = policy or TrendPolicy()
+        self._requested = group_by or GroupBy()
+        self._spec: GroupBy | None = None
+        self._steps: list[StepResult] = []
+        self._layers: dict[str, _LayerState] = {}
+        self._first_nonfinite: tuple[int, str, tuple[NonFiniteTensor, ...]] | None = None
+        self._errors: list[InputProblem] = []
+        self._devices: dict[str, None] = {}
+        self._engine = Engine.EAGER.value
+
+    def add_error(self, problem: InputProblem) -> None:
+        self._errors.append(problem)
+
+    def add(self, step: int, path: str, report: Report) -> None:
+        """Fold in the audit of the dump at ``step``; steps must come in increasing order."""
+        if self._steps and step <= self._steps[-1].step:
+            raise ValueError(f"steps must increase: {step} after {self._steps[-1].step}")
+        if report.tensors:
+            self._devices[report.device] = None
+            self._engine = report.engine
+        if self._spec is None and report.tensors:
+            self._spec = resolve(self._requested, (t.name for t in report.tensors))
+        index = len(self._steps)
+        nonfinite = [t for t in report.tensors if t.nonfinite]
+        self._steps.append(
+            StepResult(
+                step=step,
+                path=path,
+                tensors=report.summary.tensors,
+                global_norm=report.summary.global_norm,
+                nonfinite_tensors=len(nonfinite),
+            )
+        )
+        if self._spec is None:
+            return
+        spec = self._spec
+        if nonfinite and self._first_nonfinite is None:
+            order = {name: i for i, name in enumerate(model_order(t.name for t in nonfinite))}
+            nonfinite.sort(key=lambda t: order[t.name])
+            self._first_nonfinite = (
+                index,
+                path,
+                tuple(
+                    NonFiniteTensor(t.name, spec.key(t.name), t.nan, t.pos_inf, t.neg_inf)
+                    for t in nonfinite
+                ),
+            )
+        for layer in group_layers(report.tensors, (), spec):
+            state = self._layers.get(layer.name)
+            if state is None:
+                state = self._layers[layer.name] = _LayerState(
+                    norms=[None] * index, max_abs=[None] * index, nonfinite=[0] * index
+                )
+            state.norms.append(layer.norm)
+            state.max_abs.append(layer.max_abs)
+            state.nonfinite.append(layer.nonfinite)
+            if layer.nonfinite:
+                if state.first_nonfinite_step is None:
+                    state.first_nonfinite_step = step
+                continue
+            self._judge(state, index, step, layer.norm)
+        for state in self._layers.values():
+            if len(state.norms) <= index:  # absent from this dump
+                state.norms.append(None)
+                state.max_abs.append(None)
+                state.nonfinite.append(0)
+
+    def _judge(self, state: _LayerState, index: int, step: int, norm: float) -> None:
+        """Spike and collapse bookkeeping for one finite step of one layer."""
+        policy = self.policy
+        if len(state.history) >= MIN_SPIKE_HISTORY:
+            median = _median(state.history)
+            if median > 0 and median >= policy.vanishing and norm > policy.spike_factor * median:
+                state.spikes.append(Spike(step, norm, median))
+        bisect.insort(state.history, norm)
+        if norm < policy.vanishing:
+            if state.below_since is None:
+                state.below_since = index
+                state.below_steps = 0
+            state.below_steps += 1
+        else:
+            state.was_above = True
+            state.below_since = None
+            state.below_steps = 0
+
+    def finish(self, elapsed_s: float = 0.0) -> TrendReport:
+        names = model_order(self._layers)
+        layers: list[LayerTrend] = []
+        findings: list[TrendFinding] = []
+        policy = self.policy
+        if self._first_nonfinite is not None:
+            index, path, tensors = self._first_nonfinite
+            first = tensors[0]
+            more = f" and {len(tensors) - 1} more tensors" if len(tensors) > 1 else ""
+            findings.append(
+                TrendFinding(
+                    TrendKind.NONFINITE,
+                    policy.severity(TrendKind.NONFINITE),
+                    first.layer,
+                    self._steps[index].step,
+                    path,
+                    f"first NaN/Inf at step {self._steps[index].step}: "
+                    f"{first.name} ({first.counts()}){more}",
+                    tensors,
+                )
+            )
+        for name in names:
+            state = self._layers[name]
+            collapse = None
+            if (
+                state.below_since is not None
+                and state.was_above
+                and state.below_steps >= MIN_COLLAPSE_STEPS
+            ):
+                collapse = self._steps[state.below_since].step
+            layers.append(
+                LayerTrend(
+                    name=name,
+                    norms=tuple(state.norms),
+                    max_abs=tuple(state.max_abs),
+                    nonfinite=tuple(state.nonfinite),
+                    spikes=tuple(state.spikes),
+                    first_nonfinite_step=state.first_nonfinite_step,
+                    collapse_step=collapse,
+                )
+            )
+            if state.spikes:
+                spike = state.spikes[0]
+                others = ""
+                if len(state.spikes) > 1:
+                    shown = ", ".join(str(s.step) for s in state.spikes[:6])
+                    tail = ", …" if len(state.spikes) > 6 else ""
+                    others = f" (spikes at {len(state.spikes)} steps: {shown}{tail})"
+                findings.append(
+                    TrendFinding(
+                        TrendKind.SPIKE,
+                        policy.severity(TrendKind.SPIKE),
+                        name,
+                        spike.step,
+                        self._path_of(spike.step),
+                        f"norm {spike.norm:.3g} at step {spike.step} is {spike.ratio:.3g}× "
+                        f"its running median {spike.median:.3g}{others}",
+                    )
+                )
+            if collapse is not None:
+                index = state.below_since or 0
+                findings.append(
+                    TrendFinding(
+                        TrendKind.COLLAPSE,
+                        policy.severity(TrendKind.COLLAPSE),
+                        name,
+                        collapse,
+                        self._steps[index].path,
+                        f"norm fell below the vanishing threshold {policy.vanishing:.3g} at "
+                        f"step {collapse} ({state.norms[index] or 0.0:.3g}) and stayed below "
+                        f"for the last {state.below_steps} steps",
+                    )
+                )
+        findings.sort(key=lambda f: (list(TrendKind).index(f.kind), f.step))
+        return TrendReport(
+            steps=tuple(self._steps),
+            layers=tuple(layers),
+            findings=tuple(findings),
+            errors=tuple(self._errors),
+            policy=policy,
+            group_by=self._spec or self._requested,
+            device=",".join(self._devices) or "none",
+            engine=self._engine,
+            elapsed_s=elapsed_s,
+        )
+
+    def _path_of(self, step: int) -> str:
+        return next(s.path for s in self._steps if s.step == step)
+
+
+def trend_paths(
+    paths: Sequence[str | Path],
+    *,
+    policy: TrendPolicy | None = None,
+    group_by: GroupBy | None = None,
+    device: str | None = "auto",
+    engine: Engine | str = Engine.AUTO,
+    chunk_elements: int | None = None,
+) -> TrendReport:
+    """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`."""
+    started = time.perf_counter()
+    policy = policy or TrendPolicy()
+    dumps, problems = order_dumps(paths)
+    builder = TrendBuilder(policy, group_by)
+    for problem in problems:
+        builder.add_error(problem)
+    # Findings of the per-dump audit are not used; the thresholds only have to be valid.
+    thresholds = Thresholds(vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset())
+    for dump in dumps:
+        report = scan_paths(
+            [dump.path],
+            thresholds=thresholds,
+            device=device,
+            chunk_elements=chunk_elements,
+            engine=engine,
+        )
+        if report.errors:
+            for problem in report.errors:
+                builder.add_error(problem)
+            continue
+        builder.add(dump.step, dump.path, report)
+    return builder.finish(time.perf_counter() - started)
+
+
+def trend_exit_code(report: TrendReport) -> ExitCode:
+    """The same precedence as ``scan``: errors, then failing findings, then OK.
+
+    A dump that could not be audited, or a series with no audited tensor at all,
+    is INPUT_ERROR: a trend with holes never passes.
+    """
+    if report.errors or not any(step.tensors for step in report.steps):
+        return ExitCode.INPUT_ERROR
+    if any(finding.failing for finding in report.findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
