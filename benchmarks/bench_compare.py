@@ -25,16 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import gradaudit
-
-
-class Seed(nn.Module):
-    def __init__(self, width: int, bottleneck: int = 64) -> None:
-        super().__init__()
-        self.down = nn.Linear(width, bottleneck)
-        self.up = nn.Linear(bottleneck, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.up(torch.relu(self.down(x)))
+from fixtures.make_fixtures import Seed
 
 
 class Host(nn.Module):
@@ -52,7 +43,7 @@ class Grafted(nn.Module):
     def __init__(self, vocab: int, width: int, layers: int) -> None:
         super().__init__()
         self.host = Host(vocab, width, layers)
-        self.seed = Seed(width)
+        self.seed = Seed(width, bottleneck=64)
         self.vocab = vocab
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,8 @@ from gradaudit.io.safetensors_header import (
     read_header,
     sniff_kind,
 )
+from tests.hostile import pairs_json
+from tests.hostile import raw_safetensors as raw_file
 
 F32_1 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
 
@@ -45,21 +47,6 @@ PROPERTY_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-def raw_file(path: Path, header: bytes | str | dict[str, Any], data: bytes = b"") -> Path:
-    """Write ``u64 length + header + data``; a dict header is serialised as JSON."""
-    if isinstance(header, dict):
-        header = json.dumps(header)
-    if isinstance(header, str):
-        header = header.encode("utf-8")
-    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
-    return path
-
-
-def pairs_json(pairs: list[tuple[str, Any]]) -> str:
-    """A JSON object from key/value pairs, duplicates kept (``json.dumps`` cannot)."""
-    return "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in pairs) + "}"
 
 
 def refused(path: str | os.PathLike[str], keyword: str) -> InputError:
