@@ -28,14 +28,6 @@ def scan(*args: str, **env: str) -> Any:
     return runner.invoke(app, ["scan", *args], env={"COLUMNS": "120", "NO_COLOR": "1", **env})
 
 
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A project directory (the current directory) with a pyproject.toml to fill in."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\n', encoding="utf-8")
-    return tmp_path
-
-
 def configure(project: Path, table: str) -> None:
     (project / "pyproject.toml").write_text(
         f'[project]\nname = "demo"\n\n[tool.gradaudit]\n{table}\n', encoding="utf-8"

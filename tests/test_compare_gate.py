@@ -30,14 +30,6 @@ def compare(*args: str, **env: str) -> Any:
     return run("compare", *args, **env)
 
 
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A project directory (the current directory) with a pyproject.toml to fill in."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\n', encoding="utf-8")
-    return tmp_path
-
-
 def configure(project: Path, text: str) -> None:
     (project / "pyproject.toml").write_text(
         f'[project]\nname = "demo"\n\n{text}\n', encoding="utf-8"
