@@ -356,7 +356,7 @@ class PendingStats:
                 self._excluded.total(),
             ),
             device=self._device_label(),
-            engine=self._collector.engine.value,
+            engine=self._collector.engine_used,
             elapsed_s=time.perf_counter() - self._started,
             files=files,
             errors=tuple(self._errors),

@@ -2,13 +2,15 @@
 
 Each row of the block is one tensor (a bucket of small tensors, zero-padded)
 or one chunk of a large tensor (``m == 1``). Two kernels compute the same
-thing: the eager one is the reference and the default, the compiled one fuses
-every statistic into one pass with ``torch.compile``.
+thing: the eager one is the reference and runs on every device, the compiled
+one fuses every statistic into one pass with ``torch.compile``.
 
-Measured on the 2-core CPU this project targets (see ``benchmarks/``), the
-compiled kernel is not faster than the cache-aware eager one and costs seconds
-of compilation, so ``auto`` means eager; the compiled kernel is there for
-devices where one fused pass beats several cached ones, and as a cross-check.
+On the CPU both lose to the native single-pass kernel (:mod:`gradaudit.native`,
+which does not take blocks: it reads tensors in place). Measured on the 2-core
+CPU this project targets (see ``benchmarks/``), the compiled kernel is not
+faster than the cache-aware eager one and costs seconds of compilation, so
+``auto`` never picks it; it is there for devices where one fused pass beats
+several cached ones, and as a cross-check.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ INF = math.inf
 
 
 class Engine(str, Enum):
-    """Which kernel reduces the data (``--engine``)."""
+    """Which kernel reduces the data (``--engine``).
 
+    ``auto`` takes the native single-pass kernel for CPU tensors when it was
+    built (:mod:`gradaudit.native`) and the eager kernel for everything else.
+    """
+
+    NATIVE = "native"
     EAGER = "eager"
     COMPILED = "compiled"
     AUTO = "auto"

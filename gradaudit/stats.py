@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradaudit import native
+from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, make_kernel
 
 NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
@@ -58,6 +60,9 @@ COMPILED_CHUNK_ELEMENTS = 1 << 22
 BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
+#: Small tensors handed to the native kernel in one call, at most (count and bytes).
+NATIVE_BATCH_TENSORS = 2048
+NATIVE_BATCH_BYTES = 16 * 1024 * 1024
 #: Default working-memory budget (``--max-memory``): scratch buffers plus live buckets.
 DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
@@ -165,23 +170,43 @@ class Placement:
     padding: int
 
 
+class EngineUnavailable(UsageError):
+    """``--engine native`` was asked for, but the extension was not built."""
+
+
+def resolve_engine(engine: Engine | str) -> Engine:
+    """``auto`` -> native when the extension is built, else eager; ``native`` must be built."""
+    engine = Engine(engine)
+    if engine is Engine.AUTO:
+        return Engine.NATIVE if native.available() else Engine.EAGER
+    if engine is Engine.NATIVE and not native.available():
+        raise EngineUnavailable(
+            "the native kernel is not built (reinstall gradaudit with a C compiler "
+            "present); use --engine eager or auto"
+        )
+    return engine
+
+
 class StatsCollector:
     """Turns tensors into stats rows on their device; never reads a value back.
 
-    Use :meth:`submit` for many tensors (small ones are bucketed) and
-    :meth:`flush` to get every row, or :meth:`row` for one tensor right away.
+    Use :meth:`submit` for many tensors (small ones are bucketed, or batched
+    for the native kernel) and :meth:`flush` to get every row, or :meth:`row`
+    for one tensor right away.
+
+    With the native engine, CPU tensors it takes are reduced in place in one
+    pass; the rest (other devices, fp8) go to the eager kernel. Which kernels
+    actually ran is :attr:`engine_used`.
     """
 
     def __init__(
         self,
         chunk_elements: int | None = None,
         *,
-        engine: Engine | str = Engine.EAGER,
+        engine: Engine | str = Engine.AUTO,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
-        self.engine = Engine(engine)
-        if self.engine is Engine.AUTO:
-            self.engine = Engine.EAGER
+        self.engine = resolve_engine(engine)
         if chunk_elements is None:
             chunk_elements = (
                 COMPILED_CHUNK_ELEMENTS
@@ -200,6 +225,14 @@ class StatsCollector:
         self._bucket_bytes = 0
         self.peak_bucket_bytes = 0
         self._kernel: RowKernel = make_kernel(self.engine)
+        self._native = self.engine is Engine.NATIVE
+        self._threads = max(1, torch.get_num_threads())
+        self._fallback = Engine.EAGER if self._native else self.engine
+        #: Names of the kernels that produced rows, in order of first use.
+        self._ran: dict[str, None] = {}
+        self._batch: list[torch.Tensor] = []
+        self._batch_tickets: list[int] = []
+        self._batch_bytes = 0
         self._upcast: dict[torch.device, torch.Tensor] = {}
         self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
         self._blocks: list[torch.Tensor] = []
@@ -213,10 +246,31 @@ class StatsCollector:
             raise TypeError(f"cannot audit dtype {dtype_name(tensor.dtype)}")
         if tensor.numel() == 0:
             return empty_row(tensor.device)
-        rows = [self._kernel(self._as_block(chunk)) for chunk in self._chunks(tensor)]
+        if self._native and native.handles(tensor):
+            out = torch.empty(ROW_WIDTH, dtype=torch.float64)
+            native.tensor_row(tensor, out, self._threads)
+            self._ran["native"] = None
+            return out
+        rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
+
+    def _chunk_row(self, chunk: torch.Tensor) -> torch.Tensor:
+        """The row ``[1, 7]`` of one chunk; a strided piece is copied (at most a chunk) for native."""
+        if self._native and native.supports(chunk):
+            chunk = chunk.contiguous()
+            out = torch.empty((1, ROW_WIDTH), dtype=torch.float64)
+            native.tensor_row(chunk, out[0], self._threads)
+            self._ran["native"] = None
+            return out
+        self._ran[self._fallback.value] = None
+        return self._kernel(self._as_block(chunk))
+
+    @property
+    def engine_used(self) -> str:
+        """The kernels that ran, joined by ``+`` (``native+eager``); the chosen one if none ran."""
+        return "+".join(self._ran) or self.engine.value
 
     # -- many tensors -----------------------------------------------------------
 
@@ -229,6 +283,16 @@ class StatsCollector:
             self._blocks.append(self.row(tensor).unsqueeze(0))
             return ticket
         self._placements.append(None)
+        if self._native and native.handles(tensor):
+            self._batch.append(tensor)
+            self._batch_tickets.append(ticket)
+            self._batch_bytes += numel * tensor.element_size()
+            if (
+                len(self._batch) >= NATIVE_BATCH_TENSORS
+                or self._batch_bytes >= NATIVE_BATCH_BYTES
+            ):
+                self._reduce_batch()
+            return ticket
         length = bucket_length(numel)
         key = (tensor.device, work_dtype(tensor.dtype), length)
         bucket = self._buckets.get(key)
@@ -267,6 +331,10 @@ class StatsCollector:
         other._bucket_bytes = 0
         other._blocks = []
         other._placements = []
+        other._batch = []
+        other._batch_tickets = []
+        other._batch_bytes = 0
+        other._ran = {}
         return other
 
     def flush(self) -> tuple[list[torch.Tensor], list[Placement]]:
@@ -274,6 +342,8 @@ class StatsCollector:
         for bucket in self._buckets.values():
             if bucket.tickets:
                 self._reduce_bucket(bucket)
+        if self._batch:
+            self._reduce_batch()
         placements = [p for p in self._placements if p is not None]
         assert len(placements) == len(self._placements), "a ticket was never placed"
         return list(self._blocks), placements
@@ -286,10 +356,22 @@ class StatsCollector:
             self._reduce_bucket(bucket)
         self._bucket_bytes -= bucket.buffer.numel() * bucket.buffer.element_size()
 
+    def _reduce_batch(self) -> None:
+        """Rows of the batched small CPU tensors, in one native call; then let them go."""
+        block_index = len(self._blocks)
+        self._blocks.append(native.batch_rows(self._batch, self._threads))
+        for row, ticket in enumerate(self._batch_tickets):
+            self._placements[ticket] = Placement(block_index, row, 0)
+        self._ran["native"] = None
+        self._batch = []
+        self._batch_tickets = []
+        self._batch_bytes = 0
+
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
         block_index = len(self._blocks)
         self._blocks.append(self._kernel(used))
+        self._ran[self._fallback.value] = None
         length = used.shape[1]
         for row, (ticket, numel) in enumerate(bucket.tickets):
             self._placements[ticket] = Placement(block_index, row, length - numel)
@@ -300,7 +382,7 @@ class StatsCollector:
 
     def _as_block(self, chunk: torch.Tensor) -> torch.Tensor:
         """A 1-D chunk as a ``[1, n]`` block in a dtype the kernel takes."""
-        if self.engine is Engine.EAGER and chunk.dtype != work_dtype(chunk.dtype):
+        if self._fallback is Engine.EAGER and chunk.dtype != work_dtype(chunk.dtype):
             buffer = self._upcast.get(chunk.device)
             if buffer is None or buffer.numel() < chunk.numel():
                 buffer = torch.empty(

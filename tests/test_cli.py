@@ -266,3 +266,22 @@ def test_engine_option_is_reported(write_dump: WriteDump) -> None:
     result = scan(str(write_dump({"w": torch.ones(3)})), "--engine", "eager", "--format", "json")
     assert strict_json(result.stdout)["engine"] == "eager"
     assert scan(str(write_dump({"w": torch.ones(3)})), "--engine", "turbo").exit_code == 2
+
+
+def test_auto_engine_is_native_on_the_cpu(write_dump: WriteDump) -> None:
+    result = scan(str(write_dump({"w": torch.ones(3)})), "--format", "json")
+    assert strict_json(result.stdout)["engine"] == "native"
+
+
+def test_without_the_native_build_auto_is_eager_and_native_is_a_usage_error(
+    write_dump: WriteDump, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gradaudit.native._module", None)
+    path = str(write_dump({"w": torch.ones(3)}))
+    result = scan(path, "--format", "json")
+    assert result.exit_code == ExitCode.OK
+    assert strict_json(result.stdout)["engine"] == "eager"
+    refused = scan(path, "--engine", "native")
+    assert refused.exit_code == ExitCode.USAGE_ERROR
+    assert refused.stderr.startswith("gradaudit: error: the native kernel is not built")
+    assert "Traceback" not in refused.stderr

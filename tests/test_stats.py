@@ -38,8 +38,10 @@ HUGE = {
 }
 
 
-def stats_of(tensor: torch.Tensor, chunk_elements: int = 1 << 20) -> HostRow:
-    row = StatsCollector(chunk_elements).row(tensor)
+def stats_of(
+    tensor: torch.Tensor, chunk_elements: int = 1 << 20, engine: str = "eager"
+) -> HostRow:
+    row = StatsCollector(chunk_elements, engine=engine).row(tensor)
     return HostRow.from_values(read_rows([row])[0].tolist())
 
 
@@ -81,9 +83,13 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
 
 
 @settings(derandomize=True, max_examples=300, deadline=None)
-@given(tensor=tensors(), chunk=st.sampled_from([1, 2, 3, 7, 64, 1 << 20]))
-def test_engine_matches_float64_reference(tensor: torch.Tensor, chunk: int) -> None:
-    assert_matches_reference(tensor, stats_of(tensor, chunk))
+@given(
+    tensor=tensors(),
+    chunk=st.sampled_from([1, 2, 3, 7, 64, 1 << 20]),
+    engine=st.sampled_from(["eager", "native"]),
+)
+def test_engine_matches_float64_reference(tensor: torch.Tensor, chunk: int, engine: str) -> None:
+    assert_matches_reference(tensor, stats_of(tensor, chunk, engine))
 
 
 @pytest.mark.parametrize(
@@ -223,10 +229,13 @@ def test_collection_never_reads_the_device(dtype: torch.dtype) -> None:
 
 
 @settings(derandomize=True, max_examples=60, deadline=None)
-@given(batch=st.lists(tensors(), min_size=1, max_size=12))
-def test_bucketed_collection_matches_reference(batch: list[torch.Tensor]) -> None:
-    """Small tensors share zero-padded buckets; padding must not show up as zeros."""
-    report = audit({f"t{i}": t for i, t in enumerate(batch)})
+@given(
+    batch=st.lists(tensors(), min_size=1, max_size=12),
+    engine=st.sampled_from(["eager", "native"]),
+)
+def test_bucketed_collection_matches_reference(batch: list[torch.Tensor], engine: str) -> None:
+    """Small tensors share zero-padded buckets (eager) or one native call; padding never shows."""
+    report = audit({f"t{i}": t for i, t in enumerate(batch)}, engine=engine)
     assert [s.name for s in report.tensors] == [f"t{i}" for i in range(len(batch))]
     for tensor, got in zip(batch, report.tensors, strict=True):
         assert_matches_reference(tensor, got)
@@ -241,7 +250,7 @@ def test_buckets_fill_up_and_flush_in_order() -> None:
         tensor = torch.randn(size, generator=gen)
         tensor[i % size] = [0.0, math.nan, math.inf, -math.inf, 1e20][i % 5]
         tensors[f"p{i}"] = tensor
-    report = audit(tensors)
+    report = audit(tensors, engine="eager")
     for stats in report.tensors:
         assert_matches_reference(tensors[stats.name], stats)
 
@@ -264,7 +273,7 @@ def test_compiled_kernel_matches_reference() -> None:
 def test_memory_budget_bounds_live_buckets_and_keeps_results_exact() -> None:
     """Many bucket size classes under a tiny budget: buckets are evicted, results stay exact."""
     budget = 2 * 1024 * 1024
-    collector = StatsCollector(memory_budget=budget)
+    collector = StatsCollector(memory_budget=budget, engine="eager")
     gen = torch.Generator().manual_seed(5)
     tensors = [torch.randn(int(n), generator=gen) for n in torch.randint(1, 60_000, (300,))]
     tickets = [collector.submit(t) for t in tensors]

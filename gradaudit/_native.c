@@ -1,0 +1,709 @@
+/*
+ * Single-pass CPU stats kernel: every statistic of a tensor in one read of its bytes.
+ *
+ * Why this exists: on a CPU, eager PyTorch needs a dozen passes (masks, counts,
+ * max, a float64 copy for the sum of squares) and torch.compile a serial float64
+ * chain; both are 7-11x a plain sum pass. Reading each element once and keeping
+ * every statistic in registers brings a whole audit to about the cost of reading
+ * the bytes. This file is plain C99 with no torch headers, so it compiles in a
+ * second at install time; when it cannot be built gradaudit falls back to the
+ * eager kernel (same numbers, slower).
+ *
+ * The stats row it writes is the engine's: [nan, +inf, -inf, zeros, max_abs, scale, ssq],
+ * sum of squares of the finite elements = scale^2 * ssq (see gradaudit/stats.py).
+ *
+ * Classification works on the bits (IEEE-754 magnitude order equals unsigned
+ * integer order), so NaN tests never depend on compiler floating-point modes.
+ * Squares of float32/16/bf16 values are exact in float64 and accumulate there
+ * (no overflow possible); float64 input is divided by a power of two above each
+ * block's max |x| and blocks merge with the engine's rescaling rule.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Bumped whenever the Python side's expectations change: a stale build is ignored. */
+#define NATIVE_ABI 1
+
+enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
+
+/* Elements per inner block: counts fit in uint32 and the block stays in L1. */
+#define BLOCK 4096
+/* Below this many elements per thread a second thread costs more than it saves. */
+#define MIN_PER_THREAD (1 << 19)
+#define MAX_THREADS 64
+
+typedef struct {
+    uint64_t nan, pos_inf, neg_inf, zeros;
+    double max_abs;
+    double scale;
+    double ssq;
+} acc_t;
+
+static void acc_init(acc_t *a) {
+    memset(a, 0, sizeof(*a));
+    a->scale = 1.0;
+}
+
+/* The engine's merge rule: counts add, maxima max, ssq rescaled to the larger scale. */
+static void acc_merge(acc_t *a, const acc_t *b) {
+    a->nan += b->nan;
+    a->pos_inf += b->pos_inf;
+    a->neg_inf += b->neg_inf;
+    a->zeros += b->zeros;
+    if (b->max_abs > a->max_abs) a->max_abs = b->max_abs;
+    if (!(b->ssq > 0)) return;
+    if (!(a->ssq > 0)) {
+        a->scale = b->scale;
+        a->ssq = b->ssq;
+    } else if (b->scale > a->scale) {
+        double r = a->scale / b->scale;
+        a->ssq = a->ssq * r * r + b->ssq;
+        a->scale = b->scale;
+    } else {
+        double r = b->scale / a->scale;
+        a->ssq += b->ssq * r * r;
+    }
+}
+
+static inline double f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return (double)f;
+}
+
+/* float16 magnitude bits -> its value, exactly (normals and subnormals). */
+static inline double half_value(uint32_t m) {
+    double mantissa = (double)(m & 0x3ffu);
+    int exponent = (int)(m >> 10);
+    return exponent ? ldexp(mantissa + 1024.0, exponent - 25) : ldexp(mantissa, -24);
+}
+
+/* ---- portable path: plain scalar C, the reference for the vector path ------ */
+
+/* Squares are summed per BLOCK and the block sums added: rounding error grows
+ * with BLOCK + n / BLOCK terms, not n. */
+static void portable_f32(const uint32_t *p, size_t n, acc_t *a) {
+    uint32_t peak = 0;
+    double block = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = p[i], m = b & 0x7fffffffu;
+        a->nan += m > 0x7f800000u;
+        a->pos_inf += b == 0x7f800000u;
+        a->neg_inf += b == 0xff800000u;
+        a->zeros += m == 0;
+        if (m < 0x7f800000u) {
+            if (m > peak) peak = m;
+            double d = f32_from_bits(m);
+            block += d * d;
+        }
+        if ((i + 1) % BLOCK == 0) {
+            a->ssq += block;
+            block = 0.0;
+        }
+    }
+    a->ssq += block;
+    double peak_value = f32_from_bits(peak);
+    if (peak_value > a->max_abs) a->max_abs = peak_value;
+}
+
+static void portable_16(const uint16_t *p, size_t n, acc_t *a, int bf16) {
+    uint32_t inf_bits = bf16 ? 0x7f80u : 0x7c00u, ninf_bits = bf16 ? 0xff80u : 0xfc00u;
+    uint32_t peak = 0;
+    double block = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = p[i], m = b & 0x7fffu;
+        a->nan += m > inf_bits;
+        a->pos_inf += b == inf_bits;
+        a->neg_inf += b == ninf_bits;
+        a->zeros += m == 0;
+        if (m < inf_bits) {
+            if (m > peak) peak = m;
+            double d = bf16 ? f32_from_bits(m << 16) : half_value(m);
+            block += d * d;
+        }
+        if ((i + 1) % BLOCK == 0) {
+            a->ssq += block;
+            block = 0.0;
+        }
+    }
+    a->ssq += block;
+    double peak_value = bf16 ? f32_from_bits(peak << 16) : half_value(peak);
+    if (peak_value > a->max_abs) a->max_abs = peak_value;
+}
+
+#define F64_ABS 0x7fffffffffffffffull
+#define F64_INF 0x7ff0000000000000ull
+#define F64_NINF 0xfff0000000000000ull
+
+/* Counts and the largest finite magnitude (as bits) of one float64 block. */
+static uint64_t portable_f64_counts(const uint64_t *p, size_t n, acc_t *a) {
+    uint64_t peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = p[i], m = b & F64_ABS;
+        a->nan += m > F64_INF;
+        a->pos_inf += b == F64_INF;
+        a->neg_inf += b == F64_NINF;
+        a->zeros += m == 0;
+        if (m < F64_INF && m > peak) peak = m;
+    }
+    return peak;
+}
+
+/* Sum of (x * inverse)^2, or (x / scale)^2 where the inverse is not a normal double. */
+static double portable_f64_squares(const uint64_t *p, size_t n, double scale, double inverse,
+                                   int invertible) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t m = p[i] & F64_ABS;
+        if (m < F64_INF) {
+            double d;
+            memcpy(&d, &m, sizeof d);
+            d = invertible ? d * inverse : d / scale;
+            s += d * d;
+        }
+    }
+    return s;
+}
+
+/* ---- AVX2 path (x86-64 with AVX2, FMA and F16C, chosen at import) ----------
+ *
+ * Per 8 or 16 elements: a handful of integer compares whose -1 masks are
+ * subtracted from lane counters, a lane-wise max of the finite magnitudes, and
+ * float64 fused multiply-adds into four independent accumulators. Lane counters
+ * are folded every BLOCK elements, before 16-bit lanes could overflow. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* The hardware prefetcher alone left these loops at a third of the memory
+ * bandwidth (measured: 4.8 GB/s per thread, 2x faster with this); 1 KiB ahead. */
+#define PREFETCH(address) _mm_prefetch((const char *)(address) + 1024, _MM_HINT_T0)
+
+typedef struct {
+    __m256i nan, inf, ninf, zero, peak;
+    __m256d s0, s1, s2, s3;
+} lanes_t;
+
+AVX2_INLINE void lanes_init(lanes_t *l) {
+    l->nan = l->inf = l->ninf = l->zero = l->peak = _mm256_setzero_si256();
+    l->s0 = l->s1 = l->s2 = l->s3 = _mm256_setzero_pd();
+}
+
+AVX2_INLINE double hsum_pd(__m256d v) {
+    __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(x, _mm_unpackhi_pd(x, x)));
+}
+
+AVX2_INLINE uint64_t hsum_epi32(__m256i v) {
+    uint32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, v);
+    uint64_t s = 0;
+    for (int i = 0; i < 8; i++) s += lanes[i];
+    return s;
+}
+
+/* 16-bit counters (negative masks summed) -> 32-bit lanes, then a total. */
+AVX2_INLINE uint64_t count16(__m256i v) {
+    __m256i ones = _mm256_set1_epi16(1);
+    /* counters hold -count; madd with -1 would overflow nothing: |lane| <= BLOCK/16 */
+    __m256i neg = _mm256_sub_epi16(_mm256_setzero_si256(), v);
+    return hsum_epi32(_mm256_madd_epi16(neg, ones));
+}
+
+AVX2_INLINE uint64_t count32(__m256i v) {
+    return hsum_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), v));
+}
+
+AVX2_INLINE void square8(lanes_t *l, __m256 v, int which) {
+    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    if (which) {
+        l->s2 = _mm256_fmadd_pd(lo, lo, l->s2);
+        l->s3 = _mm256_fmadd_pd(hi, hi, l->s3);
+    } else {
+        l->s0 = _mm256_fmadd_pd(lo, lo, l->s0);
+        l->s1 = _mm256_fmadd_pd(hi, hi, l->s1);
+    }
+}
+
+AVX2_INLINE __m256i classify32(lanes_t *l, __m256i b) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i ninf = _mm256_set1_epi32((int32_t)0xff800000u);
+    __m256i m = _mm256_and_si256(b, abs_mask);
+    l->nan = _mm256_add_epi32(l->nan, _mm256_cmpgt_epi32(m, inf));
+    l->inf = _mm256_add_epi32(l->inf, _mm256_cmpeq_epi32(m, inf));
+    l->ninf = _mm256_add_epi32(l->ninf, _mm256_cmpeq_epi32(b, ninf));
+    l->zero = _mm256_add_epi32(l->zero, _mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
+    __m256i f = _mm256_and_si256(m, _mm256_cmpgt_epi32(inf, m));
+    l->peak = _mm256_max_epi32(l->peak, f);
+    return f;
+}
+
+AVX2 static void avx2_f32(const uint32_t *x, size_t n, acc_t *a) {
+    uint32_t peak = 0;
+    size_t done = 0;
+    while (n - done >= 16) {
+        size_t len = (n - done < BLOCK ? n - done : BLOCK) & ~(size_t)15;
+        const uint32_t *p = x + done;
+        lanes_t l;
+        lanes_init(&l);
+        for (size_t i = 0; i < len; i += 16) {
+            PREFETCH(p + i);
+            __m256i f0 = classify32(&l, _mm256_loadu_si256((const __m256i *)(p + i)));
+            __m256i f1 = classify32(&l, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
+            square8(&l, _mm256_castsi256_ps(f0), 0);
+            square8(&l, _mm256_castsi256_ps(f1), 1);
+        }
+        uint64_t ninf = count32(l.ninf);
+        a->nan += count32(l.nan);
+        a->pos_inf += count32(l.inf) - ninf;
+        a->neg_inf += ninf;
+        a->zeros += count32(l.zero);
+        a->ssq += hsum_pd(_mm256_add_pd(_mm256_add_pd(l.s0, l.s1), _mm256_add_pd(l.s2, l.s3)));
+        uint32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, l.peak);
+        for (int i = 0; i < 8; i++)
+            if (lanes[i] > peak) peak = lanes[i];
+        done += len;
+    }
+    double peak_value = f32_from_bits(peak);
+    if (peak_value > a->max_abs) a->max_abs = peak_value;
+    portable_f32(x + done, n - done, a);
+}
+
+/* 16 half-precision words: counts on 16-bit lanes, values widened to float32. */
+AVX2 static void avx2_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
+    const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
+    const __m256i inf = _mm256_set1_epi16(bf16 ? 0x7f80 : 0x7c00);
+    const __m256i ninf = _mm256_set1_epi16((int16_t)(bf16 ? 0xff80u : 0xfc00u));
+    const __m256i zero = _mm256_setzero_si256();
+    uint32_t peak = 0;
+    size_t done = 0;
+    while (n - done >= 16) {
+        size_t len = (n - done < BLOCK ? n - done : BLOCK) & ~(size_t)15;
+        const uint16_t *p = x + done;
+        lanes_t l;
+        lanes_init(&l);
+        for (size_t i = 0; i < len; i += 16) {
+            PREFETCH(p + i);
+            __m256i b = _mm256_loadu_si256((const __m256i *)(p + i));
+            __m256i m = _mm256_and_si256(b, abs_mask);
+            l.nan = _mm256_add_epi16(l.nan, _mm256_cmpgt_epi16(m, inf));
+            l.inf = _mm256_add_epi16(l.inf, _mm256_cmpeq_epi16(m, inf));
+            l.ninf = _mm256_add_epi16(l.ninf, _mm256_cmpeq_epi16(b, ninf));
+            l.zero = _mm256_add_epi16(l.zero, _mm256_cmpeq_epi16(m, zero));
+            __m256i f = _mm256_and_si256(m, _mm256_cmpgt_epi16(inf, m));
+            l.peak = _mm256_max_epi16(l.peak, f);
+            __m256 v0, v1;
+            if (bf16) {
+                /* bf16 bits are the top half of float32 bits; lane order is irrelevant to a sum. */
+                v0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, f));
+                v1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, f));
+            } else {
+                v0 = _mm256_cvtph_ps(_mm256_castsi256_si128(f));
+                v1 = _mm256_cvtph_ps(_mm256_extracti128_si256(f, 1));
+            }
+            square8(&l, v0, 0);
+            square8(&l, v1, 1);
+        }
+        uint64_t nneg = count16(l.ninf);
+        a->nan += count16(l.nan);
+        a->pos_inf += count16(l.inf) - nneg;
+        a->neg_inf += nneg;
+        a->zeros += count16(l.zero);
+        a->ssq += hsum_pd(_mm256_add_pd(_mm256_add_pd(l.s0, l.s1), _mm256_add_pd(l.s2, l.s3)));
+        uint16_t lanes[16];
+        _mm256_storeu_si256((__m256i *)lanes, l.peak);
+        for (int i = 0; i < 16; i++)
+            if (lanes[i] > peak) peak = lanes[i];
+        done += len;
+    }
+    double peak_value = bf16 ? f32_from_bits(peak << 16) : half_value(peak);
+    if (peak_value > a->max_abs) a->max_abs = peak_value;
+    portable_16(x + done, n - done, a, bf16);
+}
+
+AVX2 static uint64_t avx2_f64_counts(const uint64_t *p, size_t n, acc_t *a) {
+    const __m256i abs_mask = _mm256_set1_epi64x((int64_t)F64_ABS);
+    const __m256i inf = _mm256_set1_epi64x((int64_t)F64_INF);
+    const __m256i ninf = _mm256_set1_epi64x((int64_t)F64_NINF);
+    __m256i nan_c = _mm256_setzero_si256(), inf_c = nan_c, ninf_c = nan_c, zero_c = nan_c;
+    __m256i peak = nan_c;
+    size_t vec = n & ~(size_t)3;
+    for (size_t i = 0; i < vec; i += 4) {
+        PREFETCH(p + i);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(p + i));
+        __m256i m = _mm256_and_si256(b, abs_mask);
+        nan_c = _mm256_sub_epi64(nan_c, _mm256_cmpgt_epi64(m, inf));
+        inf_c = _mm256_sub_epi64(inf_c, _mm256_cmpeq_epi64(m, inf));
+        ninf_c = _mm256_sub_epi64(ninf_c, _mm256_cmpeq_epi64(b, ninf));
+        zero_c = _mm256_sub_epi64(zero_c, _mm256_cmpeq_epi64(m, _mm256_setzero_si256()));
+        __m256i f = _mm256_and_si256(m, _mm256_cmpgt_epi64(inf, m));
+        peak = _mm256_blendv_epi8(peak, f, _mm256_cmpgt_epi64(f, peak));
+    }
+    uint64_t lanes[4][5];
+    _mm256_storeu_si256((__m256i *)lanes[0], nan_c);
+    _mm256_storeu_si256((__m256i *)lanes[1], inf_c);
+    _mm256_storeu_si256((__m256i *)lanes[2], ninf_c);
+    _mm256_storeu_si256((__m256i *)lanes[3], zero_c);
+    uint64_t top[4];
+    _mm256_storeu_si256((__m256i *)top, peak);
+    uint64_t result = 0;
+    for (int i = 0; i < 4; i++) {
+        uint64_t ninf_i = lanes[2][i];
+        a->nan += lanes[0][i];
+        a->pos_inf += lanes[1][i] - ninf_i;
+        a->neg_inf += ninf_i;
+        a->zeros += lanes[3][i];
+        if (top[i] > result) result = top[i];
+    }
+    uint64_t rest = portable_f64_counts(p + vec, n - vec, a);
+    return rest > result ? rest : result;
+}
+
+AVX2 static double avx2_f64_squares(const uint64_t *p, size_t n, double scale, double inverse,
+                                    int invertible) {
+    const __m256i abs_mask = _mm256_set1_epi64x((int64_t)F64_ABS);
+    const __m256i inf = _mm256_set1_epi64x((int64_t)F64_INF);
+    const __m256d by = _mm256_set1_pd(invertible ? inverse : scale);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    size_t vec = n & ~(size_t)7;
+    for (size_t i = 0; i < vec; i += 8) {
+        __m256i m0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + i)), abs_mask);
+        __m256i m1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + i + 4)), abs_mask);
+        __m256d d0 = _mm256_castsi256_pd(_mm256_and_si256(m0, _mm256_cmpgt_epi64(inf, m0)));
+        __m256d d1 = _mm256_castsi256_pd(_mm256_and_si256(m1, _mm256_cmpgt_epi64(inf, m1)));
+        d0 = invertible ? _mm256_mul_pd(d0, by) : _mm256_div_pd(d0, by);
+        d1 = invertible ? _mm256_mul_pd(d1, by) : _mm256_div_pd(d1, by);
+        s0 = _mm256_fmadd_pd(d0, d0, s0);
+        s1 = _mm256_fmadd_pd(d1, d1, s1);
+    }
+    return hsum_pd(_mm256_add_pd(s0, s1)) +
+           portable_f64_squares(p + vec, n - vec, scale, inverse, invertible);
+}
+#endif
+
+/* The AVX2 path when the CPU has it, unless a test asked for the portable one. */
+static int use_avx2 = 0;
+
+static void run_f32(const uint32_t *x, size_t n, acc_t *a) {
+#ifdef HAVE_AVX2
+    if (use_avx2) {
+        avx2_f32(x, n, a);
+        return;
+    }
+#endif
+    portable_f32(x, n, a);
+}
+
+static void run_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
+#ifdef HAVE_AVX2
+    if (use_avx2) {
+        avx2_16(x, n, a, bf16);
+        return;
+    }
+#endif
+    portable_16(x, n, a, bf16);
+}
+
+static void run_f16(const uint16_t *x, size_t n, acc_t *a) { run_16(x, n, a, 0); }
+static void run_bf16(const uint16_t *x, size_t n, acc_t *a) { run_16(x, n, a, 1); }
+
+/* ---- float64: squares can overflow, so each block is scaled ---------------- */
+
+static void run_f64(const uint64_t *x, size_t n, acc_t *a) {
+    for (size_t start = 0; start < n; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK;
+        const uint64_t *p = x + start;
+        acc_t block;
+        acc_init(&block);
+        uint64_t peak;
+#ifdef HAVE_AVX2
+        peak = use_avx2 ? avx2_f64_counts(p, len, &block) : portable_f64_counts(p, len, &block);
+#else
+        peak = portable_f64_counts(p, len, &block);
+#endif
+        if (peak != 0) {
+            double peak_value;
+            memcpy(&peak_value, &peak, sizeof peak_value);
+            int exponent;
+            frexp(peak_value, &exponent);
+            /* 2**(e-1): every |x| / scale < 2 and the scale itself stays finite. */
+            double scale = ldexp(1.0, exponent - 1);
+            /* Multiplying by the inverse is exact when the inverse is a normal double. */
+            int invertible = exponent >= -1020;
+            double inverse = invertible ? ldexp(1.0, 1 - exponent) : 1.0;
+#ifdef HAVE_AVX2
+            block.ssq = use_avx2 ? avx2_f64_squares(p, len, scale, inverse, invertible)
+                                 : portable_f64_squares(p, len, scale, inverse, invertible);
+#else
+            block.ssq = portable_f64_squares(p, len, scale, inverse, invertible);
+#endif
+            block.max_abs = peak_value;
+            block.scale = scale;
+        }
+        acc_merge(a, &block);
+    }
+}
+
+/* ---- dispatch and threads -------------------------------------------------- */
+
+static size_t itemsize(int dtype) {
+    switch (dtype) {
+        case DT_F64: return 8;
+        case DT_F32: return 4;
+        default: return 2;
+    }
+}
+
+static void run(int dtype, const void *data, size_t n, acc_t *a) {
+    switch (dtype) {
+        case DT_F32: run_f32((const uint32_t *)data, n, a); break;
+        case DT_F64: run_f64((const uint64_t *)data, n, a); break;
+        case DT_F16: run_f16((const uint16_t *)data, n, a); break;
+        case DT_BF16: run_bf16((const uint16_t *)data, n, a); break;
+    }
+}
+
+typedef struct {
+    int dtype;
+    const char *data;
+    size_t n;
+    acc_t acc;
+} job_t;
+
+static void *run_job(void *arg) {
+    job_t *job = (job_t *)arg;
+    acc_init(&job->acc);
+    run(job->dtype, job->data, job->n, &job->acc);
+    return NULL;
+}
+
+/* One tensor, split over up to `threads` threads (the caller's thread is one of them). */
+static void tensor_stats(int dtype, const void *data, size_t n, int threads, acc_t *out) {
+    job_t jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    size_t parts = n / MIN_PER_THREAD;
+    if (parts > (size_t)threads) parts = (size_t)threads;
+    if (parts > MAX_THREADS) parts = MAX_THREADS;
+    if (parts < 1) parts = 1;
+    size_t per = (n + parts - 1) / parts;
+    per = (per + BLOCK - 1) / BLOCK * BLOCK;
+    size_t size = itemsize(dtype);
+    size_t k = 0;
+    for (size_t begin = 0; begin < n; begin += per, k++) {
+        jobs[k].dtype = dtype;
+        jobs[k].data = (const char *)data + begin * size;
+        jobs[k].n = n - begin < per ? n - begin : per;
+    }
+    if (k == 0) {
+        jobs[0].dtype = dtype;
+        jobs[0].data = (const char *)data;
+        jobs[0].n = 0;
+        k = 1;
+    }
+    for (size_t i = 1; i < k; i++) {
+        started[i] = pthread_create(&ids[i], NULL, run_job, &jobs[i]) == 0;
+        if (!started[i]) run_job(&jobs[i]);
+    }
+    run_job(&jobs[0]);
+    acc_init(out);
+    acc_merge(out, &jobs[0].acc);
+    for (size_t i = 1; i < k; i++) {
+        if (started[i]) pthread_join(ids[i], NULL);
+        acc_merge(out, &jobs[i].acc);
+    }
+}
+
+static void write_row(const acc_t *a, double *row) {
+    row[0] = (double)a->nan;
+    row[1] = (double)a->pos_inf;
+    row[2] = (double)a->neg_inf;
+    row[3] = (double)a->zeros;
+    row[4] = a->max_abs;
+    row[5] = a->ssq > 0 ? a->scale : 1.0;
+    row[6] = a->ssq;
+}
+
+/* ---- batches of small tensors ---------------------------------------------- */
+
+typedef struct {
+    const uint64_t *ptrs;
+    const uint64_t *counts;
+    const int32_t *dtypes;
+    double *rows;
+    size_t begin, end;
+} batch_t;
+
+static void *run_batch(void *arg) {
+    batch_t *b = (batch_t *)arg;
+    for (size_t i = b->begin; i < b->end; i++) {
+        acc_t a;
+        acc_init(&a);
+        run(b->dtypes[i], (const void *)(uintptr_t)b->ptrs[i], (size_t)b->counts[i], &a);
+        write_row(&a, b->rows + 7 * i);
+    }
+    return NULL;
+}
+
+/* ---- Python bindings -------------------------------------------------------- */
+
+static int cpu_has_avx2(void) {
+#ifdef HAVE_AVX2
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static int valid_dtype(int dtype) { return dtype >= DT_F32 && dtype <= DT_BF16; }
+
+PyDoc_STRVAR(stats_doc,
+    "stats(data_ptr, numel, dtype_code, row_ptr, threads)\n\n"
+    "Write the stats row of one contiguous CPU tensor into 7 float64 at row_ptr.\n"
+    "Releases the GIL while it runs.");
+
+static PyObject *py_stats(PyObject *self, PyObject *args) {
+    unsigned long long data, row;
+    Py_ssize_t n;
+    int dtype, threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KniKi", &data, &n, &dtype, &row, &threads)) return NULL;
+    if (!valid_dtype(dtype) || n < 0 || row == 0 || (n > 0 && data == 0)) {
+        PyErr_SetString(PyExc_ValueError, "invalid arguments");
+        return NULL;
+    }
+    if (threads < 1) threads = 1;
+    acc_t a;
+    Py_BEGIN_ALLOW_THREADS
+    tensor_stats(dtype, (const void *)(uintptr_t)data, (size_t)n, threads, &a);
+    write_row(&a, (double *)(uintptr_t)row);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(stats_batch_doc,
+    "stats_batch(ptrs, counts, dtypes, rows_ptr, threads)\n\n"
+    "Stats rows of many small contiguous CPU tensors in one call: ptrs and counts\n"
+    "are buffers of uint64, dtypes a buffer of int32 codes, one per tensor;\n"
+    "row i goes to rows_ptr + 7*i float64. Tensors are split between threads.");
+
+static PyObject *py_stats_batch(PyObject *self, PyObject *args) {
+    Py_buffer ptrs, counts, dtypes;
+    unsigned long long rows;
+    int threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*Ki", &ptrs, &counts, &dtypes, &rows, &threads)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)ptrs.len / 8;
+    if ((size_t)ptrs.len != 8 * count || (size_t)counts.len != 8 * count ||
+        (size_t)dtypes.len != 4 * count || rows == 0) {
+        PyErr_SetString(PyExc_ValueError, "invalid arguments");
+        goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!valid_dtype(((const int32_t *)dtypes.buf)[i])) {
+            PyErr_SetString(PyExc_ValueError, "invalid dtype code");
+            goto done;
+        }
+    }
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    {
+        batch_t parts[MAX_THREADS];
+        pthread_t ids[MAX_THREADS];
+        int started[MAX_THREADS] = {0};
+        const uint64_t *n = (const uint64_t *)counts.buf;
+        const int32_t *codes = (const int32_t *)dtypes.buf;
+        size_t total = 0;
+        for (size_t i = 0; i < count; i++) total += n[i] * itemsize(codes[i]);
+        size_t k = total / (4 * MIN_PER_THREAD);
+        if (k > (size_t)threads) k = (size_t)threads;
+        if (k < 1) k = 1;
+        /* Cut the batch into k runs of about equal bytes. */
+        size_t begin = 0, seen = 0;
+        for (size_t j = 0; j < k; j++) {
+            size_t goal = total / k * (j + 1), end = begin;
+            while (end < count && (seen < goal || j == k - 1)) {
+                seen += n[end] * itemsize(codes[end]);
+                end++;
+            }
+            parts[j] = (batch_t){(const uint64_t *)ptrs.buf, n, codes, (double *)(uintptr_t)rows,
+                                 begin, end};
+            begin = end;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t j = 1; j < k; j++) {
+            started[j] = pthread_create(&ids[j], NULL, run_batch, &parts[j]) == 0;
+            if (!started[j]) run_batch(&parts[j]);
+        }
+        run_batch(&parts[0]);
+        for (size_t j = 1; j < k; j++)
+            if (started[j]) pthread_join(ids[j], NULL);
+        Py_END_ALLOW_THREADS
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&ptrs);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&dtypes);
+    return result;
+}
+
+PyDoc_STRVAR(set_path_doc,
+    "set_path(name) -> previous\n\n"
+    "Choose the kernel path: 'avx2' (needs the CPU feature) or 'portable'. For tests.");
+
+static PyObject *py_set_path(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL) return NULL;
+    const char *previous = use_avx2 ? "avx2" : "portable";
+    if (strcmp(name, "portable") == 0) {
+        use_avx2 = 0;
+    } else if (strcmp(name, "avx2") == 0 && cpu_has_avx2()) {
+        use_avx2 = 1;
+    } else {
+        PyErr_Format(PyExc_ValueError, "kernel path %R is not available", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(previous);
+}
+
+static PyMethodDef methods[] = {
+    {"set_path", py_set_path, METH_O, set_path_doc},
+    {"stats", py_stats, METH_VARARGS, stats_doc},
+    {"stats_batch", py_stats_batch, METH_VARARGS, stats_batch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "Single-pass CPU stats kernel (see gradaudit/native.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    use_avx2 = cpu_has_avx2();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) ||
+        PyModule_AddIntConstant(m, "F32", DT_F32) || PyModule_AddIntConstant(m, "F64", DT_F64) ||
+        PyModule_AddIntConstant(m, "F16", DT_F16) || PyModule_AddIntConstant(m, "BF16", DT_BF16)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,94 @@
+"""The single-pass CPU kernel (``gradaudit/_native.c``), when it was built.
+
+It reads each element once and writes the engine's stats row straight into a
+float64 tensor, for contiguous CPU tensors of float32, float64, float16 and
+bfloat16. Everything else (other devices, fp8, a missing build) goes to the
+eager kernel, which computes the same row.
+
+The extension is optional: ``pip install`` builds it when a C compiler is
+there and carries on without it otherwise. :func:`available` says which.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+
+#: The ABI this module speaks; a stale build of the extension (an older
+#: checkout's ``.so``) is ignored rather than trusted.
+_ABI = 1
+
+
+def _load() -> ModuleType | None:
+    try:
+        from gradaudit import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    if getattr(_native, "ABI", None) != _ABI:
+        return None
+    module: ModuleType = _native
+    return module
+
+
+_module = _load()
+
+_CODES: dict[torch.dtype, int] = (
+    {}
+    if _module is None
+    else {
+        torch.float32: _module.F32,
+        torch.float64: _module.F64,
+        torch.float16: _module.F16,
+        torch.bfloat16: _module.BF16,
+    }
+)
+
+
+def available() -> bool:
+    """Whether the extension was built and loads."""
+    return _module is not None
+
+
+def supports(tensor: torch.Tensor) -> bool:
+    """Whether the native kernel reduces ``tensor`` once it is contiguous."""
+    return _module is not None and tensor.device.type == "cpu" and tensor.dtype in _CODES
+
+
+def handles(tensor: torch.Tensor) -> bool:
+    """Whether the native kernel takes ``tensor`` as it is (no copy, no fallback)."""
+    return supports(tensor) and tensor.is_contiguous()
+
+
+def tensor_row(tensor: torch.Tensor, out: torch.Tensor, threads: int) -> None:
+    """Write the stats row of ``tensor`` (see :func:`handles`) into ``out``: 7 float64."""
+    assert _module is not None and handles(tensor)
+    assert out.dtype == torch.float64 and out.is_contiguous() and out.numel() == 7
+    _module.stats(tensor.data_ptr(), tensor.numel(), _CODES[tensor.dtype], out.data_ptr(), threads)
+
+
+def batch_rows(tensors: Sequence[torch.Tensor], threads: int) -> torch.Tensor:
+    """Stats rows ``[len(tensors), 7]`` of small tensors, all computed in one native call.
+
+    One call for many tensors is what makes thousands of tiny parameters cheap:
+    the per-tensor cost is a few attribute reads in Python, not an op dispatch.
+    """
+    assert _module is not None
+    rows = torch.empty((len(tensors), 7), dtype=torch.float64)
+    pointers = array.array("Q", [t.data_ptr() for t in tensors])
+    counts = array.array("Q", [t.numel() for t in tensors])
+    codes = array.array("i", [_CODES[t.dtype] for t in tensors])
+    _module.stats_batch(pointers, counts, codes, rows.data_ptr(), threads)
+    return rows
+
+
+def set_path(name: str) -> str:
+    """Choose the extension's code path, ``"avx2"`` or ``"portable"``; returns the previous one.
+
+    For tests, which check both paths against the same reference.
+    """
+    assert _module is not None
+    previous: str = _module.set_path(name)
+    return previous

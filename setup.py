@@ -1,0 +1,24 @@
+"""Build the optional single-pass CPU kernel (``gradaudit._native``).
+
+Everything else is in ``pyproject.toml``. The extension is plain C with no
+torch headers (a second to compile); ``optional=True`` lets the install go on
+without a compiler, and gradaudit then falls back to its eager kernel.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+flags = [] if sys.platform == "win32" else ["-O3", "-std=gnu99", "-pthread"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "gradaudit._native",
+            sources=["gradaudit/_native.c"],
+            extra_compile_args=flags,
+            extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
+            optional=True,
+        )
+    ]
+)
