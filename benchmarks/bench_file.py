@@ -1,6 +1,6 @@
 """``gradaudit scan`` on a multi-GiB safetensors file against ``cat``, as separate processes.
 
-    python benchmarks/bench_file.py [--gib 4] [--dir DIR] [--engine eager]
+    python benchmarks/bench_file.py [--gib 4] [--dir DIR] [--engine auto]
 
 Marginal scan time = scan of the big file minus scan of a tiny file, so that
 interpreter and import start-up cancel out; it is compared with
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=4.0)
     parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--engine", default="eager")
+    parser.add_argument("--engine", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
+    MAX_ABS,
+    NAN,
+    NEG_INF,
+    POS_INF,
     ROW_WIDTH,
     ZEROS,
     HostRow,
@@ -50,6 +54,7 @@ from gradaudit.stats import (
     merge_rows,
     not_audited_reason,
     read_blocks,
+    row_norm,
 )
 
 #: What ``audit`` and ``collect_async`` accept: a mapping of names to tensors
@@ -107,7 +112,7 @@ class PendingStats:
         self._dtypes: list[str] = []
         self._sources: list[str | None] = []
         self._tickets: list[int] = []
-        self._devices: dict[str, None] = {}
+        self._devices: dict[torch.device, None] = {}
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
@@ -175,7 +180,7 @@ class PendingStats:
         self._dtypes.append(entry.dtype)
         self._sources.append(entry.source)
         self._tickets.append(self._collector.adopt(row))
-        self._devices[str(row.device)] = None
+        self._devices[row.device] = None
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
@@ -191,13 +196,14 @@ class PendingStats:
         if self.device is not None and tensor.device != self.device:
             tensor = tensor.to(self.device, non_blocking=True)
         # detach() is enough to keep autograd out: nothing downstream records a graph.
-        ticket = self._collector.submit(tensor.detach())
+        ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(dtype_name(tensor.dtype))
         self._sources.append(source)
         self._tickets.append(ticket)
-        self._devices[str(tensor.device)] = None
+        # Keyed by the device object: str(device) per tensor shows up with thousands of tensors.
+        self._devices[tensor.device] = None
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         for name, tensor in _named(tensors):
@@ -334,10 +340,7 @@ class PendingStats:
             rows = torch.tensor([starts[p.block] + p.row for p in mine], dtype=torch.long)
             host = torch.cat(host_blocks)[rows]
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
-        tensors = tuple(
-            self._tensor_stats(i, HostRow.from_values(values))
-            for i, values in enumerate(host.tolist())
-        )
+        tensors = tuple(self._tensor_stats(i, values) for i, values in enumerate(host.tolist()))
         findings = evaluate_all(tensors, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
@@ -364,22 +367,25 @@ class PendingStats:
             limit_findings=limit_findings,
         )
 
-    def _tensor_stats(self, index: int, row: HostRow) -> TensorStats:
+    def _tensor_stats(self, index: int, values: list[float]) -> TensorStats:
+        """One host row to its TensorStats (HostRow's conversion, inlined: it runs per tensor)."""
         shape = self._shapes[index]
         numel = math.prod(shape)
-        finite = numel - row.nan - row.pos_inf - row.neg_inf
+        nan, pos_inf, neg_inf = int(values[NAN]), int(values[POS_INF]), int(values[NEG_INF])
+        norm = row_norm(values)
+        finite = numel - nan - pos_inf - neg_inf
         return TensorStats(
             name=self._names[index],
             shape=shape,
             dtype=self._dtypes[index],
             numel=numel,
-            nan=row.nan,
-            pos_inf=row.pos_inf,
-            neg_inf=row.neg_inf,
-            zeros=row.zeros,
-            max_abs=row.max_abs,
-            norm=row.norm,
-            rms=row.norm / math.sqrt(finite) if finite else None,
+            nan=nan,
+            pos_inf=pos_inf,
+            neg_inf=neg_inf,
+            zeros=int(values[ZEROS]),
+            max_abs=values[MAX_ABS],
+            norm=norm,
+            rms=norm / math.sqrt(finite) if finite else None,
             source=self._sources[index],
         )
 
@@ -399,7 +405,7 @@ class PendingStats:
             )
 
     def _device_label(self) -> str:
-        devices = dict(self._devices)
+        devices = dict.fromkeys(str(device) for device in self._devices)
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"

@@ -64,8 +64,10 @@ def handles(tensor: torch.Tensor) -> bool:
 
 def tensor_row(tensor: torch.Tensor, out: torch.Tensor, threads: int) -> None:
     """Write the stats row of ``tensor`` (see :func:`handles`) into ``out``: 7 float64."""
-    assert _module is not None and handles(tensor)
-    assert out.dtype == torch.float64 and out.is_contiguous() and out.numel() == 7
+    if _module is None or not handles(tensor):
+        raise ValueError("the native kernel takes contiguous CPU float32/64/16/bf16 tensors")
+    if out.dtype != torch.float64 or not out.is_contiguous() or out.numel() != 7:
+        raise ValueError("the row must be 7 contiguous float64")
     _module.stats(tensor.data_ptr(), tensor.numel(), _CODES[tensor.dtype], out.data_ptr(), threads)
 
 
@@ -75,7 +77,8 @@ def batch_rows(tensors: Sequence[torch.Tensor], threads: int) -> torch.Tensor:
     One call for many tensors is what makes thousands of tiny parameters cheap:
     the per-tensor cost is a few attribute reads in Python, not an op dispatch.
     """
-    assert _module is not None
+    if _module is None or not all(handles(t) for t in tensors):
+        raise ValueError("the native kernel takes contiguous CPU float32/64/16/bf16 tensors")
     rows = torch.empty((len(tensors), 7), dtype=torch.float64)
     pointers = array.array("Q", [t.data_ptr() for t in tensors])
     counts = array.array("Q", [t.numel() for t in tensors])
@@ -89,6 +92,7 @@ def set_path(name: str) -> str:
 
     For tests, which check both paths against the same reference.
     """
-    assert _module is not None
+    if _module is None:
+        raise ValueError("the native kernel is not built")
     previous: str = _module.set_path(name)
     return previous

@@ -82,6 +82,7 @@ AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=64)
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``, the spelling used in every output."""
     return str(dtype).removeprefix("torch.")
@@ -257,7 +258,7 @@ class StatsCollector:
         return merge_rows(torch.cat(rows))
 
     def _chunk_row(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The row ``[1, 7]`` of one chunk; a strided piece is copied (at most a chunk) for native."""
+        """The row ``[1, 7]`` of one chunk; native copies a strided piece (at most a chunk)."""
         if self._native and native.supports(chunk):
             chunk = chunk.contiguous()
             out = torch.empty((1, ROW_WIDTH), dtype=torch.float64)
@@ -287,10 +288,7 @@ class StatsCollector:
             self._batch.append(tensor)
             self._batch_tickets.append(ticket)
             self._batch_bytes += numel * tensor.element_size()
-            if (
-                len(self._batch) >= NATIVE_BATCH_TENSORS
-                or self._batch_bytes >= NATIVE_BATCH_BYTES
-            ):
+            if len(self._batch) >= NATIVE_BATCH_TENSORS or self._batch_bytes >= NATIVE_BATCH_BYTES:
                 self._reduce_batch()
             return ticket
         length = bucket_length(numel)
@@ -428,15 +426,19 @@ class HostRow:
 
     @classmethod
     def from_values(cls, values: list[float]) -> HostRow:
-        scale, ssq = values[SCALE], values[SSQ]
         return cls(
             nan=int(values[NAN]),
             pos_inf=int(values[POS_INF]),
             neg_inf=int(values[NEG_INF]),
             zeros=int(values[ZEROS]),
             max_abs=values[MAX_ABS],
-            norm=scale * math.sqrt(ssq),
+            norm=row_norm(values),
         )
+
+
+def row_norm(values: list[float]) -> float:
+    """The L2 norm a host stats row stands for: ``scale * sqrt(ssq)``."""
+    return values[SCALE] * math.sqrt(values[SSQ])
 
 
 def read_blocks(blocks: list[torch.Tensor]) -> list[torch.Tensor]:

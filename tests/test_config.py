@@ -167,7 +167,11 @@ def test_broken_pyproject_is_a_usage_error(tmp_path: Path, text: str, message: s
         ("quiet = 'yes'", "quiet", "expected true or false, got a string ('yes')"),
         ("device = 'tpu'", "device", "unknown device 'tpu'"),
         ("device = 'meta'", "device", "unknown device 'meta'"),
-        ("engine = 'fast'", "engine", "unknown value 'fast' (choose from native, eager, compiled, auto)"),
+        (
+            "engine = 'fast'",
+            "engine",
+            "unknown value 'fast' (choose from native, eager, compiled, auto)",
+        ),
         ("[tool.gradaudit.nested]", "nested", "unknown key"),
     ],
 )

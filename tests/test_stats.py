@@ -38,9 +38,7 @@ HUGE = {
 }
 
 
-def stats_of(
-    tensor: torch.Tensor, chunk_elements: int = 1 << 20, engine: str = "eager"
-) -> HostRow:
+def stats_of(tensor: torch.Tensor, chunk_elements: int = 1 << 20, engine: str = "eager") -> HostRow:
     row = StatsCollector(chunk_elements, engine=engine).row(tensor)
     return HostRow.from_values(read_rows([row])[0].tolist())
 
