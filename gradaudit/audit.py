@@ -193,8 +193,12 @@ class PendingStats:
         if reason is not None:
             self._skipped.append(Skipped(name, reason, source))
             return
-        if self.device is not None and tensor.device != self.device:
+        # Per-tensor costs add up with thousands of tiny tensors, hence the
+        # device object is made once here and CPU tensors skip the comparison.
+        device = tensor.device
+        if self.device is not None and device != self.device:
             tensor = tensor.to(self.device, non_blocking=True)
+            device = self.device
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
         self._names.append(name)
@@ -202,8 +206,7 @@ class PendingStats:
         self._dtypes.append(dtype_name(tensor.dtype))
         self._sources.append(source)
         self._tickets.append(ticket)
-        # Keyed by the device object: str(device) per tensor shows up with thousands of tensors.
-        self._devices[tensor.device] = None
+        self._devices[device] = None
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         for name, tensor in _named(tensors):
@@ -340,7 +343,7 @@ class PendingStats:
             rows = torch.tensor([starts[p.block] + p.row for p in mine], dtype=torch.long)
             host = torch.cat(host_blocks)[rows]
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
-        tensors = tuple(self._tensor_stats(i, values) for i, values in enumerate(host.tolist()))
+        tensors = tuple(self._tensor_stats(host.tolist()))
         findings = evaluate_all(tensors, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
@@ -367,27 +370,35 @@ class PendingStats:
             limit_findings=limit_findings,
         )
 
-    def _tensor_stats(self, index: int, values: list[float]) -> TensorStats:
-        """One host row to its TensorStats (HostRow's conversion, inlined: it runs per tensor)."""
-        shape = self._shapes[index]
-        numel = math.prod(shape)
-        nan, pos_inf, neg_inf = int(values[NAN]), int(values[POS_INF]), int(values[NEG_INF])
-        norm = row_norm(values)
-        finite = numel - nan - pos_inf - neg_inf
-        return TensorStats(
-            name=self._names[index],
-            shape=shape,
-            dtype=self._dtypes[index],
-            numel=numel,
-            nan=nan,
-            pos_inf=pos_inf,
-            neg_inf=neg_inf,
-            zeros=int(values[ZEROS]),
-            max_abs=values[MAX_ABS],
-            norm=norm,
-            rms=norm / math.sqrt(finite) if finite else None,
-            source=self._sources[index],
-        )
+    def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
+        """Host rows to TensorStats, in submission order.
+
+        One loop with positional arguments and :class:`HostRow`'s conversion
+        inlined: it runs once per tensor, which is what a dump of thousands of
+        tiny tensors pays for.
+        """
+        prod, sqrt = math.prod, math.sqrt
+        for name, shape, dtype, source, values in zip(
+            self._names, self._shapes, self._dtypes, self._sources, rows, strict=True
+        ):
+            numel = prod(shape)
+            nan, pos_inf, neg_inf = int(values[NAN]), int(values[POS_INF]), int(values[NEG_INF])
+            norm = row_norm(values)
+            finite = numel - nan - pos_inf - neg_inf
+            yield TensorStats(
+                name,
+                shape,
+                dtype,
+                numel,
+                nan,
+                pos_inf,
+                neg_inf,
+                int(values[ZEROS]),
+                values[MAX_ABS],
+                norm,
+                norm / sqrt(finite) if finite else None,
+                source,
+            )
 
     def _file_results(self, host: torch.Tensor) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}

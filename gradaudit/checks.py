@@ -44,6 +44,8 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
                     f"norm {stats.norm:.3g} < vanishing threshold {thresholds.vanishing:.3g}",
                 )
             )
+    if not found:  # the common case, kept cheap: it runs once per tensor
+        return ()
     return tuple(
         Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)
         for kind, message in found

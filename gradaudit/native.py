@@ -54,7 +54,7 @@ def available() -> bool:
 
 def supports(tensor: torch.Tensor) -> bool:
     """Whether the native kernel reduces ``tensor`` once it is contiguous."""
-    return _module is not None and tensor.device.type == "cpu" and tensor.dtype in _CODES
+    return _module is not None and tensor.is_cpu and tensor.dtype in _CODES
 
 
 def handles(tensor: torch.Tensor) -> bool:
@@ -79,10 +79,29 @@ def batch_rows(tensors: Sequence[torch.Tensor], threads: int) -> torch.Tensor:
     """
     if _module is None or not all(handles(t) for t in tensors):
         raise ValueError("the native kernel takes contiguous CPU float32/64/16/bf16 tensors")
-    rows = torch.empty((len(tensors), 7), dtype=torch.float64)
     pointers = array.array("Q", [t.data_ptr() for t in tensors])
     counts = array.array("Q", [t.numel() for t in tensors])
     codes = array.array("i", [_CODES[t.dtype] for t in tensors])
+    return rows_of_pointers(pointers, counts, codes, threads)
+
+
+def code(dtype: torch.dtype) -> int:
+    """The extension's code for a dtype it takes (see :func:`supports`)."""
+    return _CODES[dtype]
+
+
+def rows_of_pointers(
+    pointers: array.array[int], counts: array.array[int], codes: array.array[int], threads: int
+) -> torch.Tensor:
+    """Stats rows of tensors given by address, element count and :func:`code`.
+
+    For the collector, which checked :func:`handles` when each tensor came in
+    and keeps the tensors alive until this returns; everyone else should call
+    :func:`batch_rows`, which checks.
+    """
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    rows = torch.empty((len(pointers), 7), dtype=torch.float64)
     _module.stats_batch(pointers, counts, codes, rows.data_ptr(), threads)
     return rows
 

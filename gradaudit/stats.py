@@ -36,10 +36,12 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
 
 from __future__ import annotations
 
+import array
 import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -60,9 +62,11 @@ COMPILED_CHUNK_ELEMENTS = 1 << 22
 BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
-#: Small tensors handed to the native kernel in one call, at most (count and bytes).
+#: Tensors handed to the native kernel in one call, at most (count, and bytes once
+#: exceeded). One call splits its bytes between threads, so batching large tensors
+#: too saves a thread launch per tensor; the batch only holds references.
 NATIVE_BATCH_TENSORS = 2048
-NATIVE_BATCH_BYTES = 16 * 1024 * 1024
+NATIVE_BATCH_BYTES = 64 * 1024 * 1024
 #: Default working-memory budget (``--max-memory``): scratch buffers plus live buckets.
 DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
@@ -162,9 +166,12 @@ class _Bucket:
     tickets: list[tuple[int, int]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a submitted tensor's row ended up: block, row in block, padding zeros to subtract."""
+class Placement(NamedTuple):
+    """Where a submitted tensor's row ended up: block, row in block, padding zeros to subtract.
+
+    A named tuple rather than a frozen dataclass: one is made per tensor, and
+    with thousands of tiny tensors the dataclass constructor showed up.
+    """
 
     block: int
     row: int
@@ -231,9 +238,7 @@ class StatsCollector:
         self._fallback = Engine.EAGER if self._native else self.engine
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
-        self._batch: list[torch.Tensor] = []
-        self._batch_tickets: list[int] = []
-        self._batch_bytes = 0
+        self._new_batch()
         self._upcast: dict[torch.device, torch.Tensor] = {}
         self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
         self._blocks: list[torch.Tensor] = []
@@ -279,18 +284,22 @@ class StatsCollector:
         """Queue ``tensor``; returns a ticket to find its row after :meth:`flush`."""
         ticket = len(self._placements)
         numel = tensor.numel()
+        if self._native and native.handles(tensor):
+            self._placements.append(None)
+            self._batch.append(tensor)
+            self._batch_tickets.append(ticket)
+            self._batch_pointers.append(tensor.data_ptr())
+            self._batch_counts.append(numel)
+            self._batch_codes.append(native.code(tensor.dtype))
+            self._batch_bytes += numel * tensor.element_size()
+            if len(self._batch) >= NATIVE_BATCH_TENSORS or self._batch_bytes >= NATIVE_BATCH_BYTES:
+                self._reduce_batch()
+            return ticket
         if numel == 0 or numel > BUCKET_MAX_ELEMENTS:
             self._placements.append(Placement(len(self._blocks), 0, 0))
             self._blocks.append(self.row(tensor).unsqueeze(0))
             return ticket
         self._placements.append(None)
-        if self._native and native.handles(tensor):
-            self._batch.append(tensor)
-            self._batch_tickets.append(ticket)
-            self._batch_bytes += numel * tensor.element_size()
-            if len(self._batch) >= NATIVE_BATCH_TENSORS or self._batch_bytes >= NATIVE_BATCH_BYTES:
-                self._reduce_batch()
-            return ticket
         length = bucket_length(numel)
         key = (tensor.device, work_dtype(tensor.dtype), length)
         bucket = self._buckets.get(key)
@@ -329,9 +338,7 @@ class StatsCollector:
         other._bucket_bytes = 0
         other._blocks = []
         other._placements = []
-        other._batch = []
-        other._batch_tickets = []
-        other._batch_bytes = 0
+        other._new_batch()
         other._ran = {}
         return other
 
@@ -355,14 +362,25 @@ class StatsCollector:
         self._bucket_bytes -= bucket.buffer.numel() * bucket.buffer.element_size()
 
     def _reduce_batch(self) -> None:
-        """Rows of the batched small CPU tensors, in one native call; then let them go."""
+        """Rows of the batched CPU tensors, in one native call; then let them go."""
         block_index = len(self._blocks)
-        self._blocks.append(native.batch_rows(self._batch, self._threads))
+        self._blocks.append(
+            native.rows_of_pointers(
+                self._batch_pointers, self._batch_counts, self._batch_codes, self._threads
+            )
+        )
         for row, ticket in enumerate(self._batch_tickets):
             self._placements[ticket] = Placement(block_index, row, 0)
         self._ran["native"] = None
-        self._batch = []
-        self._batch_tickets = []
+        self._new_batch()
+
+    def _new_batch(self) -> None:
+        """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
+        self._batch: list[torch.Tensor] = []
+        self._batch_tickets: list[int] = []
+        self._batch_pointers = array.array("Q")
+        self._batch_counts = array.array("Q")
+        self._batch_codes = array.array("i")
         self._batch_bytes = 0
 
     def _reduce_bucket(self, bucket: _Bucket) -> None:

@@ -187,3 +187,34 @@ def test_collector_row_of_a_non_contiguous_tensor_uses_native_pieces() -> None:
     ref = reference_stats(tensor)
     assert got.norm == pytest.approx(ref.norm, rel=1e-12)
     assert collector.engine_used == "native"
+
+
+@settings(derandomize=True, max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 17, 4096, 100_003, 700_001]), min_size=1, max_size=12),
+    dtypes=st.lists(st.sampled_from(NATIVE_DTYPES), min_size=12, max_size=12),
+    threads=st.sampled_from([2, 3]),
+)
+def test_a_batch_split_between_threads_matches_tensor_by_tensor(
+    sizes: list[int], dtypes: list[torch.dtype], threads: int
+) -> None:
+    """Thread boundaries fall inside tensors; each row must equal that tensor's own row."""
+    gen = torch.Generator().manual_seed(len(sizes))
+    tensors = []
+    for i, size in enumerate(sizes):
+        values = torch.randn(size, generator=gen, dtype=torch.float64)
+        if size:
+            values[size // 2] = [math.nan, math.inf, -math.inf, 0.0][i % 4]
+        tensors.append(values.to(dtypes[i]))
+    rows = native.batch_rows(tensors, threads)
+    for tensor, row in zip(tensors, rows.tolist(), strict=True):
+        alone = native_row(tensor, threads=1)
+        got = HostRow.from_values(row)
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros, got.max_abs) == (
+            alone.nan,
+            alone.pos_inf,
+            alone.neg_inf,
+            alone.zeros,
+            alone.max_abs,
+        )
+        assert got.norm == pytest.approx(alone.norm, rel=1e-12)
