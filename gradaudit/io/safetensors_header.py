@@ -83,6 +83,7 @@ _MAX_DIM = 2**63 - 1
 _MAX_USIZE = 2**64 - 1
 _SNIFF_BYTES = 64
 _TENSOR_KEYS = ("dtype", "shape", "data_offsets")
+_TENSOR_KEY_SET = frozenset(_TENSOR_KEYS)
 _METADATA_KEY = "__metadata__"
 _SHOW_LIMIT = 60
 
@@ -128,18 +129,23 @@ class _Refused(Exception):
         self.cause = cause
 
 
-class _JsonObject:
+class _JsonObject(tuple[tuple[str, Any], ...]):
     """A JSON object as its raw key/value pairs, so duplicate keys stay visible.
 
     ``json.loads`` would build a dict and keep the last duplicate silently, as the
     safetensors library does; keeping the pairs lets each context (tensor names, metadata
     keys, entry fields) name its own duplicate.
+
+    A tuple subclass with no Python ``__init__``: ``json`` calls the hook once per
+    object, and a constructor that runs Python code made parsing a header of
+    thousands of tensors several times slower.
     """
 
-    __slots__ = ("pairs",)
+    __slots__ = ()
 
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
-        self.pairs = pairs
+    @property
+    def pairs(self) -> tuple[tuple[str, Any], ...]:
+        return self
 
 
 def show(text: str, limit: int = _SHOW_LIMIT) -> str:
@@ -334,6 +340,8 @@ def _parse_int(text: str) -> int | float:
 
     Python reads ``-0`` as the integer 0, the library reads it as the float -0.0 and
     refuses it as an offset or dimension; returning a float makes it fail here as well.
+    The hook costs a Python call per number, so :func:`_parse_json` only uses it
+    when the text contains ``-0`` at all.
     """
     return -0.0 if text == "-0" else int(text)
 
@@ -345,7 +353,7 @@ def _parse_json(text: str) -> Any:
             text,
             object_pairs_hook=_JsonObject,
             parse_constant=_reject_constant,
-            parse_int=_parse_int,
+            parse_int=_parse_int if "-0" in text else None,
         )
     except RecursionError:
         raise _Refused("header is not valid JSON (nested too deeply)") from None
@@ -415,7 +423,49 @@ def _is_count(value: Any, limit: int) -> bool:
 
 
 def _parse_entry(name: str, value: Any, data_length: int) -> TensorEntry:
-    """Validate one tensor entry against the format and against the data section's size."""
+    """Validate one tensor entry against the format and against the data section's size.
+
+    Runs once per tensor, so the label for a message (which escapes every
+    character of the name) is only built when there is something to refuse.
+    """
+    if not _well_formed(value, data_length):
+        _refuse_entry(name, value, data_length)
+    _check_text(name, "a tensor name")
+    fields = dict(value)
+    shape = tuple(fields["shape"])
+    begin, end = fields["data_offsets"]
+    return TensorEntry(name=name, dtype=fields["dtype"], shape=shape, begin=begin, end=end)
+
+
+def _well_formed(value: Any, data_length: int) -> bool:
+    """The common case, checked fast: exactly the three keys, all valid and consistent."""
+    if not isinstance(value, _JsonObject) or len(value) != 3:
+        return False
+    fields = dict(value)
+    if fields.keys() != _TENSOR_KEY_SET:
+        return False
+    dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
+    size = SAFETENSORS_DTYPE_SIZES.get(dtype) if type(dtype) is str else None
+    if size is None or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return False
+    numel = 1
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim <= _MAX_DIM:
+            return False
+        numel *= dim
+        if numel > _MAX_USIZE:
+            return False
+    begin, end = offsets
+    return (
+        type(begin) is int
+        and type(end) is int
+        and 0 <= begin <= end <= data_length
+        and end - begin == numel * size
+    )
+
+
+def _refuse_entry(name: str, value: Any, data_length: int) -> NoReturn:
+    """Find what is wrong with an entry that failed :func:`_well_formed` and say it."""
     label = f"tensor {show(name)}"
     _check_text(name, "a tensor name")
     if not isinstance(value, _JsonObject):
@@ -473,7 +523,7 @@ def _parse_entry(name: str, value: Any, data_length: int) -> TensorEntry:
             f"{label}: data_offsets [{begin}, {end}] run past the end of the data section"
             f" ({data_length} bytes; is the file truncated?)"
         )
-    return TensorEntry(name=name, dtype=dtype, shape=shape, begin=begin, end=end)
+    raise AssertionError(f"{label}: refused without a cause")  # pragma: no cover
 
 
 def _check_tiling(tensors: list[TensorEntry], data_length: int) -> None:
