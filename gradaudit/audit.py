@@ -183,7 +183,27 @@ class PendingStats:
         self._devices[row.device] = None
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
-        """Queue the device work for one tensor; a tensor that cannot be audited is skipped."""
+        """Queue the device work for one tensor; a tensor that cannot be audited is skipped.
+
+        The tensor's values are taken before this returns, so a training loop may
+        step or zero its gradients right after (the device work is queued in
+        stream order; CPU tensors are reduced at once). To add many tensors,
+        :meth:`add_all` is cheaper: it lets small CPU tensors share one native call.
+        """
+        self.queue(name, tensor, source)
+        self.settle()
+
+    def settle(self) -> None:
+        """Take the values of every tensor queued so far (see :meth:`queue`)."""
+        self._collector.settle()
+
+    def queue(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
+        """Like :meth:`add`, but a CPU tensor may be read as late as :meth:`settle`.
+
+        For tensors nobody modifies meanwhile (a file's data, or a batch that
+        :meth:`add_all` settles before returning): the native kernel then
+        reduces many of them in one call.
+        """
         if is_dtensor(tensor):
             raise TypeError(
                 f"{name!r} is a DTensor: its stats need its shards on every rank; use "
@@ -209,8 +229,12 @@ class PendingStats:
         self._devices[device] = None
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
-        for name, tensor in _named(tensors):
-            self.add(name, tensor, source)
+        """:meth:`add` for each tensor; every value is taken before this returns."""
+        try:
+            for name, tensor in _named(tensors):
+                self.queue(name, tensor, source)
+        finally:
+            self.settle()
 
     def skip(self, skipped: Skipped) -> None:
         self._skipped.append(skipped)
@@ -286,9 +310,10 @@ class PendingStats:
                 elif isinstance(item, Skipped):
                     part.skip(Skipped(item.name, item.reason, path))
                 else:
-                    part.add(item[0], item[1], source=path)
+                    part.queue(item[0], item[1], source=path)
                     if progress is not None:
                         progress(item[1].numel() * item[1].element_size())
+            part.settle()
         except InputError as error:
             self.add_error(InputProblem(path, error.cause))
             return

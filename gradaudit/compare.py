@@ -164,7 +164,8 @@ def _read(
             elif isinstance(item, Skipped):
                 part.skip(Skipped(name, item.reason, side.label))
             else:
-                part.add(name, item[1], source=side.label)
+                part.queue(name, item[1], source=side.label)
+        part.settle()
     except InputError as error:
         errors.append(InputProblem(path, error.cause))
         return

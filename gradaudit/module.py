@@ -127,6 +127,5 @@ def collect_gradients(
 
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
-    for name, grad in named:
-        pending.add(name, grad)
+    pending.add_all(named)
     return pending

@@ -281,7 +281,12 @@ class StatsCollector:
     # -- many tensors -----------------------------------------------------------
 
     def submit(self, tensor: torch.Tensor) -> int:
-        """Queue ``tensor``; returns a ticket to find its row after :meth:`flush`."""
+        """Queue ``tensor``; returns a ticket to find its row after :meth:`flush`.
+
+        A CPU tensor for the native kernel joins a batch and is read at the next
+        :meth:`settle` or :meth:`flush` (or when the batch is full): it must not
+        change before then. Everything else is read (or queued on its stream) now.
+        """
         ticket = len(self._placements)
         numel = tensor.numel()
         if self._native and native.handles(tensor):
@@ -319,6 +324,15 @@ class StatsCollector:
             self._reduce_bucket(bucket)
         return ticket
 
+    def settle(self) -> None:
+        """Reduce the native batch now: until then its tensors are only referenced.
+
+        Callers whose tensors may change (gradients about to be zeroed or
+        stepped) settle before handing control back; a file's data need not.
+        """
+        if self._batch:
+            self._reduce_batch()
+
     def adopt(self, row: torch.Tensor) -> int:
         """Take a row computed elsewhere (merged across ranks, sent by another rank)."""
         ticket = len(self._placements)
@@ -347,8 +361,7 @@ class StatsCollector:
         for bucket in self._buckets.values():
             if bucket.tickets:
                 self._reduce_bucket(bucket)
-        if self._batch:
-            self._reduce_batch()
+        self.settle()
         placements = [p for p in self._placements if p is not None]
         assert len(placements) == len(self._placements), "a ticket was never placed"
         return list(self._blocks), placements

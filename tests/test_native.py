@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gradaudit
 from gradaudit import audit, native
 from gradaudit.kernels import Engine
 from gradaudit.stats import HostRow, StatsCollector, read_rows, resolve_engine
@@ -218,3 +219,26 @@ def test_a_batch_split_between_threads_matches_tensor_by_tensor(
             alone.max_abs,
         )
         assert got.norm == pytest.approx(alone.norm, rel=1e-12)
+
+
+@pytest.mark.parametrize("how", ["collect_async", "add", "collect_module"])
+def test_values_are_taken_before_collection_returns(how: str) -> None:
+    """A training loop zeroes its gradients right after collecting; the stats must not see it."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 2))
+    model(torch.randn(8, 64)).square().sum().backward()
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    expected = {name: reference_stats(g).norm for name, g in grads.items()}
+    if how == "collect_async":
+        pending = gradaudit.collect_async(grads)
+    elif how == "add":
+        pending = gradaudit.PendingStats()
+        for name, grad in grads.items():
+            pending.add(name, grad)
+    else:
+        pending = gradaudit.collect_module(model)
+    model.zero_grad(set_to_none=False)  # in place: the collected tensors now hold zeros
+    report = pending.materialize()
+    assert report.engine == "native"
+    for stats in report.tensors:
+        assert stats.norm == pytest.approx(expected[stats.name], rel=1e-12)
+        assert stats.norm > 0

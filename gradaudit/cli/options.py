@@ -70,7 +70,10 @@ DeviceOption = Annotated[
 EngineOption = Annotated[
     Engine | None,
     typer.Option(
-        help="Kernel: eager (default for auto), or compiled with torch.compile. [default: auto]"
+        help=(
+            "Kernel: native (single-pass C on the CPU; what auto picks when it is built), "
+            "eager, or compiled with torch.compile. [default: auto]"
+        )
     ),
 ]
 VanishingThresholdOption = Annotated[

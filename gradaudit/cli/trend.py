@@ -80,7 +80,12 @@ def trend(
     ] = "auto",
     engine: Annotated[
         Engine,
-        typer.Option(help="Kernel: eager (default for auto), or compiled with torch.compile."),
+        typer.Option(
+            help=(
+                "Kernel: native (single-pass C on the CPU; what auto picks when it is built), "
+                "eager, or compiled with torch.compile."
+            )
+        ),
     ] = Engine.AUTO,
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
