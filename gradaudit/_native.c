@@ -222,6 +222,30 @@ AVX2_INLINE uint64_t count32(__m256i v) {
     return hsum_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), v));
 }
 
+/* Add a block's lanes to the accumulator: counters (16-bit lanes for half
+ * formats, 32-bit otherwise) hold minus the counts; the peak is a lane-wise max. */
+AVX2_INLINE void lanes_fold(const lanes_t *l, acc_t *a, uint32_t *peak, int halves) {
+    uint64_t ninf = halves ? count16(l->ninf) : count32(l->ninf);
+    a->nan += halves ? count16(l->nan) : count32(l->nan);
+    a->pos_inf += (halves ? count16(l->inf) : count32(l->inf)) - ninf;
+    a->neg_inf += ninf;
+    a->zeros += halves ? count16(l->zero) : count32(l->zero);
+    a->ssq += hsum_pd(_mm256_add_pd(_mm256_add_pd(l->s0, l->s1), _mm256_add_pd(l->s2, l->s3)));
+    uint32_t top = 0;
+    if (halves) {
+        uint16_t lanes[16];
+        _mm256_storeu_si256((__m256i *)lanes, l->peak);
+        for (int i = 0; i < 16; i++)
+            if (lanes[i] > top) top = lanes[i];
+    } else {
+        uint32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, l->peak);
+        for (int i = 0; i < 8; i++)
+            if (lanes[i] > top) top = lanes[i];
+    }
+    if (top > *peak) *peak = top;
+}
+
 AVX2_INLINE void square8(lanes_t *l, __m256 v, int which) {
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
     __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
@@ -263,16 +287,7 @@ AVX2 static void avx2_f32(const uint32_t *x, size_t n, acc_t *a) {
             square8(&l, _mm256_castsi256_ps(f0), 0);
             square8(&l, _mm256_castsi256_ps(f1), 1);
         }
-        uint64_t ninf = count32(l.ninf);
-        a->nan += count32(l.nan);
-        a->pos_inf += count32(l.inf) - ninf;
-        a->neg_inf += ninf;
-        a->zeros += count32(l.zero);
-        a->ssq += hsum_pd(_mm256_add_pd(_mm256_add_pd(l.s0, l.s1), _mm256_add_pd(l.s2, l.s3)));
-        uint32_t lanes[8];
-        _mm256_storeu_si256((__m256i *)lanes, l.peak);
-        for (int i = 0; i < 8; i++)
-            if (lanes[i] > peak) peak = lanes[i];
+        lanes_fold(&l, a, &peak, 0);
         done += len;
     }
     double peak_value = f32_from_bits(peak);
@@ -315,16 +330,7 @@ AVX2 static void avx2_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
             square8(&l, v0, 0);
             square8(&l, v1, 1);
         }
-        uint64_t nneg = count16(l.ninf);
-        a->nan += count16(l.nan);
-        a->pos_inf += count16(l.inf) - nneg;
-        a->neg_inf += nneg;
-        a->zeros += count16(l.zero);
-        a->ssq += hsum_pd(_mm256_add_pd(_mm256_add_pd(l.s0, l.s1), _mm256_add_pd(l.s2, l.s3)));
-        uint16_t lanes[16];
-        _mm256_storeu_si256((__m256i *)lanes, l.peak);
-        for (int i = 0; i < 16; i++)
-            if (lanes[i] > peak) peak = lanes[i];
+        lanes_fold(&l, a, &peak, 1);
         done += len;
     }
     double peak_value = bf16 ? f32_from_bits(peak << 16) : half_value(peak);

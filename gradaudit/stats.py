@@ -25,6 +25,11 @@ take the max, and sums of squares add after rescaling to the largest scale.
 
 How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
 ------------------------------------------------------------------
+* With the native engine (:mod:`gradaudit.native`, what ``auto`` picks on the
+  CPU), contiguous CPU tensors are not cut at all: they are referenced in a
+  batch and reduced in place by one call that splits the batch's bytes
+  between threads. The rest of this list is the eager kernel's (other
+  devices, fp8, or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
   kernel hit the cache instead of memory.
