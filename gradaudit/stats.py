@@ -258,17 +258,17 @@ class StatsCollector:
         if tensor.numel() == 0:
             return empty_row(tensor.device)
         if self._native and native.handles(tensor):
-            out = torch.empty(ROW_WIDTH, dtype=torch.float64)
-            native.tensor_row(tensor, out, self._threads)
-            self._ran["native"] = None
-            return out
+            return self._chunk_row(tensor)[0]  # whole: the native kernel needs no chunks
         rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
 
     def _chunk_row(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The row ``[1, 7]`` of one chunk; native copies a strided piece (at most a chunk)."""
+        """The row ``[1, 7]`` of one chunk (or a whole tensor the native kernel takes as it is).
+
+        Native copies a strided piece to make it contiguous (at most a chunk).
+        """
         if self._native and native.supports(chunk):
             chunk = chunk.contiguous()
             out = torch.empty((1, ROW_WIDTH), dtype=torch.float64)
