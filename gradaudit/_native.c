@@ -28,9 +28,9 @@
 #include <string.h>
 
 /* Bumped whenever the Python side's expectations change: a stale build is ignored. */
-#define NATIVE_ABI 1
+#define NATIVE_ABI 2
 
-enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
+enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3, DT_E4M3 = 4, DT_E5M2 = 5 };
 
 /* Elements per inner block: counts fit in uint32 and the block stays in L1. */
 #define BLOCK 4096
@@ -134,6 +134,44 @@ static void portable_16(const uint16_t *p, size_t n, acc_t *a, int bf16) {
     }
     a->ssq += block;
     double peak_value = bf16 ? f32_from_bits(peak << 16) : half_value(peak);
+    if (peak_value > a->max_abs) a->max_abs = peak_value;
+}
+
+/* fp8, scalar only (rare in gradients, and a byte per element is cheap to read):
+ * e5m2 is the top byte of a float16; e4m3fn has no infinities and one NaN magnitude. */
+static inline double e4m3_value(uint32_t m) {
+    uint32_t exponent = m >> 3, mantissa = m & 7u;
+    return exponent ? ldexp((double)(8u + mantissa), (int)exponent - 10) : ldexp((double)mantissa, -9);
+}
+
+static void portable_f8(const uint8_t *p, size_t n, acc_t *a, int e5m2) {
+    uint32_t peak = 0;
+    double block = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = p[i], m = b & 0x7fu;
+        int finite;
+        if (e5m2) {
+            a->nan += m > 0x7cu;
+            a->pos_inf += b == 0x7cu;
+            a->neg_inf += b == 0xfcu;
+            finite = m < 0x7cu;
+        } else {
+            a->nan += m == 0x7fu;
+            finite = m != 0x7fu;
+        }
+        a->zeros += m == 0;
+        if (finite) {
+            if (m > peak) peak = m;
+            double d = e5m2 ? half_value(m << 8) : e4m3_value(m);
+            block += d * d;
+        }
+        if ((i + 1) % BLOCK == 0) {
+            a->ssq += block;
+            block = 0.0;
+        }
+    }
+    a->ssq += block;
+    double peak_value = e5m2 ? half_value(peak << 8) : e4m3_value(peak);
     if (peak_value > a->max_abs) a->max_abs = peak_value;
 }
 
@@ -467,6 +505,8 @@ static size_t itemsize(int dtype) {
     switch (dtype) {
         case DT_F64: return 8;
         case DT_F32: return 4;
+        case DT_E4M3:
+        case DT_E5M2: return 1;
         default: return 2;
     }
 }
@@ -477,6 +517,8 @@ static void run(int dtype, const void *data, size_t n, acc_t *a) {
         case DT_F64: run_f64((const uint64_t *)data, n, a); break;
         case DT_F16: run_f16((const uint16_t *)data, n, a); break;
         case DT_BF16: run_bf16((const uint16_t *)data, n, a); break;
+        case DT_E4M3: portable_f8((const uint8_t *)data, n, a, 0); break;
+        case DT_E5M2: portable_f8((const uint8_t *)data, n, a, 1); break;
     }
 }
 
@@ -573,7 +615,7 @@ static int cpu_has_avx2(void) {
 #endif
 }
 
-static int valid_dtype(int dtype) { return dtype >= DT_F32 && dtype <= DT_BF16; }
+static int valid_dtype(int dtype) { return dtype >= DT_F32 && dtype <= DT_E5M2; }
 
 PyDoc_STRVAR(stats_doc,
     "stats(data_ptr, numel, dtype_code, row_ptr, threads)\n\n"
@@ -684,7 +726,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "ABI", NATIVE_ABI) ||
         PyModule_AddIntConstant(m, "F32", DT_F32) || PyModule_AddIntConstant(m, "F64", DT_F64) ||
-        PyModule_AddIntConstant(m, "F16", DT_F16) || PyModule_AddIntConstant(m, "BF16", DT_BF16)) {
+        PyModule_AddIntConstant(m, "F16", DT_F16) || PyModule_AddIntConstant(m, "BF16", DT_BF16) ||
+        PyModule_AddIntConstant(m, "E4M3", DT_E4M3) || PyModule_AddIntConstant(m, "E5M2", DT_E5M2)) {
         Py_DECREF(m);
         return NULL;
     }

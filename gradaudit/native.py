@@ -1,9 +1,9 @@
 """The single-pass CPU kernel (``gradaudit/_native.c``), when it was built.
 
 It reads each element once and writes the engine's stats row straight into a
-float64 tensor, for contiguous CPU tensors of float32, float64, float16 and
-bfloat16. Everything else (other devices, fp8, a missing build) goes to the
-eager kernel, which computes the same row.
+float64 tensor, for contiguous CPU tensors of every audited dtype (float32,
+float64, float16, bfloat16, fp8 e4m3fn and e5m2). Other devices and a missing
+build go to the eager kernel, which computes the same row.
 
 The extension is optional: ``pip install`` builds it when a C compiler is
 there and carries on without it otherwise. :func:`available` says which.
@@ -19,7 +19,7 @@ import torch
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.
-_ABI = 1
+_ABI = 2
 
 
 def _load() -> ModuleType | None:
@@ -43,6 +43,8 @@ _CODES: dict[torch.dtype, int] = (
         torch.float64: _module.F64,
         torch.float16: _module.F16,
         torch.bfloat16: _module.BF16,
+        torch.float8_e4m3fn: _module.E4M3,
+        torch.float8_e5m2: _module.E5M2,
     }
 )
 
@@ -65,7 +67,7 @@ def handles(tensor: torch.Tensor) -> bool:
 def tensor_row(tensor: torch.Tensor, out: torch.Tensor, threads: int) -> None:
     """Write the stats row of ``tensor`` (see :func:`handles`) into ``out``: 7 float64."""
     if _module is None or not handles(tensor):
-        raise ValueError("the native kernel takes contiguous CPU float32/64/16/bf16 tensors")
+        raise ValueError("the native kernel takes contiguous CPU tensors of the audited dtypes")
     if out.dtype != torch.float64 or not out.is_contiguous() or out.numel() != 7:
         raise ValueError("the row must be 7 contiguous float64")
     _module.stats(tensor.data_ptr(), tensor.numel(), _CODES[tensor.dtype], out.data_ptr(), threads)
@@ -78,7 +80,7 @@ def batch_rows(tensors: Sequence[torch.Tensor], threads: int) -> torch.Tensor:
     the per-tensor cost is a few attribute reads in Python, not an op dispatch.
     """
     if _module is None or not all(handles(t) for t in tensors):
-        raise ValueError("the native kernel takes contiguous CPU float32/64/16/bf16 tensors")
+        raise ValueError("the native kernel takes contiguous CPU tensors of the audited dtypes")
     pointers = array.array("Q", [t.data_ptr() for t in tensors])
     counts = array.array("Q", [t.numel() for t in tensors])
     codes = array.array("i", [_CODES[t.dtype] for t in tensors])

@@ -29,7 +29,7 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
   CPU), contiguous CPU tensors are not cut at all: they are referenced in a
   batch and reduced in place by one call that splits the batch's bytes
   between threads. The rest of this list is the eager kernel's (other
-  devices, fp8, or ``--engine eager``).
+  devices, or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
   kernel hit the cache instead of memory.
@@ -208,7 +208,7 @@ class StatsCollector:
     for one tensor right away.
 
     With the native engine, CPU tensors it takes are reduced in place in one
-    pass; the rest (other devices, fp8) go to the eager kernel. Which kernels
+    pass; the rest (other devices) go to the eager kernel. Which kernels
     actually ran is :attr:`engine_used`.
     """
 
@@ -294,6 +294,8 @@ class StatsCollector:
         """
         ticket = len(self._placements)
         numel = tensor.numel()
+        if self._native and native.supports(tensor) and numel <= BUCKET_MAX_ELEMENTS:
+            tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
         if self._native and native.handles(tensor):
             self._placements.append(None)
             self._batch.append(tensor)

@@ -17,7 +17,14 @@ from gradaudit.stats import HostRow, StatsCollector, read_rows, resolve_engine
 from tests.reference import reference_stats
 from tests.test_stats import HUGE, assert_matches_reference
 
-NATIVE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+NATIVE_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 PATHS = ["avx2", "portable"]
 
 
@@ -118,6 +125,16 @@ def test_every_float16_and_bfloat16_bit_pattern(path: str) -> None:
             assert_matches_reference(value.reshape(1), native_row(value.reshape(1)))
 
 
+def test_every_fp8_bit_pattern() -> None:
+    """All 256 patterns of both fp8 formats, together and one by one."""
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        tensor = bits.view(dtype)
+        assert_matches_reference(tensor, native_row(tensor))
+        for value in tensor:
+            assert_matches_reference(value.reshape(1), native_row(value.reshape(1)))
+
+
 @pytest.mark.parametrize(
     ("dtype", "value"),
     [
@@ -153,7 +170,7 @@ def test_float64_blocks_of_very_different_scales_merge_exactly(path: str) -> Non
 
 
 def test_collector_batches_small_tensors_and_keeps_their_order() -> None:
-    """More small tensors than one native batch, mixed with large, fp8 and strided ones."""
+    """More tensors than one native batch, mixed with large, fp8 and strided ones."""
     gen = torch.Generator().manual_seed(9)
     tensors: dict[str, torch.Tensor] = {}
     for i in range(2600):
@@ -165,7 +182,7 @@ def test_collector_batches_small_tensors_and_keeps_their_order() -> None:
     tensors["strided"] = torch.randn(300, 7, generator=gen).t()
     tensors["fp8"] = torch.randn(100, generator=gen).to(torch.float8_e5m2)
     report = audit(tensors, engine="native")
-    assert report.engine == "native+eager"  # fp8 goes to the eager kernel
+    assert report.engine == "native"
     for stats in report.tensors:
         assert_matches_reference(tensors[stats.name], stats)
 
