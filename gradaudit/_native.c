@@ -77,54 +77,62 @@ static inline double f32_from_bits(uint32_t u) {
     return (double)f;
 }
 
-/* float16 magnitude bits -> its value, exactly (normals and subnormals). */
+/* float16 magnitude bits (finite) -> its value, exactly: subnormals are integers
+ * times 2**-24, normals rebias their exponent into float32's (+112). */
 static inline double half_value(uint32_t m) {
-    double mantissa = (double)(m & 0x3ffu);
-    int exponent = (int)(m >> 10);
-    return exponent ? ldexp(mantissa + 1024.0, exponent - 25) : ldexp(mantissa, -24);
+    return m < 0x400u ? (double)m * 0x1p-24 : f32_from_bits((m << 13) + (112u << 23));
 }
 
 /* ---- portable path: plain scalar C, the reference for the vector path ------ */
 
-/* Squares are summed per BLOCK and the block sums added: rounding error grows
- * with BLOCK + n / BLOCK terms, not n. */
-static void portable_f32(const uint32_t *p, size_t n, acc_t *a) {
-    uint32_t peak = 0;
-    double block = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t b = p[i], m = b & 0x7fffffffu;
-        a->nan += m > 0x7f800000u;
-        a->pos_inf += b == 0x7f800000u;
-        a->neg_inf += b == 0xff800000u;
-        a->zeros += m == 0;
-        if (m < 0x7f800000u) {
-            if (m > peak) peak = m;
-            double d = f32_from_bits(m);
-            block += d * d;
-        }
-        if ((i + 1) % BLOCK == 0) {
-            a->ssq += block;
-            block = 0.0;
-        }
-    }
-    a->ssq += block;
-    double peak_value = f32_from_bits(peak);
-    if (peak_value > a->max_abs) a->max_abs = peak_value;
+/* fp8 e4m3fn magnitude bits (finite) -> value: subnormals are integers times
+ * 2**-9, normals rebias their exponent into float32's (+120). No infinities. */
+static inline double e4m3_value(uint32_t m) {
+    return m < 8u ? (double)m * 0x1p-9 : f32_from_bits((m << 20) + (120u << 23));
 }
 
-static void portable_16(const uint16_t *p, size_t n, acc_t *a, int bf16) {
-    uint32_t inf_bits = bf16 ? 0x7f80u : 0x7c00u, ninf_bits = bf16 ? 0xff80u : 0xfc00u;
+/* The value of a finite magnitude (sign bit cleared) of each format below float64. */
+static inline double magnitude_value(int dtype, uint32_t m) {
+    switch (dtype) {
+        case DT_F32: return f32_from_bits(m);
+        case DT_BF16: return f32_from_bits(m << 16);
+        case DT_F16: return half_value(m);
+        case DT_E5M2: return half_value(m << 8); /* e5m2 is the top byte of a float16 */
+        default: return e4m3_value(m);
+    }
+}
+
+/* One scalar loop for every format below float64, specialised by the compiler
+ * for each constant dtype (the callers below). A format is its width, the bits
+ * of +Inf (none for e4m3fn, whose only non-finite magnitude is NaN) and of -Inf.
+ * Squares are summed per BLOCK and the block sums added: rounding error grows
+ * with BLOCK + n / BLOCK terms, not n. */
+static inline __attribute__((always_inline)) void portable_scan(const void *data, size_t n,
+                                                                 acc_t *a, int dtype) {
+    const int bits = dtype == DT_F32 ? 32 : (dtype == DT_F16 || dtype == DT_BF16) ? 16 : 8;
+    const uint32_t sign = 1u << (bits - 1), abs_mask = sign - 1u;
+    const uint32_t inf_bits = dtype == DT_F32    ? 0x7f800000u
+                              : dtype == DT_BF16 ? 0x7f80u
+                              : dtype == DT_F16  ? 0x7c00u
+                              : dtype == DT_E5M2 ? 0x7cu
+                                                 : 0x7fu; /* e4m3fn: NaN, no Inf */
+    const int has_inf = dtype != DT_E4M3;
     uint32_t peak = 0;
     double block = 0.0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t b = p[i], m = b & 0x7fffu;
-        a->nan += m > inf_bits;
-        a->pos_inf += b == inf_bits;
-        a->neg_inf += b == ninf_bits;
+        uint32_t b = bits == 32   ? ((const uint32_t *)data)[i]
+                     : bits == 16 ? ((const uint16_t *)data)[i]
+                                  : ((const uint8_t *)data)[i];
+        uint32_t m = b & abs_mask;
+        a->nan += has_inf ? m > inf_bits : m == inf_bits;
+        if (has_inf) {
+            a->pos_inf += b == inf_bits;
+            a->neg_inf += b == (inf_bits | sign);
+        }
         a->zeros += m == 0;
         if (m < inf_bits) {
             if (m > peak) peak = m;
-            double d = bf16 ? f32_from_bits(m << 16) : half_value(m);
+            double d = magnitude_value(dtype, m);
             block += d * d;
         }
         if ((i + 1) % BLOCK == 0) {
@@ -133,46 +141,24 @@ static void portable_16(const uint16_t *p, size_t n, acc_t *a, int bf16) {
         }
     }
     a->ssq += block;
-    double peak_value = bf16 ? f32_from_bits(peak << 16) : half_value(peak);
+    double peak_value = magnitude_value(dtype, peak);
     if (peak_value > a->max_abs) a->max_abs = peak_value;
 }
 
-/* fp8, scalar only (rare in gradients, and a byte per element is cheap to read):
- * e5m2 is the top byte of a float16; e4m3fn has no infinities and one NaN magnitude. */
-static inline double e4m3_value(uint32_t m) {
-    uint32_t exponent = m >> 3, mantissa = m & 7u;
-    return exponent ? ldexp((double)(8u + mantissa), (int)exponent - 10) : ldexp((double)mantissa, -9);
+static void portable_f32(const uint32_t *p, size_t n, acc_t *a) { portable_scan(p, n, a, DT_F32); }
+
+static void portable_16(const uint16_t *p, size_t n, acc_t *a, int bf16) {
+    if (bf16)
+        portable_scan(p, n, a, DT_BF16);
+    else
+        portable_scan(p, n, a, DT_F16);
 }
 
 static void portable_f8(const uint8_t *p, size_t n, acc_t *a, int e5m2) {
-    uint32_t peak = 0;
-    double block = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t b = p[i], m = b & 0x7fu;
-        int finite;
-        if (e5m2) {
-            a->nan += m > 0x7cu;
-            a->pos_inf += b == 0x7cu;
-            a->neg_inf += b == 0xfcu;
-            finite = m < 0x7cu;
-        } else {
-            a->nan += m == 0x7fu;
-            finite = m != 0x7fu;
-        }
-        a->zeros += m == 0;
-        if (finite) {
-            if (m > peak) peak = m;
-            double d = e5m2 ? half_value(m << 8) : e4m3_value(m);
-            block += d * d;
-        }
-        if ((i + 1) % BLOCK == 0) {
-            a->ssq += block;
-            block = 0.0;
-        }
-    }
-    a->ssq += block;
-    double peak_value = e5m2 ? half_value(peak << 8) : e4m3_value(peak);
-    if (peak_value > a->max_abs) a->max_abs = peak_value;
+    if (e5m2)
+        portable_scan(p, n, a, DT_E5M2);
+    else
+        portable_scan(p, n, a, DT_E4M3);
 }
 
 #define F64_ABS 0x7fffffffffffffffull
