@@ -29,10 +29,13 @@ class Engine(str, Enum):
     """Which kernel reduces the data (``--engine``).
 
     ``auto`` takes the native single-pass kernel for CPU tensors when it was
-    built (:mod:`gradaudit.native`) and the eager kernel for everything else.
+    built (:mod:`gradaudit.native`), the Triton single-pass kernel for CUDA
+    tensors when Triton is installed (:mod:`gradaudit.triton_kernel`), and the
+    eager kernel for everything else.
     """
 
     NATIVE = "native"
+    TRITON = "triton"
     EAGER = "eager"
     COMPILED = "compiled"
     AUTO = "auto"

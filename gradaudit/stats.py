@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import torch
 
-from gradaudit import native
+from gradaudit import native, triton_kernel
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, make_kernel
 
@@ -184,11 +184,15 @@ class Placement(NamedTuple):
 
 
 class EngineUnavailable(UsageError):
-    """``--engine native`` was asked for, but the extension was not built."""
+    """``--engine native`` or ``triton`` was asked for, but it is not built or installed."""
 
 
 def resolve_engine(engine: Engine | str) -> Engine:
-    """``auto`` -> native when the extension is built, else eager; ``native`` must be built."""
+    """The engine for CPU tensors: ``auto`` -> native when built, else eager.
+
+    ``native`` must be built and ``triton`` installed. Which kernel reduces
+    CUDA tensors under ``auto`` is :func:`uses_triton`'s answer.
+    """
     engine = Engine(engine)
     if engine is Engine.AUTO:
         return Engine.NATIVE if native.available() else Engine.EAGER
@@ -197,7 +201,18 @@ def resolve_engine(engine: Engine | str) -> Engine:
             "the native kernel is not built (reinstall gradaudit with a C compiler "
             "present); use --engine eager or auto"
         )
+    if engine is Engine.TRITON and not triton_kernel.installed():
+        raise EngineUnavailable(
+            "Triton is not installed (PyTorch's CUDA builds bring it; or pip install "
+            "triton); use --engine eager or auto"
+        )
     return engine
+
+
+def uses_triton(engine: Engine | str) -> bool:
+    """Whether the Triton kernel reduces the blocks it takes: asked for, or ``auto`` with Triton."""
+    engine = Engine(engine)
+    return engine is Engine.TRITON or (engine is Engine.AUTO and triton_kernel.installed())
 
 
 class StatsCollector:
@@ -220,6 +235,10 @@ class StatsCollector:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         self.engine = resolve_engine(engine)
+        # Blocks the Triton kernel takes go to it: on CUDA (under auto too), and
+        # on the CPU through its interpreter when it was asked for by name.
+        self._triton = uses_triton(engine)
+        self._triton_on_cpu = Engine(engine) is Engine.TRITON
         if chunk_elements is None:
             chunk_elements = (
                 COMPILED_CHUNK_ELEMENTS
@@ -238,9 +257,12 @@ class StatsCollector:
         self._bucket_bytes = 0
         self.peak_bucket_bytes = 0
         self._kernel: RowKernel = make_kernel(self.engine)
+        self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
         self._threads = max(1, torch.get_num_threads())
-        self._fallback = Engine.EAGER if self._native else self.engine
+        self._fallback = (
+            Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
+        )
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
         self._new_batch()
@@ -257,15 +279,17 @@ class StatsCollector:
             raise TypeError(f"cannot audit dtype {dtype_name(tensor.dtype)}")
         if tensor.numel() == 0:
             return empty_row(tensor.device)
-        if self._native and native.handles(tensor):
-            return self._chunk_row(tensor)[0]  # whole: the native kernel needs no chunks
+        if (self._native and native.handles(tensor)) or (
+            tensor.is_contiguous() and self._takes_triton(tensor)
+        ):
+            return self._chunk_row(tensor)[0]  # whole: single-pass kernels need no chunks
         rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
 
     def _chunk_row(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The row ``[1, 7]`` of one chunk (or a whole tensor the native kernel takes as it is).
+        """The row ``[1, 7]`` of one chunk (or a whole tensor a single-pass kernel takes as it is).
 
         Native copies a strided piece to make it contiguous (at most a chunk).
         """
@@ -275,8 +299,20 @@ class StatsCollector:
             native.tensor_row(chunk, out[0], self._threads)
             self._ran["native"] = None
             return out
+        return self._block_rows(self._as_block(chunk))
+
+    def _takes_triton(self, block: torch.Tensor) -> bool:
+        return (
+            self._triton and (block.is_cuda or self._triton_on_cpu) and triton_kernel.takes(block)
+        )
+
+    def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
+        """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
+        if self._takes_triton(block):
+            self._ran["triton"] = None
+            return self._triton_kernel(block)
         self._ran[self._fallback.value] = None
-        return self._kernel(self._as_block(chunk))
+        return self._kernel(block)
 
     @property
     def engine_used(self) -> str:
@@ -406,8 +442,7 @@ class StatsCollector:
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
         block_index = len(self._blocks)
-        self._blocks.append(self._kernel(used))
-        self._ran[self._fallback.value] = None
+        self._blocks.append(self._block_rows(used))
         length = used.shape[1]
         for row, (ticket, numel) in enumerate(bucket.tickets):
             self._placements[ticket] = Placement(block_index, row, length - numel)
@@ -418,7 +453,11 @@ class StatsCollector:
 
     def _as_block(self, chunk: torch.Tensor) -> torch.Tensor:
         """A 1-D chunk as a ``[1, n]`` block in a dtype the kernel takes."""
-        if self._fallback is Engine.EAGER and chunk.dtype != work_dtype(chunk.dtype):
+        if (
+            self._fallback is Engine.EAGER
+            and chunk.dtype != work_dtype(chunk.dtype)
+            and not self._takes_triton(chunk)
+        ):
             buffer = self._upcast.get(chunk.device)
             if buffer is None or buffer.numel() < chunk.numel():
                 buffer = torch.empty(

@@ -170,7 +170,7 @@ def test_broken_pyproject_is_a_usage_error(tmp_path: Path, text: str, message: s
         (
             "engine = 'fast'",
             "engine",
-            "unknown value 'fast' (choose from native, eager, compiled, auto)",
+            "unknown value 'fast' (choose from native, triton, eager, compiled, auto)",
         ),
         ("[tool.gradaudit.nested]", "nested", "unknown key"),
     ],

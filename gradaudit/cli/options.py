@@ -71,8 +71,9 @@ EngineOption = Annotated[
     Engine | None,
     typer.Option(
         help=(
-            "Kernel: native (single-pass C on the CPU; what auto picks when it is built), "
-            "eager, or compiled with torch.compile. [default: auto]"
+            "Kernel: native (single-pass C for CPU tensors), triton (single-pass Triton "
+            "for CUDA tensors), eager, or compiled with torch.compile; auto picks native "
+            "and triton where available. [default: auto]"
         )
     ),
 ]

@@ -82,8 +82,9 @@ def trend(
         Engine,
         typer.Option(
             help=(
-                "Kernel: native (single-pass C on the CPU; what auto picks when it is built), "
-                "eager, or compiled with torch.compile."
+                "Kernel: native (single-pass C for CPU tensors), triton (single-pass Triton "
+                "for CUDA tensors), eager, or compiled with torch.compile; auto picks native "
+                "and triton where available."
             )
         ),
     ] = Engine.AUTO,

@@ -1,0 +1,197 @@
+"""The Triton single-pass kernel against the float64 reference.
+
+On a machine with CUDA the kernel is compiled and runs on the GPU; without
+CUDA (CI) it runs through Triton's interpreter on CPU tensors
+(``TRITON_INTERPRET=1``, set here before the kernel is first built), which
+executes the same kernel source with the same integer and float semantics.
+What the interpreter cannot tell is speed: that is ``benchmarks/bench_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from gradaudit import audit, triton_kernel
+from gradaudit.kernels import Engine
+from gradaudit.stats import HostRow, StatsCollector, read_rows, uses_triton
+from tests.reference import reference_stats
+from tests.test_stats import HUGE, assert_matches_reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TRITON_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+needs_triton = pytest.mark.skipif(
+    not triton_kernel.installed(), reason="Triton is not installed on this platform"
+)
+
+
+def test_triton_is_installed_where_the_test_install_provides_it() -> None:
+    """The dev extra installs Triton on Linux x86-64 (CI): missing there must fail, not skip."""
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        assert triton_kernel.installed()
+        assert triton_kernel.runs_on(DEVICE)
+
+
+def triton_rows(block: torch.Tensor) -> list[HostRow]:
+    rows = triton_kernel.TritonKernel()(block.to(DEVICE))
+    return [HostRow.from_values(row) for row in rows.cpu().tolist()]
+
+
+@st.composite
+def flat_tensors(draw: st.DrawFn) -> torch.Tensor:
+    """Lengths around the kernel's 1024-element steps and 16384-element spans, planted specials."""
+    dtype = draw(st.sampled_from(TRITON_DTYPES))
+    numel = draw(
+        st.one_of(
+            st.integers(1, 40),
+            st.sampled_from([1023, 1024, 1025, 16383, 16384, 16385, 33_000]),
+            st.integers(1, 40_000),
+        )
+    )
+    magnitude = draw(st.sampled_from([1e-30, 1e-6, 1.0, HUGE[dtype]]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    values = torch.randn(numel, generator=gen, dtype=torch.float64) * magnitude
+    specials = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, numel - 1),
+                st.sampled_from(
+                    [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, HUGE[dtype], 1e-40]
+                ),
+            ),
+            max_size=min(numel, 8),
+        )
+    )
+    for index, value in specials:
+        values[index] = value
+    return values.to(dtype)
+
+
+@needs_triton
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(tensor=flat_tensors())
+def test_triton_matches_float64_reference(tensor: torch.Tensor) -> None:
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+
+
+@needs_triton
+def test_every_float16_and_bfloat16_bit_pattern() -> None:
+    """All 65,536 patterns: NaN payloads, both infinities, subnormals, both zeros."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    for dtype in (torch.float16, torch.bfloat16):
+        tensor = bits.view(dtype)
+        (row,) = triton_rows(tensor.reshape(1, -1))
+        assert_matches_reference(tensor, row)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "values",
+    [
+        [3.0e38, -3.0e38, 1.0],  # squares far past float32's range
+        [1e-45, -1e-45, 1.2e-38],  # float32 subnormals: kept, never flushed
+        [0.0, -0.0, 0.0],
+        [math.nan, math.inf, -math.inf],  # no finite element: max 0, norm 0
+    ],
+)
+def test_float32_range_extremes(values: list[float]) -> None:
+    tensor = torch.tensor(values, dtype=torch.float32)
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+
+
+@needs_triton
+@pytest.mark.parametrize("length", [64, 1000, 16384, 40_000])
+def test_bucket_rows_are_reduced_one_by_one(length: int) -> None:
+    """A block of many rows (a bucket, or rows longer than one program's span)."""
+    gen = torch.Generator().manual_seed(length)
+    block = torch.randn((5, length), generator=gen)
+    block[1, -1] = math.nan
+    block[2, 0] = -math.inf
+    block[3] = 0.0
+    block[4, length // 2] = 7e37
+    for row, got in zip(block, triton_rows(block), strict=True):
+        assert_matches_reference(row, got)
+
+
+@needs_triton
+def test_collector_sends_what_triton_takes_and_the_rest_to_eager() -> None:
+    """float32/16/bf16 on Triton (whole, bucketed, strided); float64 and fp8 on eager."""
+    gen = torch.Generator().manual_seed(3)
+    big = torch.randn(70_000, generator=gen)
+    big[[5, 40_000]] = torch.tensor([math.nan, math.inf])
+    tensors = {
+        "big": big,
+        "half": torch.randn(3000, generator=gen).half(),
+        "bf16": (torch.randn(300, 17, generator=gen) * 1e30).bfloat16(),
+        "strided": torch.randn(400, 90, generator=gen).t(),
+        "tiny": torch.tensor([0.0, -2.0]),
+        "double": torch.tensor([1e300, -1e300, 3.0], dtype=torch.float64),
+        "fp8": torch.tensor([1.0, -448.0, 0.0]).to(torch.float8_e4m3fn),
+    }
+    collector = StatsCollector(engine="triton")
+    rows = [collector.row(t.to(DEVICE)) for t in tensors.values()]
+    for tensor, values in zip(tensors.values(), read_rows(rows).tolist(), strict=True):
+        assert_matches_reference(tensor, HostRow.from_values(values))
+    assert collector.engine_used == "triton+eager"
+
+    only_triton = StatsCollector(engine="triton")
+    only_triton.row(big.to(DEVICE))
+    assert only_triton.engine_used == "triton"
+
+
+@needs_triton
+def test_audit_with_triton_equals_eager_and_the_reference() -> None:
+    gen = torch.Generator().manual_seed(11)
+    tensors = {f"layer{i}.weight": torch.randn(i * 997 + 1, generator=gen) for i in range(40)}
+    tensors["layer3.weight"][17] = math.nan
+    tensors["layer7.weight"][0] = -math.inf
+    with_triton = audit(tensors, engine="triton", device=DEVICE)
+    eager = audit(tensors, engine="eager", device=DEVICE)
+    assert with_triton.engine == "triton"
+    assert [f.tensor for f in with_triton.findings] == [f.tensor for f in eager.findings]
+    assert with_triton.findings
+    for got, want in zip(with_triton.tensors, eager.tensors, strict=True):
+        ref = reference_stats(tensors[got.name])
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
+            want.nan,
+            want.pos_inf,
+            want.neg_inf,
+            want.zeros,
+        )
+        assert got.max_abs == want.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-12)
+    assert with_triton.summary.global_norm == pytest.approx(eager.summary.global_norm, rel=1e-12)
+
+
+def test_auto_uses_triton_for_cuda_tensors_only() -> None:
+    """``auto`` never sends CPU tensors to Triton's interpreter: they are native's."""
+    assert uses_triton(Engine.AUTO) == triton_kernel.installed()
+    assert uses_triton(Engine.TRITON)
+    assert not uses_triton(Engine.EAGER)
+    collector = StatsCollector(engine="auto")
+    collector.row(torch.randn(20_000))
+    assert "triton" not in collector.engine_used
+
+
+def test_triton_engine_without_triton_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gradaudit.stats import EngineUnavailable
+
+    monkeypatch.setattr(triton_kernel, "installed", lambda: False)
+    assert not uses_triton(Engine.AUTO)
+    with pytest.raises(EngineUnavailable, match="Triton is not installed"):
+        StatsCollector(engine="triton")
