@@ -35,6 +35,7 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.selection import NameFilter
+from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
     from gradaudit.io.discover import Expanded
@@ -117,6 +118,12 @@ class PendingStats:
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
         self._excluded: Counter[str | None] = Counter()
+        #: The staging ring for CPU -> CUDA copies (pinned buffers made on first use).
+        self._uploads = (
+            HostToDevice(CudaChannel(self.device))
+            if self.device is not None and self.device.type == "cuda"
+            else None
+        )
         #: Rows already copied to the host by :meth:`prefetch`, and how many rows they cover.
         self._prefetched: tuple[int, list[torch.Tensor], torch.cuda.Event] | None = None
 
@@ -217,7 +224,7 @@ class PendingStats:
         # device object is made once here and CPU tensors skip the comparison.
         device = tensor.device
         if self.device is not None and device != self.device:
-            tensor = tensor.to(self.device, non_blocking=True)
+            tensor = self._to_device(tensor)
             device = self.device
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
@@ -227,6 +234,13 @@ class PendingStats:
         self._sources.append(source)
         self._tickets.append(ticket)
         self._devices[device] = None
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
+        assert self.device is not None
+        if self._uploads is None or tensor.device.type != "cpu":
+            return tensor.to(self.device, non_blocking=True)
+        return self._uploads.copy(tensor)
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         """:meth:`add` for each tensor; every value is taken before this returns."""
@@ -258,6 +272,7 @@ class PendingStats:
         """
         child = PendingStats(collector=self._collector)
         child.device = self.device
+        child._uploads = self._uploads
         return child
 
     def absorb(self, other: PendingStats) -> None:
@@ -302,9 +317,8 @@ class PendingStats:
 
         self.add_file(path)
         part = self.child()
-        target = self.device or torch.device("cpu")
         try:
-            for item in open_source(path).items(target, select):
+            for item in open_source(path).items(select):
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):

@@ -127,21 +127,19 @@ def compare_paths(
     host = _Side(HOST, str(host_path), host_prefix)
     seed = _Side(SEED, str(host_path if seed_path is None else seed_path), seed_prefix)
     pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
-    target = pending.device or torch.device("cpu")
     errors: list[InputProblem] = []
     pending.add_file(HOST)
     pending.add_file(SEED)
     if seed_path is None:
-        _read(pending, target, (host, seed), errors)
+        _read(pending, (host, seed), errors)
     else:
-        _read(pending, target, (host,), errors)
-        _read(pending, target, (seed,), errors)
+        _read(pending, (host,), errors)
+        _read(pending, (seed,), errors)
     return _build(pending, (host, seed), errors, thresholds, policy)
 
 
 def _read(
     pending: PendingStats,
-    target: torch.device,
     sides: tuple[_Side, ...],
     errors: list[InputProblem],
 ) -> None:
@@ -154,7 +152,7 @@ def _read(
     outside = _outside_reason(sides)
     part = pending.child()
     try:
-        for item in open_source(path).items(target):
+        for item in open_source(path).items():
             if isinstance(item, Excluded):  # no selection is passed, so none come
                 continue
             name = item.name if isinstance(item, Skipped) else item[0]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
-from gradaudit import audit, collect_async
+from gradaudit import audit, collect_async, staging, triton_kernel
+from gradaudit.audit import PendingStats, scan_paths
 from gradaudit.stats import AUDITED_DTYPES
 from tests.reference import reference_stats
 
@@ -104,3 +107,61 @@ def test_rows_added_after_a_prefetch_are_read_too() -> None:
     assert [t.name for t in report.tensors] == ["a", "b"]
     assert report.tensors[1].nan == 2
     assert report.tensors[0].norm == pytest.approx(math.sqrt(3))
+
+
+def test_a_file_streams_to_cuda_through_the_staging_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_debug_error: None
+) -> None:
+    """Pinned buffers smaller than the tensors: pieces, refills, no sync, the CPU's numbers."""
+    monkeypatch.setattr(staging, "BUFFER_BYTES", 64 * 1024)
+    gen = torch.Generator().manual_seed(5)
+    tensors = {
+        "big": torch.randn(300_001, generator=gen),
+        "half": torch.randn(70_000, generator=gen).half(),
+        "small": torch.tensor([math.nan, 0.0, 3.0]),
+        "double": torch.randn(1000, generator=gen, dtype=torch.float64) * 1e200,
+    }
+    path = tmp_path / "grads.safetensors"
+    save_file(tensors, str(path))
+    pending = PendingStats(device="cuda")
+    pending.add_path(str(path))
+    assert pending._uploads is not None
+    assert pending._uploads.refills > 0
+    torch.cuda.set_sync_debug_mode("default")
+    on_cuda = pending.materialize()
+    on_cpu = scan_paths([str(path)], device="cpu")
+    for got, want in zip(on_cuda.tensors, on_cpu.tensors, strict=True):
+        ref = reference_stats(tensors[got.name])
+        assert (got.name, got.nan, got.zeros, got.max_abs) == (
+            want.name,
+            want.nan,
+            want.zeros,
+            want.max_abs,
+        )
+        assert got.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-9)
+
+
+def test_cpu_tensors_for_cuda_are_taken_before_add_returns() -> None:
+    pending = PendingStats(device="cuda")
+    tensor = torch.ones(5_000_000)
+    pending.add("w", tensor)
+    tensor.fill_(math.nan)  # the copy may still be in flight; its source was the staging buffer
+    (stats,) = pending.materialize().tensors
+    assert stats.nan == 0
+    assert stats.norm == pytest.approx(math.sqrt(5_000_000))
+
+
+@pytest.mark.parametrize("nbytes", [0, 4, 1000, 64 * 1024, 64 * 1024 + 4, 1 << 22])
+def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
+    ring = staging.HostToDevice(staging.CudaChannel(torch.device("cuda")), buffer_bytes=64 * 1024)
+    sources = [torch.randint(0, 255, (nbytes,), dtype=torch.uint8) for _ in range(5)]
+    copies = [ring.copy(source) for source in sources]
+    for copy, source in zip(copies, sources, strict=True):
+        assert copy.device.type == "cuda"
+        assert torch.equal(copy.cpu(), source)
+
+
+def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed() -> None:
+    report = audit({"w": torch.randn(100_000, device="cuda")})
+    assert report.engine == ("triton" if triton_kernel.installed() else "eager")

@@ -40,8 +40,11 @@ class TensorSource(Protocol):
 
     path: str
 
-    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
-        """Yield tensors on ``device``, one at a time, never all at once.
+    def items(self, select: Select | None = None) -> Iterator[SourceItem]:
+        """Yield CPU tensors, one at a time, never all at once.
+
+        The collector moves each to the audit device (:mod:`gradaudit.staging`
+        overlaps that copy with reading the next tensor).
 
         A name that ``select`` rejects is yielded as :class:`Excluded` before its data
         is read, so leaving tensors out also saves the work of loading them.

@@ -55,7 +55,7 @@ class SafetensorsSource:
         self.path = path
         self.header: SafetensorsHeader = read_header(path) if header is None else header
 
-    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
+    def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         mapping = _map(self.path, self.header.file_size)
         data_start = 8 + self.header.header_length
         read_ahead = _ReadAhead(mapping, data_start, self.header)
@@ -74,8 +74,7 @@ class SafetensorsSource:
                 continue
             read_ahead.next_after(index)
             tensor = _view(mapping, data_start + entry.begin, entry.end - entry.begin, dtype)
-            tensor = tensor.view(entry.shape)
-            yield entry.name, tensor if device.type == "cpu" else tensor.to(device)
+            yield entry.name, tensor.view(entry.shape)
 
 
 def _map(path: str, expected_size: int) -> mmap.mmap | None:

@@ -23,8 +23,6 @@ import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-import torch
-
 from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
 from gradaudit.io.safetensors_header import (
@@ -181,9 +179,9 @@ class ShardedSource:
             _compare(path, shard, header, names, owner)
             self.shards.append((shard, SafetensorsSource(shard_path, header)))
 
-    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
+    def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         for shard, source in self.shards:
             try:
-                yield from source.items(device, select)
+                yield from source.items(select)
             except InputError as error:
                 _refuse(self.path, f"shard {show(shard)}: {error.cause}")

@@ -123,8 +123,8 @@ class TorchPickleSource:
         elif sniffed.kind != "torch-legacy":
             raise InputError(path, _wrong_content(path, sniffed))
 
-    def items(self, device: torch.device, select: Select | None = None) -> Iterator[SourceItem]:
-        """Yield the checkpoint's tensors on the CPU; the engine moves each to ``device``."""
+    def items(self, select: Select | None = None) -> Iterator[SourceItem]:
+        """Yield the checkpoint's tensors on the CPU; the collector moves each to the device."""
         if self.archive is not None:
             structure = self._load("meta")
             if structure is not None:

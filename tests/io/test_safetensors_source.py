@@ -46,7 +46,7 @@ def test_misaligned_tensors_are_read_exactly(tmp_path: Path, pad: int) -> None:
     path = misaligned_dump(tmp_path / "odd.safetensors", values, pad)
     source = SafetensorsSource(str(path))
     assert (8 + source.header.header_length) % 4 == pad % 4
-    read = dict(source.items(torch.device("cpu")))
+    read = dict(source.items())
     for name, tensor in values.items():
         assert torch.equal(read[name].nan_to_num(), tensor.nan_to_num())
     report = scan_paths([path], device="cpu")
@@ -60,7 +60,7 @@ def test_tensors_are_views_of_the_file_and_cannot_write_to_it(tmp_path: Path) ->
     path = misaligned_dump(tmp_path / "w.safetensors", {"w": torch.ones(1024)}, 0)
     before = path.read_bytes()
     source = SafetensorsSource(str(path))
-    ((_, tensor),) = list(source.items(torch.device("cpu")))
+    ((_, tensor),) = list(source.items())
     tensor.fill_(7.0)  # a private copy-on-write page, never the file
     assert path.read_bytes() == before
 
@@ -71,7 +71,7 @@ def test_a_file_that_changed_after_its_header_was_read_is_refused(tmp_path: Path
     with open(path, "ab") as handle:
         handle.write(b"\0" * 64)
     with pytest.raises(InputError, match="changed while being read"):
-        list(source.items(torch.device("cpu")))
+        list(source.items())
     os.truncate(path, 10)
     with pytest.raises(InputError, match="changed while being read"):
-        list(source.items(torch.device("cpu")))
+        list(source.items())

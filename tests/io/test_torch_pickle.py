@@ -101,7 +101,7 @@ def test_zip_tensors_are_memory_mapped_views_of_the_file(tmp_path: Path) -> None
     torch.save({"w": torch.ones(1 << 16)}, zipped)
     torch.save({"w": torch.ones(1 << 16)}, legacy, _use_new_zipfile_serialization=False)
     for path, mapped in ((zipped, True), (legacy, False)):
-        (item,) = list(TorchPickleSource(str(path)).items(torch.device("cpu")))
+        (item,) = list(TorchPickleSource(str(path)).items())
         assert isinstance(item, tuple)
         pointer = item[1].data_ptr()
         inside = any(start <= pointer < end for start, end in mapped_ranges(path))
@@ -178,7 +178,7 @@ def test_a_refused_file_names_the_global_and_torch_never_ran_it(tmp_path: Path) 
     path = tmp_path / "module.pt"
     torch.save(torch.nn.Linear(2, 2), path)
     with pytest.raises(InputError) as caught:
-        list(TorchPickleSource(str(path)).items(torch.device("cpu")))
+        list(TorchPickleSource(str(path)).items())
     assert caught.value.cause == (
         'refused as unsafe: the pickle references "torch.nn.modules.linear.Linear", which '
         "PyTorch's weights-only loader does not allow (nothing from the file was run); it "
