@@ -238,7 +238,8 @@ class StatsCollector:
         # Blocks the Triton kernel takes go to it: on CUDA (under auto too), and
         # on the CPU through its interpreter when it was asked for by name.
         self._triton = uses_triton(engine)
-        self._triton_on_cpu = Engine(engine) is Engine.TRITON
+        self._triton_asked = Engine(engine) is Engine.TRITON
+        self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
         if chunk_elements is None:
             chunk_elements = (
                 COMPILED_CHUNK_ELEMENTS
@@ -299,20 +300,47 @@ class StatsCollector:
             native.tensor_row(chunk, out[0], self._threads)
             self._ran["native"] = None
             return out
-        return self._block_rows(self._as_block(chunk))
+        return self._block_rows(chunk.reshape(1, -1))
 
     def _takes_triton(self, block: torch.Tensor) -> bool:
         return (
-            self._triton and (block.is_cuda or self._triton_on_cpu) and triton_kernel.takes(block)
+            self._triton
+            and block.device.type in self._triton_devices
+            and triton_kernel.takes(block)
         )
 
     def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
         if self._takes_triton(block):
-            self._ran["triton"] = None
-            return self._triton_kernel(block)
+            try:
+                rows = self._triton_kernel(block)
+            # Triton compiles on first use and needs a C compiler and a supported
+            # GPU; whatever stops it, auto goes on with the eager kernel.
+            except Exception as error:  # noqa: BLE001
+                if self._triton_asked:
+                    cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                    raise EngineUnavailable(
+                        f"the Triton kernel could not run ({type(error).__name__}: {cause}); "
+                        "use --engine eager or auto"
+                    ) from None
+                self._triton = False
+            else:
+                self._ran["triton"] = None
+                return rows
+        return self._fallback_rows(block)
+
+    def _fallback_rows(self, block: torch.Tensor) -> torch.Tensor:
+        """Rows by the engine's own kernel, a chunk at a time.
+
+        A whole tensor comes here when the Triton kernel failed on it: chunks keep
+        the eager kernel's scratch within the memory budget.
+        """
+        if block.shape[0] == 1 and block.shape[1] > self.chunk_elements:
+            pieces = _pieces(block.view(-1), self.chunk_elements)
+            rows = torch.cat([self._fallback_rows(piece.view(1, -1)) for piece in pieces])
+            return merge_rows(rows).unsqueeze(0)
         self._ran[self._fallback.value] = None
-        return self._kernel(block)
+        return self._kernel(self._upcast_for_eager(block))
 
     @property
     def engine_used(self) -> str:
@@ -451,23 +479,19 @@ class StatsCollector:
 
     # -- helpers ----------------------------------------------------------------
 
-    def _as_block(self, chunk: torch.Tensor) -> torch.Tensor:
-        """A 1-D chunk as a ``[1, n]`` block in a dtype the kernel takes."""
-        if (
-            self._fallback is Engine.EAGER
-            and chunk.dtype != work_dtype(chunk.dtype)
-            and not self._takes_triton(chunk)
-        ):
-            buffer = self._upcast.get(chunk.device)
-            if buffer is None or buffer.numel() < chunk.numel():
-                buffer = torch.empty(
-                    max(chunk.numel(), self.chunk_elements),
-                    dtype=torch.float32,
-                    device=chunk.device,
-                )
-                self._upcast[chunk.device] = buffer
-            chunk = buffer[: chunk.numel()].copy_(chunk)
-        return chunk.view(1, -1)
+    def _upcast_for_eager(self, block: torch.Tensor) -> torch.Tensor:
+        """A half or fp8 block copied to float32 (the eager kernel's input), in a reused buffer."""
+        if self._fallback is not Engine.EAGER or block.dtype == work_dtype(block.dtype):
+            return block
+        buffer = self._upcast.get(block.device)
+        if buffer is None or buffer.numel() < block.numel():
+            buffer = torch.empty(
+                max(block.numel(), self.chunk_elements),
+                dtype=torch.float32,
+                device=block.device,
+            )
+            self._upcast[block.device] = buffer
+        return buffer[: block.numel()].view(block.shape).copy_(block)
 
     def _chunks(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         """1-D pieces of at most ``chunk_elements`` elements, never a copy of the whole tensor.

@@ -195,3 +195,37 @@ def test_triton_engine_without_triton_is_a_usage_error(
     assert not uses_triton(Engine.AUTO)
     with pytest.raises(EngineUnavailable, match="Triton is not installed"):
         StatsCollector(engine="triton")
+
+
+def _broken_kernel() -> object:
+    raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
+
+@needs_triton
+def test_auto_goes_on_with_eager_when_triton_cannot_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No C compiler for Triton's launcher, say: auto's numbers come from eager instead."""
+    monkeypatch.setattr("gradaudit.native._module", None)  # auto -> eager on the CPU
+    monkeypatch.setattr(triton_kernel, "_partial_rows_kernel", _broken_kernel)
+    collector = StatsCollector(engine="auto", chunk_elements=4096)
+    collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+    gen = torch.Generator().manual_seed(2)
+    tensor = torch.randn(50_000, generator=gen).half()
+    tensor[[3, 40_000]] = torch.tensor([math.nan, -math.inf], dtype=torch.half)
+    rows = [collector.row(tensor), collector.row(tensor[:100])]
+    for got, values in zip((tensor, tensor[:100]), read_rows(rows).tolist(), strict=True):
+        assert_matches_reference(got, HostRow.from_values(values))
+    assert collector.engine_used == "eager"
+
+
+@needs_triton
+def test_triton_by_name_that_cannot_compile_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gradaudit.stats import EngineUnavailable
+
+    monkeypatch.setattr(triton_kernel, "_partial_rows_kernel", _broken_kernel)
+    collector = StatsCollector(engine="triton")
+    with pytest.raises(EngineUnavailable, match=r"could not run \(RuntimeError: Failed to find C"):
+        collector.row(torch.ones(10, device=DEVICE))
