@@ -165,3 +165,12 @@ def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
 def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed() -> None:
     report = audit({"w": torch.randn(100_000, device="cuda")})
     assert report.engine == ("triton" if triton_kernel.installed() else "eager")
+
+
+def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_gpu
+
+    bench_gpu.main(["--gib", "0.01", "--repeats", "1", "--tiny", "20"])
+    out = capsys.readouterr().out
+    assert "pinned H2D GB/s" in out
+    assert "transformer-float32 |" in out

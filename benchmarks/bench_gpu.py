@@ -1,0 +1,174 @@
+"""GPU throughput of the engines against the device's own copy bandwidth, and H2D streaming.
+
+    python -m benchmarks.bench_gpu [--gib 2] [--device cuda] [--dir DIR]
+
+Everything is measured in one process, best of ``--repeats``:
+
+* ``copy``: one device-to-device copy of a buffer of the same bytes; its
+  bandwidth counts the bytes read and the bytes written (as CUDA's
+  ``bandwidthTest`` does), so a single-pass reduction at full memory speed
+  scores about 100 % against it;
+* each engine (``triton``, ``eager``, ``compiled``) collecting and
+  materialising the stats of the tensors already on the device: GB/s of
+  gradient bytes read, and that as a percentage of the copy bandwidth
+  (issue 6's target: at least 70 %). ``compiled`` is timed warm; its first
+  (compiling) call is reported apart, as is Triton's first call;
+* H2D streaming of a safetensors dump (warm page cache): ``scan_paths`` onto the
+  device, against a pinned host-to-device copy of the same bytes (the link's
+  limit) and against the plain way (``tensor.to(device)`` per tensor, then the
+  same stats).
+
+With ``--device cpu`` the same table is made for the CPU engines (a smoke
+run; ``benchmarks/bench_scan.py`` is the CPU benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import gradaudit
+from benchmarks.bench_scan import many_tiny, transformer_like
+from gradaudit import native, triton_kernel
+
+GB = 1e9
+MIB = 1024 * 1024
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_of(repeats: int, device: torch.device, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def once(device: torch.device, fn: Callable[[], object]) -> float:
+    return best_of(1, device, fn)
+
+
+def copy_time(nbytes: int, source: torch.device, target: torch.device, repeats: int) -> float:
+    """Best time to copy ``nbytes`` between two buffers (pinned when the source is the host)."""
+    pinned = source.type == "cpu" and target.type == "cuda"
+    origin = torch.empty(nbytes, dtype=torch.uint8, device=source, pin_memory=pinned)
+    landing = torch.empty(nbytes, dtype=torch.uint8, device=target)
+    return best_of(repeats, target, lambda: landing.copy_(origin, non_blocking=pinned))
+
+
+def engines_for(device: torch.device) -> list[str]:
+    if device.type == "cuda":
+        names = ["triton"] if triton_kernel.installed() else []
+        return [*names, "eager", "compiled"]
+    return (["native"] if native.available() else []) + ["eager"]
+
+
+def engine_rows(
+    label: str, tensors: dict[str, torch.Tensor], device: torch.device, repeats: int
+) -> list[dict[str, object]]:
+    on_device = {name: t.to(device) for name, t in tensors.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in on_device.values())
+    copy_bandwidth = 2 * nbytes / copy_time(nbytes, device, device, repeats)
+    rows: list[dict[str, object]] = []
+    for engine in engines_for(device):
+        t_first = once(device, lambda e=engine: gradaudit.audit(on_device, engine=e))
+        t_engine = best_of(repeats, device, lambda e=engine: gradaudit.audit(on_device, engine=e))
+        ran = gradaudit.audit(on_device, engine=engine).engine
+        rows.append(
+            {
+                "workload": label,
+                "tensors": len(on_device),
+                "MiB": nbytes / MIB,
+                "engine": ran,
+                "copy GB/s": copy_bandwidth / GB,
+                "stats GB/s": nbytes / t_engine / GB,
+                "% of copy": 100 * (nbytes / t_engine) / copy_bandwidth,
+                "first call s": t_first,
+            }
+        )
+    return rows
+
+
+def streaming_row(
+    tensors: dict[str, torch.Tensor], device: torch.device, directory: Path, repeats: int
+) -> dict[str, object]:
+    path = directory / "stream.safetensors"
+    save_file(tensors, str(path))
+    nbytes = path.stat().st_size
+    t_h2d = copy_time(nbytes, torch.device("cpu"), device, repeats)
+
+    def plain() -> None:
+        from safetensors import safe_open
+
+        pending = gradaudit.PendingStats()
+        with safe_open(str(path), framework="pt") as dump:
+            for name in dump.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                pending.add(name, dump.get_tensor(name).to(device))
+        pending.materialize()
+
+    gradaudit.scan_paths([path], device=device)  # warm the page cache and the kernels
+    t_scan = best_of(repeats, device, lambda: gradaudit.scan_paths([path], device=device))
+    t_plain = best_of(repeats, device, plain)
+    return {
+        "file MiB": nbytes / MIB,
+        "pinned H2D GB/s": nbytes / t_h2d / GB,
+        "scan GB/s": nbytes / t_scan / GB,
+        "scan × pinned H2D": t_scan / t_h2d,
+        "plain .to() GB/s": nbytes / t_plain / GB,
+        "plain × scan": t_plain / t_scan,
+    }
+
+
+def table(rows: Sequence[dict[str, object]]) -> str:
+    columns = list(rows[0])
+    lines = [" | ".join(columns), " | ".join("---" for _ in columns)]
+    for row in rows:
+        lines.append(
+            " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values())
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=2.0, help="size of the fp32 workload")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dir", type=Path, default=None, help="where the dump is written")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tiny", type=int, default=5000, help="tensors in the tiny workload")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_gpu: no CUDA device here (use --device cpu for a smoke run)")
+    total = int(args.gib * 1024 * MIB)
+    rows: list[dict[str, object]] = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        size = total if dtype == torch.float32 else total // 2
+        label = f"transformer-{str(dtype).removeprefix('torch.')}"
+        rows += engine_rows(label, transformer_like(size, dtype), device, args.repeats)
+    rows += engine_rows(f"{args.tiny}-tiny", many_tiny(args.tiny), device, args.repeats)
+    print(table(rows))
+    if device.type == "cuda":
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            tensors = transformer_like(total, torch.float32)
+            print()
+            print(table([streaming_row(tensors, device, Path(tmp), args.repeats)]))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"\n{name}, torch {torch.__version__}, triton installed: {triton_kernel.installed()}")
+
+
+if __name__ == "__main__":
+    main()

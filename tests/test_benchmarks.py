@@ -1,0 +1,28 @@
+"""The GPU benchmark script runs (on the CPU here, as a smoke run) and prints its table."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_gpu
+
+
+def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    bench_gpu.main(["--gib", "0.01", "--device", "cpu", "--repeats", "1", "--tiny", "20"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[:4] == ["workload", "tensors", "MiB", "engine"]
+    rows = [line.split(" | ") for line in lines[2:] if " | " in line]
+    assert {row[0] for row in rows} == {
+        "transformer-float32",
+        "transformer-bfloat16",
+        "transformer-float16",
+        "20-tiny",
+    }
+    assert {row[3] for row in rows} == {"native", "eager"}
+    assert all(float(row[5]) > 0 for row in rows)
+
+
+def test_gpu_benchmark_refuses_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        bench_gpu.main(["--device", "cuda"])
