@@ -28,8 +28,12 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
 * With the native engine (:mod:`gradaudit.native`, what ``auto`` picks on the
   CPU), contiguous CPU tensors are not cut at all: they are referenced in a
   batch and reduced in place by one call that splits the batch's bytes
-  between threads. The rest of this list is the eager kernel's (other
-  devices, or ``--engine eager``).
+  between threads.
+* With the Triton kernel (:mod:`gradaudit.triton_kernel`, what ``auto``
+  picks for CUDA tensors), a contiguous float32/16/bf16 tensor is one block
+  ``[1, n]`` reduced in one launch; buckets (below) are too. The rest of
+  this list is the eager kernel's (float64 and fp8 on CUDA, other devices,
+  or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
   kernel hit the cache instead of memory.
