@@ -36,8 +36,9 @@ SPAN = 16 * BLOCK
 DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
+@functools.cache
 def installed() -> bool:
-    """Whether Triton can be imported (it ships with PyTorch's CUDA builds)."""
+    """Whether Triton can be imported (it ships with PyTorch's CUDA builds); looked up once."""
     return importlib.util.find_spec("triton") is not None
 
 
