@@ -32,7 +32,6 @@ from gradaudit.errors import InputError, UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
-from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).
@@ -64,7 +63,7 @@ def compare(
     thresholds: Thresholds | None = None,
     policy: ComparePolicy | None = None,
     device: torch.device | str | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
 ) -> Comparison:
     """Compare in-memory gradients: ``a`` is the host (A), ``b`` the seed (B).
@@ -90,7 +89,7 @@ def dual_stats(
     *,
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
 ) -> DualGradientStats:
     """Host and seed gradient norms, parameter counts and ratios, from one device->host read."""
     return compare(
@@ -107,7 +106,7 @@ def compare_paths(
     thresholds: Thresholds | None = None,
     policy: ComparePolicy | None = None,
     device: torch.device | str | None = "auto",
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
 ) -> Comparison:
     """Compare two dumps, or the two prefixes of one dump (``seed_path=None``).

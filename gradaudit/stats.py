@@ -36,7 +36,9 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
   or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
-  kernel hit the cache instead of memory.
+  kernel hit the cache instead of memory. On other devices chunks are as
+  large as the memory budget allows (``device_chunk_elements``), since each
+  costs a dozen kernel launches.
 * Small tensors would pay a dozen op dispatches each, which dominates when a
   model has thousands of them. They are copied into zero-padded 2-D *buckets*
   (one row per tensor, rows of similar length share a bucket) that are reduced
@@ -244,15 +246,20 @@ class StatsCollector:
         self._triton = uses_triton(engine)
         self._triton_asked = Engine(engine) is Engine.TRITON
         self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
+        # Half the budget for the kernel's scratch (chunks and buckets share it)...
+        fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
+        #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
+        #: eager kernel a dozen launches, so they are as large as the budget allows.
+        self.device_chunk_elements = max(4096, min(COMPILED_CHUNK_ELEMENTS, fits))
         if chunk_elements is None:
             chunk_elements = (
                 COMPILED_CHUNK_ELEMENTS
                 if self.engine is Engine.COMPILED
                 else DEFAULT_CHUNK_ELEMENTS
             )
-            # Half the budget for the kernel's scratch (chunks and buckets share it)...
-            fits = memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)
-            chunk_elements = max(4096, min(chunk_elements, 1 << max(fits.bit_length() - 1, 0)))
+            chunk_elements = max(4096, min(chunk_elements, fits))
+        else:
+            self.device_chunk_elements = chunk_elements
         if chunk_elements < 1:
             raise ValueError("chunk_elements must be >= 1")
         self.chunk_elements = chunk_elements
@@ -339,8 +346,9 @@ class StatsCollector:
         A whole tensor comes here when the Triton kernel failed on it: chunks keep
         the eager kernel's scratch within the memory budget.
         """
-        if block.shape[0] == 1 and block.shape[1] > self.chunk_elements:
-            pieces = _pieces(block.view(-1), self.chunk_elements)
+        step = self._step(block.device)
+        if block.shape[0] == 1 and block.shape[1] > step:
+            pieces = _pieces(block.view(-1), step)
             rows = torch.cat([self._fallback_rows(piece.view(1, -1)) for piece in pieces])
             return merge_rows(rows).unsqueeze(0)
         self._ran[self._fallback.value] = None
@@ -490,12 +498,16 @@ class StatsCollector:
         buffer = self._upcast.get(block.device)
         if buffer is None or buffer.numel() < block.numel():
             buffer = torch.empty(
-                max(block.numel(), self.chunk_elements),
+                max(block.numel(), self._step(block.device)),
                 dtype=torch.float32,
                 device=block.device,
             )
             self._upcast[block.device] = buffer
         return buffer[: block.numel()].view(block.shape).copy_(block)
+
+    def _step(self, device: torch.device) -> int:
+        """Elements per chunk on ``device``: cache-sized on the CPU, budget-sized elsewhere."""
+        return self.chunk_elements if device.type == "cpu" else self.device_chunk_elements
 
     def _chunks(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         """1-D pieces of at most ``chunk_elements`` elements, never a copy of the whole tensor.
@@ -503,7 +515,7 @@ class StatsCollector:
         A non-contiguous tensor is cut along dim 0 first, so only one block of
         rows is ever made contiguous.
         """
-        step = self.chunk_elements
+        step = self._step(tensor.device)
         if tensor.is_contiguous():
             yield from _pieces(tensor.reshape(-1), step)
             return

@@ -296,3 +296,30 @@ def test_zero_rows_do_not_flush_tiny_float64_contributions() -> None:
         }
     )
     assert report.summary.global_norm == pytest.approx(math.sqrt(2) * 1e-300, rel=1e-12)
+
+
+def test_chunks_are_cache_sized_on_the_cpu_and_budget_sized_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU pays a dozen launches per eager chunk, so its chunks are as large as the budget."""
+    calls: list[tuple[str, int]] = []
+
+    def counting(block: torch.Tensor) -> torch.Tensor:
+        calls.append((block.device.type, block.shape[1]))
+        return torch.zeros((block.shape[0], 7), dtype=torch.float64, device=block.device)
+
+    collector = StatsCollector(engine="eager")
+    monkeypatch.setattr(collector, "_kernel", counting)
+    numel = 1 << 23
+    collector.row(torch.empty(numel, device="meta"))
+    collector.row(torch.zeros(numel))
+    on_meta = [n for device, n in calls if device == "meta"]
+    on_cpu = [n for device, n in calls if device == "cpu"]
+    assert sum(on_meta) == sum(on_cpu) == numel
+    assert max(on_cpu) == collector.chunk_elements == 1 << 18
+    assert max(on_meta) == collector.device_chunk_elements == 1 << 22
+
+    small = StatsCollector(engine="eager", memory_budget=16 * 1024 * 1024)
+    assert small.device_chunk_elements == 1 << 18  # 20 bytes of scratch per element fit 8 MiB
+    explicit = StatsCollector(engine="eager", chunk_elements=5000)
+    assert explicit.chunk_elements == explicit.device_chunk_elements == 5000

@@ -35,7 +35,6 @@ from gradaudit.comparison import DEFAULT_MAX_CHANGE
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.report.base import DEFAULT_TOP_ROWS
-from gradaudit.stats import DEFAULT_CHUNK_ELEMENTS
 
 COMPARE_EPILOG = (
     "normalized ratio = (seed_norm / host_norm) * sqrt(host_params / seed_params): the ratio "
@@ -112,8 +111,8 @@ def compare(
         int, typer.Option(min=0, help="Unflagged shared tensors shown, largest changes first.")
     ] = DEFAULT_TOP_ROWS,
     chunk_elements: Annotated[
-        int, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
-    ] = DEFAULT_CHUNK_ELEMENTS,
+        int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Compare gradient intensity: host vs seed (normalized by size) and A vs B per tensor."""
