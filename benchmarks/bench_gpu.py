@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -38,7 +37,8 @@ import torch
 from safetensors.torch import save_file
 
 import gradaudit
-from benchmarks.bench_scan import many_tiny, transformer_like
+from benchmarks.bench_scan import best_of as cpu_best_of
+from benchmarks.bench_scan import many_tiny, table, transformer_like
 from gradaudit import native, triton_kernel
 
 GB = 1e9
@@ -51,14 +51,9 @@ def synchronize(device: torch.device) -> None:
 
 
 def best_of(repeats: int, device: torch.device, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """bench_scan's best-of, with the device's queue drained before and inside each timing."""
+    synchronize(device)
+    return cpu_best_of(repeats, lambda: (fn(), synchronize(device)))
 
 
 def once(device: torch.device, fn: Callable[[], object]) -> float:
@@ -136,16 +131,6 @@ def streaming_row(
     }
 
 
-def table(rows: Sequence[dict[str, object]]) -> str:
-    columns = list(rows[0])
-    lines = [" | ".join(columns), " | ".join("---" for _ in columns)]
-    for row in rows:
-        lines.append(
-            " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values())
-        )
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=2.0, help="size of the fp32 workload")
@@ -170,12 +155,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         label = f"transformer-{str(dtype).removeprefix('torch.')}"
         rows += engine_rows(label, transformer_like(size, dtype), device, args.repeats)
     rows += engine_rows(f"{args.tiny}-tiny", many_tiny(args.tiny), device, args.repeats)
-    print(table(rows))
+    print(table(rows, digits=2))
     if device.type == "cuda":
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             tensors = transformer_like(total, torch.float32)
             print()
-            print(table([streaming_row(tensors, device, Path(tmp), args.repeats)]))
+            print(table([streaming_row(tensors, device, Path(tmp), args.repeats)], digits=2))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\n{name}, torch {torch.__version__}, triton installed: {triton_kernel.installed()}")
 

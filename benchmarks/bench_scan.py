@@ -21,7 +21,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -145,6 +145,16 @@ def measure(label: str, tensors: dict[str, torch.Tensor], directory: Path) -> di
     }
 
 
+def table(rows: Sequence[dict[str, object]], digits: int) -> str:
+    """Rows of equal keys as a Markdown table, floats to ``digits`` decimals."""
+    columns = list(rows[0])
+    lines = [" | ".join(columns), " | ".join("---" for _ in columns)]
+    for row in rows:
+        cells = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0, help="size of the fp32 workload")
@@ -168,12 +178,7 @@ def main() -> None:
             del tensors
         rows.append(measure("5000-tiny", many_tiny(), directory))
 
-    columns = list(rows[0])
-    print(" | ".join(columns))
-    print(" | ".join("---" for _ in columns))
-    for row in rows:
-        cells = [f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()]
-        print(" | ".join(cells))
+    print(table(rows, digits=1))
     print(
         f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, engine "
         f"{gradaudit.audit({'x': torch.ones(1)}).engine}"
