@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -26,6 +26,8 @@ NATIVE_DTYPES = [
     torch.float8_e5m2,
 ]
 PATHS = ["avx2", "portable"]
+#: Subnormal in float32 (1e-40) and in float64 (1e-310).
+SUBNORMALS = [1e-40, 1e-310]
 
 
 def test_the_extension_is_built() -> None:
@@ -53,14 +55,22 @@ def native_row(tensor: torch.Tensor, threads: int = 2) -> HostRow:
 
 
 @st.composite
-def flat_tensors(draw: st.DrawFn) -> torch.Tensor:
-    """Lengths around the kernel's 16-element steps and 4096-element blocks, planted specials."""
-    dtype = draw(st.sampled_from(NATIVE_DTYPES))
+def flat_tensors(
+    draw: st.DrawFn,
+    dtypes: Sequence[torch.dtype] = NATIVE_DTYPES,
+    boundaries: Sequence[int] = (4095, 4096, 4097, 8191, 8208, 12_345),
+    longest: int = 20_000,
+) -> torch.Tensor:
+    """1-D tensors with planted specials, their lengths around a kernel's step and block sizes.
+
+    The defaults are the native kernel's (16-element steps, 4096-element blocks).
+    """
+    dtype = draw(st.sampled_from(dtypes))
     numel = draw(
         st.one_of(
             st.integers(0, 40),
-            st.sampled_from([4095, 4096, 4097, 8191, 8208, 12_345]),
-            st.integers(0, 20_000),
+            st.sampled_from(boundaries),
+            st.integers(0, longest),
         )
     )
     magnitude = draw(st.sampled_from([1e-30, 1e-6, 1.0, HUGE[dtype]]))
@@ -71,7 +81,7 @@ def flat_tensors(draw: st.DrawFn) -> torch.Tensor:
             st.tuples(
                 st.integers(0, max(numel - 1, 0)),
                 st.sampled_from(
-                    [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, HUGE[dtype], 1e-310]
+                    [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, HUGE[dtype], *SUBNORMALS]
                 ),
             ),
             max_size=min(numel, 8),

@@ -26,7 +26,8 @@ from gradaudit import audit, triton_kernel
 from gradaudit.kernels import Engine
 from gradaudit.stats import HostRow, StatsCollector, read_rows, uses_triton
 from tests.reference import reference_stats
-from tests.test_stats import HUGE, assert_matches_reference
+from tests.test_native import flat_tensors
+from tests.test_stats import assert_matches_reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -48,39 +49,16 @@ def triton_rows(block: torch.Tensor) -> list[HostRow]:
     return [HostRow.from_values(row) for row in rows.cpu().tolist()]
 
 
-@st.composite
-def flat_tensors(draw: st.DrawFn) -> torch.Tensor:
-    """Lengths around the kernel's 1024-element steps and 16384-element spans, planted specials."""
-    dtype = draw(st.sampled_from(TRITON_DTYPES))
-    numel = draw(
-        st.one_of(
-            st.integers(1, 40),
-            st.sampled_from([1023, 1024, 1025, 16383, 16384, 16385, 33_000]),
-            st.integers(1, 40_000),
-        )
+def triton_inputs() -> st.SearchStrategy[torch.Tensor]:
+    """Lengths around the kernel's 1024-element steps and 16384-element spans."""
+    return flat_tensors(
+        TRITON_DTYPES, boundaries=(1023, 1024, 1025, 16383, 16384, 16385, 33_000), longest=40_000
     )
-    magnitude = draw(st.sampled_from([1e-30, 1e-6, 1.0, HUGE[dtype]]))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    values = torch.randn(numel, generator=gen, dtype=torch.float64) * magnitude
-    specials = draw(
-        st.lists(
-            st.tuples(
-                st.integers(0, numel - 1),
-                st.sampled_from(
-                    [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, HUGE[dtype], 1e-40]
-                ),
-            ),
-            max_size=min(numel, 8),
-        )
-    )
-    for index, value in specials:
-        values[index] = value
-    return values.to(dtype)
 
 
 @needs_triton
 @settings(derandomize=True, max_examples=60, deadline=None)
-@given(tensor=flat_tensors())
+@given(tensor=triton_inputs())
 def test_triton_matches_float64_reference(tensor: torch.Tensor) -> None:
     (row,) = triton_rows(tensor.reshape(1, -1))
     assert_matches_reference(tensor, row)
