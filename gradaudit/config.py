@@ -34,12 +34,12 @@ import dataclasses
 import difflib
 import re
 import stat
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from gradaudit._compat import tomllib
 from gradaudit.comparison import (
     DEFAULT_MAX_CHANGE,
     ComparePolicy,
@@ -64,11 +64,6 @@ from gradaudit.policy import (
     parse_fail_on,
 )
 from gradaudit.report.formats import OutputFormat
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 #: The file searched for, and the table read from it.
 PYPROJECT = "pyproject.toml"

@@ -8,8 +8,7 @@ at run time.
 
 from __future__ import annotations
 
-from typing import assert_never
-
+from gradaudit._compat import assert_never
 from gradaudit.report.base import ComparisonFormatter
 from gradaudit.report.compare_github import render_comparison_github
 from gradaudit.report.compare_json import render_comparison_json

@@ -42,7 +42,7 @@ COMPARISON_SCHEMA_VERSION = 1
 
 def comparison_json_schema() -> dict[str, Any]:
     """The JSON Schema of the document :func:`render_comparison_json` writes (shipped)."""
-    files = resources.files("gradaudit").joinpath("schema", "comparison.schema.json")
+    files = resources.files("gradaudit").joinpath("schema").joinpath("comparison.schema.json")
     schema: dict[str, Any] = json.loads(files.read_text("utf-8"))
     return schema
 

@@ -18,8 +18,8 @@ Three ``<testsuite>`` elements, built with the scan's JUnit helpers:
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import assert_never
 
+from gradaudit._compat import assert_never
 from gradaudit.comparison import CompareFindingKind, Comparison, SideStats
 from gradaudit.policy import Severity
 from gradaudit.report.base import RenderOptions

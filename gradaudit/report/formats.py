@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import assert_never
 
+from gradaudit._compat import assert_never
 from gradaudit.report.base import Formatter
 from gradaudit.report.github import render_github
 from gradaudit.report.json_report import render_json

@@ -26,7 +26,12 @@ SCHEMA_VERSION = 1
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of the document :func:`render_json` writes (shipped with the package)."""
-    text = resources.files("gradaudit").joinpath("schema", "report.schema.json").read_text("utf-8")
+    text = (
+        resources.files("gradaudit")
+        .joinpath("schema")
+        .joinpath("report.schema.json")
+        .read_text("utf-8")
+    )
     schema: dict[str, Any] = json.loads(text)
     return schema
 

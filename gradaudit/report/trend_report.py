@@ -16,12 +16,13 @@ import math
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol, assert_never
+from typing import Any, Protocol
 
 from rich.table import Table
 from rich.text import Text
 
 from gradaudit import __version__
+from gradaudit._compat import assert_never
 from gradaudit.errors import ExitCode
 from gradaudit.grouping import GroupMode
 from gradaudit.policy import Severity
