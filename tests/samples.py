@@ -20,11 +20,17 @@ from gradaudit import (
     scan_paths,
 )
 
+#: The engine label every sample report carries. Which kernel ran depends on the install
+#: (no C compiler: eager instead of native); rendered output must not.
+ENGINE = "native"
+
 
 def sample_tensors() -> dict[str, torch.Tensor]:
+    """Values with few significant bits: every sum of squares is exact in any order, so
+    the statistics (and the golden files) are the same whatever kernel or CPU made them."""
     return {
         "encoder.layer.0.attention.self.key.bias": torch.zeros(8),
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 2**-7),
         "encoder.layer.0.output.dense.weight": torch.tensor([[1e3, -2.0], [math.nan, 0.0]]),
         "encoder.layer.1.output.dense.weight": torch.tensor([math.inf, -math.inf, 1.0]),
         "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
@@ -36,7 +42,7 @@ def sample_tensors() -> dict[str, torch.Tensor]:
 def sample_report(thresholds: Thresholds | None = None) -> Report:
     """Tensors from memory (no files): NaN, ±Inf, exploding, vanishing, healthy, skipped."""
     report = audit(sample_tensors(), thresholds=thresholds or Thresholds())
-    return dataclasses.replace(report, elapsed_s=0.25)
+    return dataclasses.replace(report, elapsed_s=0.25, engine=ENGINE)
 
 
 def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Report:
@@ -47,7 +53,7 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
     """
     save_file(
         {
-            "model.0.weight": torch.full((4, 4), 0.1),
+            "model.0.weight": torch.full((4, 4), 0.125),
             "model.0.bias": torch.zeros(4),
             "model.1.weight": torch.tensor([1.0, math.nan, 2.0, 3.0]),
         },
@@ -56,7 +62,7 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
     save_file(
         {
             "model.0.weight": torch.full((4, 4), 50.0),
-            "model.0.bias": torch.full((4,), 1e-9),
+            "model.0.bias": torch.full((4,), 2**-30),
             "model.1.weight": torch.ones(4),
         },
         str(directory / "step2.safetensors"),
@@ -67,14 +73,14 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
         thresholds=thresholds,
         device="cpu",
     )
-    return dataclasses.replace(report, elapsed_s=0.5)
+    return dataclasses.replace(report, elapsed_s=0.5, engine=ENGINE)
 
 
 def sample_comparison() -> Comparison:
     """In memory: NaN on the host (no ratio, under a --max-ratio gate), large changes,
     names only in A or B, a shape and a dtype mismatch, a skipped integer tensor."""
     a = {
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.01),
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 2**-7),
         "encoder.layer.0.output.dense.weight": torch.full((4, 4), 0.5),
         "encoder.layer.1.output.dense.weight": torch.tensor([1.0, math.nan, 2.0]),
         "decoder.weight": torch.full((4, 4), 0.5, dtype=torch.bfloat16),
@@ -84,16 +90,16 @@ def sample_comparison() -> Comparison:
         "step": torch.tensor(10),
     }
     b = {
-        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 0.012),
+        "encoder.layer.0.attention.self.query.weight": torch.full((8, 8), 1.25 * 2**-7),
         "encoder.layer.0.output.dense.weight": torch.full((4, 4), 20.0),
         "encoder.layer.1.output.dense.weight": torch.tensor([1.0, 3.0, 2.0]),
         "decoder.weight": torch.full((4, 4), 0.5),
-        "decoder.bias": torch.full((4,), 0.05),
+        "decoder.bias": torch.full((4,), 0.0625),
         "pooler.weight": torch.ones(3, 2),
         "new.adapter": torch.ones(5),
     }
     comparison = compare(a, b, policy=ComparePolicy(max_ratio=100.0))
-    report = dataclasses.replace(comparison.report, elapsed_s=0.25)
+    report = dataclasses.replace(comparison.report, elapsed_s=0.25, engine=ENGINE)
     return dataclasses.replace(comparison, report=report)
 
 
@@ -109,19 +115,19 @@ def gated_comparison(
 ) -> Comparison:
     """One dump split by ``host.``/``seed.``, read by relative name from ``directory``.
 
-    Under the default gate it fails three ways: the normalized ratio (about 5.9)
+    Under the default gate it fails three ways: the normalized ratio (about 5.93)
     is above ``max_ratio``, the seed's norm exceeds ``max_global_norm``, and
-    ``mlp.weight`` changes 4.5× under ``--fail-on-change``. The vanishing key
+    ``mlp.weight`` changes 4.67× under ``--fail-on-change``. The vanishing key
     biases are ignored; ``optimizer.step`` and ``other.weight`` match neither
     prefix and are skipped. The caller must ``chdir`` into ``directory``.
     """
     save_file(
         {
-            "host.embed.weight": torch.full((8, 4), 0.05),
+            "host.embed.weight": torch.full((8, 4), 0.0625),
             "host.attn.k.bias": torch.zeros(4),
-            "host.mlp.weight": torch.full((4, 4), 0.2),
-            "seed.mlp.weight": torch.full((4, 4), 0.9),
-            "seed.adapter.weight": torch.full((2, 4), 0.3),
+            "host.mlp.weight": torch.full((4, 4), 0.1875),
+            "seed.mlp.weight": torch.full((4, 4), 0.875),
+            "seed.adapter.weight": torch.full((2, 4), 0.3125),
             "seed.attn.k.bias": torch.zeros(4),
             "optimizer.step": torch.tensor(3),
             "other.weight": torch.ones(2),
@@ -137,7 +143,7 @@ def gated_comparison(
         device="cpu",
     )
     return dataclasses.replace(
-        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.5)
+        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.5, engine=ENGINE)
     )
 
 
@@ -151,5 +157,5 @@ def incomplete_comparison(directory: Path) -> Comparison:
         device="cpu",
     )
     return dataclasses.replace(
-        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.125)
+        comparison, report=dataclasses.replace(comparison.report, elapsed_s=0.125, engine=ENGINE)
     )

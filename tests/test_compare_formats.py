@@ -121,7 +121,7 @@ def test_junit_counts_match_the_verdict(gated: Comparison) -> None:
     ratio = root.find("testsuite/testcase[@name='normalized-ratio']/system-out")
     assert ratio is not None
     assert ratio.text is not None
-    assert ratio.text.startswith("normalized ratio 5.94: seed gradients are 5.94× as intense")
+    assert ratio.text.startswith("normalized ratio 5.93: seed gradients are 5.93× as intense")
 
 
 def test_junit_skips_per_parameter_checks_without_shared_names() -> None:

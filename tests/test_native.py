@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 import gradaudit
 from gradaudit import audit, native
-from gradaudit.kernels import Engine
-from gradaudit.stats import HostRow, StatsCollector, read_rows, resolve_engine
+from gradaudit.stats import HostRow, StatsCollector, read_rows
 from tests.reference import reference_stats
 from tests.test_stats import HUGE, assert_matches_reference
 
@@ -29,11 +28,9 @@ PATHS = ["avx2", "portable"]
 #: Subnormal in float32 (1e-40) and in float64 (1e-310).
 SUBNORMALS = [1e-40, 1e-310]
 
-
-def test_the_extension_is_built() -> None:
-    """The install builds it (README, .ci/run); a missing build must fail here, not skip."""
-    assert native.available()
-    assert resolve_engine("auto") is Engine.NATIVE
+# These test the kernel itself, so they need it; tests/test_install.py fails (it does
+# not skip) when the install that CI runs did not build it.
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernel is not built")
 
 
 @pytest.fixture(params=PATHS)
