@@ -318,7 +318,8 @@ class PendingStats:
         self.add_file(path)
         part = self.child()
         try:
-            for item in open_source(path).items(select):
+            source = open_source(path)
+            for item in source.items(select):
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
@@ -328,6 +329,8 @@ class PendingStats:
                     if progress is not None:
                         progress(item[1].numel() * item[1].element_size())
             part.settle()
+            # Only now has every byte been read: a file that changed meanwhile is an error.
+            source.check_unchanged()
         except InputError as error:
             self.add_error(InputProblem(path, error.cause))
             return

@@ -151,7 +151,8 @@ def _read(
     outside = _outside_reason(sides)
     part = pending.child()
     try:
-        for item in open_source(path).items():
+        source = open_source(path)
+        for item in source.items():
             if isinstance(item, Excluded):  # no selection is passed, so none come
                 continue
             name = item.name if isinstance(item, Skipped) else item[0]
@@ -163,6 +164,7 @@ def _read(
             else:
                 part.queue(name, item[1], source=side.label)
         part.settle()
+        source.check_unchanged()  # every byte is read: a file that changed meanwhile is an error
     except InputError as error:
         errors.append(InputProblem(path, error.cause))
         return

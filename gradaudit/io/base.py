@@ -50,3 +50,13 @@ class TensorSource(Protocol):
         is read, so leaving tensors out also saves the work of loading them.
         """
         ...
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if the file changed while it was read.
+
+        Called once every tensor from :meth:`items` has been reduced (the native
+        kernel reads CPU tensors as late as ``settle``), before anything from the
+        file is kept: values read from a file that was truncated, rewritten or
+        replaced meanwhile describe no file at all. See docs/inputs.md.
+        """
+        ...

@@ -6,12 +6,20 @@ import contextlib
 import mmap
 import os
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem
-from gradaudit.io.safetensors_header import SafetensorsHeader, describe_os_error, read_header
+from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
+from gradaudit.io.safetensors_header import (
+    DTYPE_NAMES,
+    SafetensorsHeader,
+    TensorTable,
+    open_checked,
+    read_header_open,
+)
 from gradaudit.results import Skipped
 from gradaudit.stats import dtype_skip_reason
 
@@ -43,61 +51,100 @@ class SafetensorsSource:
     sizes, trailing bytes): the safetensors library silently keeps the last of
     two tensors with the same name, which could hide a NaN tensor.
 
-    The data is then read through our own memory map of the file, as zero-copy
-    tensor views at the validated offsets: with the header already checked,
-    ``safe_open`` would only add its own per-tensor cost (about 10 µs each,
-    which dominated a dump of thousands of small tensors). The mapping is
+    The data is then read through our own memory map of the same open file, as
+    zero-copy tensor views at the validated offsets: with the header already
+    checked, ``safe_open`` would only add its own per-tensor cost (about 10 µs
+    each, which dominated a dump of thousands of small tensors). The mapping is
     private (copy-on-write), so nothing can ever write to the file.
+
+    A file that changes while it is read is refused by :meth:`check_unchanged`,
+    which the caller asks before keeping anything read from it: the map is
+    guarded (:mod:`gradaudit.io.mapguard`), so a truncation reads zeros instead
+    of killing the process, and the file's identity is compared with the one
+    its header was read from.
     """
 
     def __init__(self, path: str, header: SafetensorsHeader | None = None) -> None:
         """Validate ``path``; a shard whose header was already validated passes it in."""
         self.path = path
-        self.header: SafetensorsHeader = read_header(path) if header is None else header
+        self._handle: BinaryIO | None = None
+        if header is None:
+            header, self._handle = read_header_open(path)
+        self.header: SafetensorsHeader = header
+        self._guard: MapGuard | None = None
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
-        mapping = _map(self.path, self.header.file_size)
+        mapping = self._map()
         data_start = 8 + self.header.header_length
-        read_ahead = _ReadAhead(mapping, data_start, self.header)
-        for index, entry in enumerate(self.header.tensors):
-            if select is not None and not select(entry.name):
-                yield Excluded(entry.name)
+        table = self.header.tensors
+        read_ahead = _ReadAhead(mapping, data_start, table)
+        dtype_names, codes, begins, ends = DTYPE_NAMES, table.codes, table.begins, table.ends
+        starts, dims = table.starts.tolist(), table.dims.tolist()
+        begin_list, end_list = begins.tolist(), ends.tolist()
+        for index, name in enumerate(table.names):
+            if select is not None and not select(name):
+                yield Excluded(name)
                 continue
-            dtype = TORCH_DTYPES.get(entry.dtype)
+            dtype_text = dtype_names[codes[index]]
+            dtype = TORCH_DTYPES.get(dtype_text)
             reason = (
-                f"dtype {entry.dtype} is not supported by this PyTorch; not audited"
+                f"dtype {dtype_text} is not supported by this PyTorch; not audited"
                 if dtype is None
                 else dtype_skip_reason(dtype)
             )
             if dtype is None or reason is not None:
-                yield Skipped(entry.name, reason or "not audited", self.path)
+                yield Skipped(name, reason or "not audited", self.path)
                 continue
             read_ahead.next_after(index)
-            tensor = _view(mapping, data_start + entry.begin, entry.end - entry.begin, dtype)
-            yield entry.name, tensor.view(entry.shape)
+            begin = begin_list[index]
+            tensor = _view(mapping, data_start + begin, end_list[index] - begin, dtype)
+            yield name, tensor.view(dims[starts[index] : starts[index + 1]])
 
+    def _map(self) -> mmap.mmap | None:
+        """A private, read-only-in-effect, guarded mapping of the whole file (``None`` if empty).
 
-def _map(path: str, expected_size: int) -> mmap.mmap | None:
-    """A private, read-only-in-effect mapping of the whole file (``None`` for an empty one).
+        The mapping is made from the descriptor the header was read from; a shard
+        whose header was read earlier is reopened, and must still be that file.
+        """
+        handle = self._handle
+        if handle is None:
+            handle, _ = open_checked(self.path)
+            try:
+                same_file(self.path, self.header.identity, os.fstat(handle.fileno()))
+            except BaseException:
+                handle.close()
+                raise
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            if size != self.header.file_size:
+                raise InputError(self.path, CHANGED_SIZE)
+            if not size:
+                return None
+            # ACCESS_COPY: writable views for torch (no read-only buffer warning), and a
+            # write would go to private copies of the pages, never to the file.
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as error:
+            raise InputError(self.path, f"cannot map the file for reading ({error})") from None
+        finally:
+            handle.close()
+            self._handle = None
+        address = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
+        self._guard = MapGuard(address, size, owner=mapping)
+        return mapping
 
-    The size is checked again against the validated header: a file replaced or
-    truncated in between is refused instead of read past its end.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-    except OSError as error:
-        raise InputError(path, describe_os_error(error)) from None
-    try:
-        size = os.fstat(fd).st_size
-        if size != expected_size:
-            raise InputError(path, "the file changed while being read (its size is different)")
-        # ACCESS_COPY: writable views for torch (no read-only buffer warning), and a
-        # write would go to private copies of the pages, never to the file.
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if size else None
-    except (OSError, ValueError) as error:
-        raise InputError(path, f"cannot map the file for reading ({error})") from None
-    finally:
-        os.close(fd)
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if the file changed since its header was read.
+
+        Called once everything read from the file has been reduced, before its
+        results are kept: a page read past a new end (the guard's flag), or a
+        different size, modification time or inode behind the path.
+        """
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.release()
+            if guard.changed():
+                raise InputError(self.path, CHANGED_SIZE)
+        check_path(self.path, self.header.identity)
 
 
 def _view(mapping: mmap.mmap | None, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -123,19 +170,24 @@ class _ReadAhead:
     #: Tensors smaller than this are not worth a system call.
     MIN_BYTES = 1 << 20
 
-    def __init__(self, mapping: mmap.mmap | None, data_start: int, header: SafetensorsHeader):
+    def __init__(self, mapping: mmap.mmap | None, data_start: int, table: TensorTable):
         self._mapping = mapping if hasattr(mmap, "MADV_WILLNEED") else None
         self._data_start = data_start
-        self._entries = header.tensors
+        lengths = table.ends - table.begins
+        #: Index -> data offset of each tensor large enough to be worth the call.
+        self._large = {
+            int(i): int(table.begins[i]) for i in (lengths >= self.MIN_BYTES).nonzero()[0]
+        }
+        self._lengths = lengths
 
     def next_after(self, index: int) -> None:
-        if self._mapping is None or index + 1 >= len(self._entries):
+        if self._mapping is None:
             return
-        entry = self._entries[index + 1]
-        length = entry.end - entry.begin
-        if length < self.MIN_BYTES:
+        begin = self._large.get(index + 1)
+        if begin is None:
             return
-        start = self._data_start + entry.begin
+        length = int(self._lengths[index + 1])
+        start = self._data_start + begin
         aligned = start - start % mmap.PAGESIZE
         with contextlib.suppress(OSError, ValueError):
             self._mapping.madvise(mmap.MADV_WILLNEED, aligned, length + start - aligned)
