@@ -38,6 +38,7 @@ from gradaudit.selection import NameFilter
 from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
+    from gradaudit.io.base import TensorRun
     from gradaudit.io.discover import Expanded
 
 from gradaudit.stats import (
@@ -235,6 +236,29 @@ class PendingStats:
         self._tickets.append(ticket)
         self._devices[device] = None
 
+    def queue_run(self, run: TensorRun, source: str | None = None) -> None:
+        """:meth:`queue` for every tensor of a reader's run, in one native call when it can.
+
+        The per-tensor facts are appended column by column; no tensor object is
+        made. Runs bound for another device, or a dtype the native kernel does
+        not take, go through :meth:`queue` one tensor at a time.
+        """
+        on_cpu = self.device is None or self.device.type == "cpu"
+        tickets = (
+            self._collector.submit_run(run.pointers, run.counts, run.dtype) if on_cpu else None
+        )
+        if tickets is None:
+            for name, tensor in run.tensors():
+                self.queue(name, tensor, source)
+            return
+        count = len(tickets)
+        self._names += run.names
+        self._shapes += run.shapes
+        self._dtypes += [dtype_name(run.dtype)] * count
+        self._sources += [source] * count
+        self._tickets += tickets
+        self._devices[run.data.device] = None
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
         assert self.device is not None
@@ -314,13 +338,23 @@ class PendingStats:
         ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
         """
         from gradaudit.io import Excluded, open_source
+        from gradaudit.io.base import RunItem, RunSource, TensorRun
 
         self.add_file(path)
         part = self.child()
         try:
             source = open_source(path)
-            for item in source.items(select):
-                if isinstance(item, Excluded):
+            stream: Iterator[RunItem] = (
+                source.runs()
+                if select is None and isinstance(source, RunSource)
+                else source.items(select)
+            )
+            for item in stream:
+                if isinstance(item, TensorRun):
+                    part.queue_run(item, path)
+                    if progress is not None:
+                        progress(item.data.numel())
+                elif isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
                     part.skip(Skipped(item.name, item.reason, path))

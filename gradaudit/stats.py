@@ -407,6 +407,27 @@ class StatsCollector:
             self._reduce_bucket(bucket)
         return ticket
 
+    def submit_run(
+        self, pointers: array.array[int], counts: array.array[int], dtype: torch.dtype
+    ) -> range | None:
+        """Reduce many contiguous CPU tensors given by address and element count, now.
+
+        For a reader's :class:`~gradaudit.io.base.TensorRun`: one native call for
+        thousands of tiny tensors, with no tensor object made for any of them.
+        The caller keeps the memory alive until this returns. Returns the
+        tickets, or ``None`` when the native kernel does not take ``dtype`` (the
+        caller then submits the tensors one by one).
+        """
+        if not self._native or not native.supports(torch.empty(0, dtype=dtype)):
+            return None
+        first = len(self._placements)
+        block_index = len(self._blocks)
+        codes = array.array("i", [native.code(dtype)]) * len(pointers)
+        self._blocks.append(native.rows_of_pointers(pointers, counts, codes, self._threads))
+        self._placements.extend(Placement(block_index, row, 0) for row in range(len(pointers)))
+        self._ran["native"] = None
+        return range(first, first + len(pointers))
+
     def settle(self) -> None:
         """Reduce the native batch now: until then its tensors are only referenced.
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -22,9 +23,46 @@ class Excluded:
     name: str
 
 
+@dataclass(frozen=True)
+class TensorRun:
+    """Many small tensors of one dtype lying back to back in a file, as columns.
+
+    A file of a million tiny tensors (LoRA adapters, MoE experts) spent its time
+    on per-tensor Python: a view, then a collector call, for each. A run hands
+    over names, shapes and addresses at once, for the native kernel to reduce
+    in one call; readers only yield runs when asked (``items(runs=True)``).
+    """
+
+    names: list[str]
+    dtype: torch.dtype
+    #: Each tensor's shape.
+    shapes: list[tuple[int, ...]]
+    #: Address of each tensor's first byte (uint64), every one aligned to its element size.
+    pointers: array.array[int]
+    #: Elements of each tensor (uint64).
+    counts: array.array[int]
+    #: A view of the bytes the run lies in: keeps the file's map alive while the
+    #: addresses are in use.
+    data: torch.Tensor
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The run as ordinary named tensors (views of :attr:`data`), for other consumers."""
+        base = self.data.data_ptr()
+        flat = self.data.view(torch.uint8)
+        size = self.dtype.itemsize
+        for name, shape, pointer, count in zip(
+            self.names, self.shapes, self.pointers, self.counts, strict=True
+        ):
+            start = pointer - base
+            yield name, flat[start : start + count * size].view(self.dtype).view(shape)
+
+
 #: What a reader yields: a named tensor to audit, a value it could not audit, or a name
 #: the selection left out.
 SourceItem = tuple[str, torch.Tensor] | Skipped | Excluded
+
+#: What :meth:`RunSource.runs` yields: the same, or a run of small tensors.
+RunItem = SourceItem | TensorRun
 
 #: Decides from a tensor's name whether it is audited (see :class:`gradaudit.selection.NameFilter`).
 Select = Callable[[str], bool]
@@ -59,4 +97,13 @@ class TensorSource(Protocol):
         file is kept: values read from a file that was truncated, rewritten or
         replaced meanwhile describe no file at all. See docs/inputs.md.
         """
+        ...
+
+
+@runtime_checkable
+class RunSource(TensorSource, Protocol):
+    """A reader that can also hand over small tensors as :class:`TensorRun` columns."""
+
+    def runs(self) -> Iterator[RunItem]:
+        """:meth:`items` without a selection, with runs of small tensors as :class:`TensorRun`."""
         ...

@@ -744,7 +744,8 @@ def _parse_entries(document: _JsonObject, data_length: int) -> tuple[dict[str, s
 _DTYPE = itemgetter("dtype")
 _SHAPE = itemgetter("shape")
 _OFFSETS = itemgetter("data_offsets")
-_SIZES_BY_CODE = np.array(list(SAFETENSORS_DTYPE_SIZES.values()), dtype=np.int64)
+#: Bytes per element, by :class:`TensorTable` dtype code.
+SIZES_BY_CODE = np.array(list(SAFETENSORS_DTYPE_SIZES.values()), dtype=np.int64)
 
 
 def _fast_table(document: _JsonObject, data_length: int) -> TensorTable | None:
@@ -801,7 +802,7 @@ def _fast_table(document: _JsonObject, data_length: int) -> TensorTable | None:
         return None
     codes = bytes(map(_DTYPE_CODES.__getitem__, dtypes))
     begins, ends = bounds[:, 0], bounds[:, 1]
-    sizes = _SIZES_BY_CODE[np.frombuffer(codes, dtype=np.uint8)]
+    sizes = SIZES_BY_CODE[np.frombuffer(codes, dtype=np.uint8)]
     if (
         (begins < 0).any()
         or (ends < begins).any()

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import itertools
 import mmap
 import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import Excluded, Select, SourceItem
+from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
 from gradaudit.io.safetensors_header import (
     DTYPE_NAMES,
+    SIZES_BY_CODE,
     SafetensorsHeader,
     TensorTable,
     open_checked,
@@ -72,33 +76,68 @@ class SafetensorsSource:
             header, self._handle = read_header_open(path)
         self.header: SafetensorsHeader = header
         self._guard: MapGuard | None = None
+        self._address = 0
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         mapping = self._map()
-        data_start = 8 + self.header.header_length
-        table = self.header.tensors
-        read_ahead = _ReadAhead(mapping, data_start, table)
-        dtype_names, codes, begins, ends = DTYPE_NAMES, table.codes, table.begins, table.ends
-        starts, dims = table.starts.tolist(), table.dims.tolist()
-        begin_list, end_list = begins.tolist(), ends.tolist()
-        for index, name in enumerate(table.names):
+        each = _Each(self.path, mapping, self.header)
+        for index, name in enumerate(self.header.tensors.names):
             if select is not None and not select(name):
                 yield Excluded(name)
                 continue
-            dtype_text = dtype_names[codes[index]]
-            dtype = TORCH_DTYPES.get(dtype_text)
-            reason = (
-                f"dtype {dtype_text} is not supported by this PyTorch; not audited"
-                if dtype is None
-                else dtype_skip_reason(dtype)
-            )
-            if dtype is None or reason is not None:
-                yield Skipped(name, reason or "not audited", self.path)
+            yield each.item(index)
+
+    def runs(self) -> Iterator[RunItem]:
+        """:meth:`items` without a selection; small tensors come as :class:`TensorRun` columns.
+
+        Consecutive tensors (in file order) of one audited dtype, each at most
+        :data:`RUN_MAX_ELEMENTS` and aligned to its element size, form a run of
+        at most :data:`RUN_TENSORS`; every other tensor comes on its own.
+        """
+        mapping = self._map()
+        each = _Each(self.path, mapping, self.header)
+        table = self.header.tensors
+        count = len(table)
+        if mapping is None or count == 0:
+            for index in range(count):
+                yield each.item(index)
+            return
+        data_start = 8 + self.header.header_length
+        codes = np.frombuffer(table.codes, dtype=np.uint8)
+        sizes = SIZES_BY_CODE[codes]
+        numel = (table.ends - table.begins) // sizes
+        runnable = (
+            _RUNNABLE_CODES[codes]
+            & (numel > 0)
+            & (numel <= RUN_MAX_ELEMENTS)
+            & ((data_start + table.begins) % sizes == 0)
+        )
+        key = np.where(runnable, codes.astype(np.int64), -1)
+        edges = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), count]
+        base = self._address + data_start
+        for first, stop in itertools.pairwise(edges):
+            code = int(key[first])
+            if code < 0:
+                for index in range(first, stop):
+                    yield each.item(index)
                 continue
-            read_ahead.next_after(index)
-            begin = begin_list[index]
-            tensor = _view(mapping, data_start + begin, end_list[index] - begin, dtype)
-            yield name, tensor.view(dims[starts[index] : starts[index + 1]])
+            dtype = TORCH_DTYPES[DTYPE_NAMES[code]]
+            for start in range(first, stop, RUN_TENSORS):
+                end = min(stop, start + RUN_TENSORS)
+                pointers = array.array("Q")
+                pointers.frombytes((table.begins[start:end] + base).astype(np.uint64).tobytes())
+                counts = array.array("Q")
+                counts.frombytes(numel[start:end].astype(np.uint64).tobytes())
+                low = data_start + int(table.begins[start])
+                high = data_start + int(table.ends[end - 1])
+                yield TensorRun(
+                    names=table.names[start:end],
+                    dtype=dtype,
+                    shapes=_shapes(table, start, end),
+                    pointers=pointers,
+                    counts=counts,
+                    data=torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low),
+                )
 
     def _map(self) -> mmap.mmap | None:
         """A private, read-only-in-effect, guarded mapping of the whole file (``None`` if empty).
@@ -128,8 +167,8 @@ class SafetensorsSource:
         finally:
             handle.close()
             self._handle = None
-        address = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
-        self._guard = MapGuard(address, size, owner=mapping)
+        self._address = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
+        self._guard = MapGuard(self._address, size, owner=mapping)
         return mapping
 
     def check_unchanged(self) -> None:
@@ -145,6 +184,58 @@ class SafetensorsSource:
             if guard.changed():
                 raise InputError(self.path, CHANGED_SIZE)
         check_path(self.path, self.header.identity)
+
+
+#: Tensors up to this many elements may travel in a :class:`TensorRun` (as in a bucket).
+RUN_MAX_ELEMENTS = 1 << 16
+#: Tensors in one run at most: bounds the columns made at once.
+RUN_TENSORS = 1 << 15
+
+#: Per dtype code: whether its tensors are audited (so they may form runs).
+_RUNNABLE_CODES = np.array(
+    [name in TORCH_DTYPES and dtype_skip_reason(TORCH_DTYPES[name]) is None for name in DTYPE_NAMES]
+)
+
+
+def _shapes(table: TensorTable, start: int, end: int) -> list[tuple[int, ...]]:
+    """The shapes of tensors ``start`` to ``end``, in one pass when they share a rank."""
+    first, last = int(table.starts[start]), int(table.starts[end])
+    ranks = np.diff(table.starts[start : end + 1])
+    rank = int(ranks[0])
+    if (ranks == rank).all():
+        if rank == 0:
+            return [()] * (end - start)
+        return list(map(tuple, table.dims[first:last].reshape(-1, rank).tolist()))
+    return [table.shape(index) for index in range(start, end)]
+
+
+class _Each:
+    """One tensor of the file at a time: a view at its offsets, or why it is skipped."""
+
+    def __init__(self, path: str, mapping: mmap.mmap | None, header: SafetensorsHeader) -> None:
+        self.path = path
+        self.mapping = mapping
+        self.table = header.tensors
+        self.data_start = 8 + header.header_length
+        self.read_ahead = _ReadAhead(mapping, self.data_start, self.table)
+
+    def item(self, index: int) -> SourceItem:
+        table = self.table
+        name = table.names[index]
+        dtype_text = DTYPE_NAMES[table.codes[index]]
+        dtype = TORCH_DTYPES.get(dtype_text)
+        reason = (
+            f"dtype {dtype_text} is not supported by this PyTorch; not audited"
+            if dtype is None
+            else dtype_skip_reason(dtype)
+        )
+        if dtype is None or reason is not None:
+            return Skipped(name, reason or "not audited", self.path)
+        self.read_ahead.next_after(index)
+        begin = int(table.begins[index])
+        nbytes = int(table.ends[index]) - begin
+        tensor = _view(self.mapping, self.data_start + begin, nbytes, dtype)
+        return name, tensor.view(table.shape(index))
 
 
 def _view(mapping: mmap.mmap | None, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:

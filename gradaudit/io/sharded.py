@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import Select, SourceItem
+from gradaudit.io.base import RunItem, Select, SourceItem
 from gradaudit.io.safetensors_header import (
     SafetensorsHeader,
     describe_os_error,
@@ -183,6 +183,13 @@ class ShardedSource:
         for shard, source in self.shards:
             try:
                 yield from source.items(select)
+            except InputError as error:
+                _refuse(self.path, f"shard {show(shard)}: {error.cause}")
+
+    def runs(self) -> Iterator[RunItem]:
+        for shard, source in self.shards:
+            try:
+                yield from source.runs()
             except InputError as error:
                 _refuse(self.path, f"shard {show(shard)}: {error.cause}")
 
