@@ -772,13 +772,21 @@ def _fast_table(document: _JsonObject, data_length: int) -> TensorTable | None:
     try:
         if set(map(type, values)) != {_JsonObject} or set(map(len, values)) != {3}:
             return None
-        fields = list(map(dict, values))
-        if set(map(len, fields)) != {3}:  # a repeated key inside an entry
-            return None
-        dtypes = list(map(_DTYPE, fields))
-        shapes = list(map(_SHAPE, fields))
-        offsets = list(map(_OFFSETS, fields))
-        del fields, values
+        # Entries as one flat run of (key, value) pairs; a file written by a library
+        # uses one key order throughout, and then every third pair is the same field.
+        flat_pairs = list(chain.from_iterable(values))
+        keys = list(map(itemgetter(0), flat_pairs))
+        fields = list(map(itemgetter(1), flat_pairs))
+        del flat_pairs, values
+        order = keys[:3]
+        if set(order) != _TENSOR_KEY_SET or any(
+            set(keys[slot::3]) != {key} for slot, key in enumerate(order)
+        ):
+            return None  # repeated or unexpected keys, or mixed orders: entry by entry
+        dtypes = fields[order.index("dtype") :: 3]
+        shapes = fields[order.index("shape") :: 3]
+        offsets = fields[order.index("data_offsets") :: 3]
+        del fields, keys
         if not set(dtypes) <= SAFETENSORS_DTYPE_SIZES.keys():
             return None
         if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list}:
