@@ -14,7 +14,8 @@ each in a fresh child process:
 * ``read_header`` alone (parsing and validating the header);
 * ``gradaudit scan FILE --format F`` for each format, stdout to ``/dev/null``;
 
-with the wall time, the child's peak RSS (``ru_maxrss``) and its peak
+with the wall time, the child's CPU time (user + system: on a shared machine the
+wall time mostly measures the neighbours), its peak RSS (``ru_maxrss``) and its peak
 anonymous memory (``RssAnon`` sampled from /proc: the file-backed pages of the
 memory-mapped file are not counted). The file is written directly (header text
 then one random block), so writing it costs neither the safetensors library's
@@ -107,6 +108,7 @@ def run(command: Sequence[str], timeout: float) -> dict[str, object]:
     stderr = process.stderr.read().decode(errors="replace").strip().splitlines()
     return {
         "s": elapsed,
+        "cpu s": usage.ru_utime + usage.ru_stime,
         "exit": process.returncode if elapsed < timeout else f"killed after {timeout:.0f} s",
         "peak RSS MiB": usage.ru_maxrss * 1024 / MIB,
         "peak RssAnon MiB": peak_anon / MIB,
