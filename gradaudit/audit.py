@@ -419,7 +419,7 @@ class PendingStats:
             rows = torch.tensor([starts[p.block] + p.row for p in mine], dtype=torch.long)
             host = torch.cat(host_blocks)[rows]
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
-        tensors = tuple(self._tensor_stats(host.tolist()))
+        tensors = tuple(self._tensor_stats(_host_rows(host)))
         findings = evaluate_all(tensors, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
@@ -446,7 +446,7 @@ class PendingStats:
             limit_findings=limit_findings,
         )
 
-    def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
+    def _tensor_stats(self, rows: Iterable[list[float]]) -> Iterator[TensorStats]:
         """Host rows to TensorStats, in submission order.
 
         One loop with positional arguments and :class:`HostRow`'s conversion
@@ -496,6 +496,16 @@ class PendingStats:
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
+
+
+def _host_rows(host: torch.Tensor, step: int = 1 << 16) -> Iterator[list[float]]:
+    """The rows of ``host`` as Python lists, a slice at a time.
+
+    ``tolist()`` of a million rows at once held a million lists of seven floats
+    (about 280 MB) next to the results being built from them.
+    """
+    for start in range(0, host.shape[0], step):
+        yield from host[start : start + step].tolist()
 
 
 def _summary(
