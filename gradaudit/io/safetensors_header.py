@@ -818,19 +818,19 @@ def _fast_table(document: _JsonObject, data_length: int) -> TensorTable | None:
         or ((ends - begins) != numel * sizes).any()
     ):
         return None
-    order = np.lexsort((ends, begins))
-    begins, ends = begins[order], ends[order]
+    by_offset = np.lexsort((ends, begins))
+    begins, ends = begins[by_offset], ends[by_offset]
     # Every tensor has bytes, so tiling exactly means each starts where the last ended.
     if begins[0] != 0 or ends[-1] != data_length or (begins[1:] != ends[:-1]).any():
         return None
     starts = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    if not np.array_equal(order, np.arange(count)):
-        names = [names[i] for i in order.tolist()]
-        codes = bytes(np.frombuffer(codes, dtype=np.uint8)[order])
-        pieces = [dim_array[starts[i] : starts[i + 1]] for i in order.tolist()]
+    if not np.array_equal(by_offset, np.arange(count)):
+        names = [names[i] for i in by_offset.tolist()]
+        codes = bytes(np.frombuffer(codes, dtype=np.uint8)[by_offset])
+        pieces = [dim_array[starts[i] : starts[i + 1]] for i in by_offset.tolist()]
         dim_array = np.concatenate(pieces) if pieces else dim_array
-        np.cumsum(lengths[order], out=starts[1:])
+        np.cumsum(lengths[by_offset], out=starts[1:])
     return TensorTable(names, codes, begins, ends, dim_array, starts)
 
 

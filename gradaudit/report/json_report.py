@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 from gradaudit import __version__
