@@ -78,6 +78,13 @@ class SafetensorsSource:
         self._guard: MapGuard | None = None
         self._address = 0
 
+    def __del__(self) -> None:
+        # A source used for its header only (``trend`` orders dumps by their metadata)
+        # never maps the file: its descriptor is closed here, quietly.
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.close()
+
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         mapping = self._map()
         each = _Each(self.path, mapping, self.header)
