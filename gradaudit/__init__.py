@@ -39,6 +39,7 @@ from gradaudit.errors import (
     NonFiniteGradientWarning,
     UsageError,
 )
+from gradaudit.locate import Location, NanLocator
 from gradaudit.module import collect_module, named_gradients
 from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 from gradaudit.policy import (
@@ -82,8 +83,10 @@ __all__ = [
     "InputProblem",
     "LimitFinding",
     "LimitKind",
+    "Location",
     "Mismatch",
     "MonitorRecord",
+    "NanLocator",
     "NonFiniteAction",
     "NonFiniteGradientError",
     "NonFiniteGradientWarning",
