@@ -87,7 +87,8 @@ def _check(values: torch.Tensor) -> None:
     finite = as64[np.isfinite(as64)]
     nonzero = finite[finite != 0]
     expected: dict[int, int] = {}
-    for exponent, count in zip(*np.unique(np.frexp(np.abs(nonzero))[1] - 1, return_counts=True)):
+    exponents, counts = np.unique(np.frexp(np.abs(nonzero))[1] - 1, return_counts=True)
+    for exponent, count in zip(exponents, counts, strict=True):
         expected[int(exponent)] = int(count)
     assert histogram.exponents() == expected
     assert histogram.zeros == int((finite == 0).sum())
