@@ -39,6 +39,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradaudit.results import Report
 
 #: Bit pattern of float32 +Inf; NaN patterns are above it.
 INF_BITS = 0x7F800000
@@ -378,3 +382,57 @@ def judge(
                 )
             )
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class PrecisionReport:
+    """Headroom of every audited tensor, layer and the whole model for one format."""
+
+    precision: Precision
+    max_underflow: float
+    tensors: tuple[Headroom, ...]
+    #: Tensors grouped by owning module (``a.b.weight`` -> ``a.b``), in model order.
+    layers: tuple[Headroom, ...]
+    total: Headroom
+    #: The whole model's histogram (what ``--plot`` draws).
+    histogram: ExponentHistogram
+    findings: tuple[PrecisionFinding, ...]
+
+
+def precision_report(
+    report: Report, precision: Precision, max_underflow: float = DEFAULT_MAX_UNDERFLOW
+) -> PrecisionReport:
+    """Judge a report collected with histograms (``scan_paths(..., histograms=True)``)."""
+    from gradaudit.grouping import model_order
+
+    if len(report.histograms) != len(report.tensors):
+        raise ValueError("the report was collected without exponent histograms")
+    rows: list[Headroom] = []
+    groups: dict[str, list[tuple[ExponentHistogram, float]]] = {}
+    kept: list[ExponentHistogram] = []
+    for stats, histogram in zip(report.tensors, report.histograms, strict=True):
+        if histogram is None:
+            continue
+        kept.append(histogram)
+        rows.append(
+            headroom(stats.name, histogram, precision, max_abs=stats.max_abs, source=stats.source)
+        )
+        layer = stats.name.rsplit(".", 1)[0] if "." in stats.name else stats.name
+        groups.setdefault(layer, []).append((histogram, stats.max_abs))
+    layers = []
+    for name in model_order(groups):
+        members = groups[name]
+        merged = ExponentHistogram.merge(h for h, _ in members)
+        layers.append(headroom(name, merged, precision, max_abs=max(m for _, m in members)))
+    total_histogram = ExponentHistogram.merge(kept)
+    top = max((t.max_abs for t in report.tensors), default=0.0)
+    total = headroom("(all tensors)", total_histogram, precision, max_abs=top)
+    return PrecisionReport(
+        precision,
+        max_underflow,
+        tuple(rows),
+        tuple(layers),
+        total,
+        total_histogram,
+        judge(rows, max_underflow),
+    )
