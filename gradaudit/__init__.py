@@ -41,7 +41,7 @@ from gradaudit.errors import (
 )
 from gradaudit.locate import Location, NanLocator
 from gradaudit.module import collect_module, named_gradients
-from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+from gradaudit.monitor import GradientMonitor, LocateMode, MonitorRecord, NonFiniteAction
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -83,6 +83,7 @@ __all__ = [
     "InputProblem",
     "LimitFinding",
     "LimitKind",
+    "LocateMode",
     "Location",
     "Mismatch",
     "MonitorRecord",

@@ -199,3 +199,52 @@ def test_compiled_model_runs_eagerly_while_armed() -> None:
 def test_bad_capacity(capacity: int) -> None:
     with pytest.raises(ValueError, match="capacity"):
         NanLocator(nn.Linear(2, 2), capacity=capacity)
+
+
+def _train(monitor_model: nn.Module, monitor: object, bad_steps: set[int], steps: int) -> None:
+    import gradaudit
+
+    assert isinstance(monitor, gradaudit.GradientMonitor)
+    for step in range(steps):
+        x = torch.rand(4, 8) + 0.5
+        if step in bad_steps:
+            x[0] = -1.0  # ReLU gives exact zeros, the log makes -inf
+        monitor_model.zero_grad()
+        monitor_model(x).sum().backward()
+        monitor.step()
+    monitor.flush()
+
+
+def test_monitor_locates_the_step_after_a_nan_was_seen() -> None:
+    import gradaudit
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), Log(), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(8))
+        model[0].bias.zero_()
+    monitor = gradaudit.GradientMonitor(
+        model, every=1, sync=True, dump_dir=None, on_nonfinite="ignore", locate="on_nonfinite"
+    )
+    _train(model, monitor, bad_steps={3, 4, 6}, steps=8)
+    # Armed after step 3's NaN, located at 4; armed again after 6's, step 7 is clean.
+    assert [(step, loc.found) for step, loc in monitor.locations] == [(4, True), (7, False)]
+    location = monitor.locations[0][1]
+    assert location.forward_origin is not None
+    assert location.forward_origin.module == "2"
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_monitor_locates_on_a_schedule() -> None:
+    import gradaudit
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), Log(), nn.Linear(8, 2))
+    monitor = gradaudit.GradientMonitor(
+        model, every=100, dump_dir=None, locate="always", locate_every=2, on_nonfinite="ignore"
+    )
+    _train(model, monitor, bad_steps=set(), steps=5)
+    assert [step for step, _ in monitor.locations] == [0, 2, 4]
+    with pytest.raises(ValueError, match=r"nn\.Module"):
+        gradaudit.GradientMonitor(list(model.parameters()), locate="always")
+    with pytest.raises(ValueError, match="locate must be"):
+        gradaudit.GradientMonitor(model, locate="sometimes")  # type: ignore[arg-type]

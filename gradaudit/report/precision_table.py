@@ -1,7 +1,7 @@
 """``scan --precision``: the headroom table, as plain text of a given width.
 
-One row per tensor (flagged ones and the worst ``top`` by flushed fraction, or
-all), the whole run last, then the findings. Columns: non-zero values, the
+One row per tensor (flagged ones, marked ``!``, and the worst ``top`` by
+flushed fraction, or all), the whole run last, then the findings. Columns: non-zero values, the
 fractions that would flush to zero, turn subnormal and overflow, the span of
 binary exponents ``floor(log2|x|)``, and the power-of-two scale that brings
 the most values into range without overflow.
@@ -39,10 +39,10 @@ def _cells(row: Headroom) -> tuple[str, ...]:
     )
 
 
-def _line(name: str, cells: tuple[str, ...], name_width: int) -> str:
-    if len(name) > name_width:
-        name = "…" + name[len(name) - name_width + 1 :]
-    parts = [name.ljust(name_width)]
+def _line(name: str, cells: tuple[str, ...], name_width: int, mark: str = " ") -> str:
+    if len(name) > name_width - 1:
+        name = "…" + name[len(name) - name_width + 2 :]
+    parts = [(mark + name).ljust(name_width)]
     parts += [cell.rjust(width) for cell, width in zip(cells, _WIDTHS, strict=True)]
     return " ".join(parts).rstrip()
 
@@ -64,15 +64,15 @@ def render_precision(
         f"Headroom in {spec.label}: normal from {spec.min_normal:.3g}, subnormal from "
         f"{spec.min_subnormal:.3g},",
         f"largest {spec.max:.5g} (beyond: {spec.overflow_result}); values = non-zero finite",
-        _line("tensor", _NUMBERS, name_width),
+        _line("tensor", _NUMBERS, name_width, mark=""),
     ]
     for row in rows:
         mark = "!" if row.name in flagged else " "
-        out.append(_line(mark + printable(row.name), _cells(row), name_width))
+        out.append(_line(printable(row.name), _cells(row), name_width, mark))
     hidden = len(report.tensors) - len(rows)
     if hidden:
         out.append(f" … {hidden} more tensors (--all shows them)")
-    out.append(_line(" " + report.total.name, _cells(report.total), name_width))
+    out.append(_line(report.total.name, _cells(report.total), name_width))
     for finding in report.findings:
         out.append(f"{finding.kind}: {printable(finding.tensor)}: {finding.message}")
     if not report.findings:
