@@ -35,6 +35,7 @@ themselves is replaced by ``"default"`` when the locator disarms.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -207,6 +208,8 @@ class NanLocator:
         self._calls: list[_Call] = []
         self._open: list[_Call] = []
         self._grad_slots: list[tuple[str, int]] = []
+        #: Tensors already counted this step: id -> (the tensor, its version, slot).
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._stance: Any = None
 
     # -- arming -----------------------------------------------------------------
@@ -243,6 +246,7 @@ class NanLocator:
         self._calls = []
         self._open = []
         self._grad_slots = []
+        self._seen = {}
 
     def __enter__(self) -> NanLocator:
         self.arm()
@@ -276,12 +280,28 @@ class NanLocator:
             for index, tensor in _tensors(value):
                 if tensor is None or tensor.numel() == 0:
                     continue
-                slot = self._used
-                buffer, offset = self._slot(tensor.device)
-                # Queued on the device; nothing here reads a value back.
-                buffer[offset] = torch.isfinite(tensor).logical_not_().sum()
-                counted.append((role, index, slot, tensor.numel()))
+                counted.append((role, index, self._count(tensor), tensor.numel()))
         return counted
+
+    def _count(self, tensor: torch.Tensor) -> int:
+        """The slot holding ``tensor``'s non-finite count: queued now, or already counted.
+
+        A module's output is usually the next module's input, and a parent's
+        input its first child's: the same tensor object, unchanged (same
+        version), is counted once. The weak reference proves it is the same
+        object, not a new one at a recycled ``id``.
+        """
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+            return seen[2]
+        slot = self._used
+        buffer, offset = self._slot(tensor.device)
+        work = tensor if tensor.element_size() > 1 else tensor.float()
+        # x - x is 0 for finite x and NaN for NaN and ±Inf; count_nonzero counts NaN.
+        # Queued on the device: nothing here reads a value back.
+        buffer[offset] = torch.count_nonzero(work - work)
+        self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, slot)
+        return slot
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         call = _Call(self._names.get(id(module), "?"), "forward", [], [])
