@@ -94,7 +94,7 @@ def precision_plot(report: PrecisionReport, fmt: PlotFormat, *, title: str | Non
         ax.set_xlabel("log2 |x| (binary exponent; zeros not shown)")
         ax.set_ylabel("fraction of non-zero values (log scale)")
         ax.grid(axis="y", which="major", linewidth=0.4, alpha=0.5, zorder=0)
-        ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.9), fontsize=8, frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.94), fontsize=8, frameon=False)
         summary = (
             f"{total.nonzero:,} non-zero values in {spec.label}: "
             f"{total.flushed_fraction:.2%} flush to zero, {total.subnormal_fraction:.2%} "
