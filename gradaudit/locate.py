@@ -98,7 +98,11 @@ class ModuleEvent:
     def describe(self) -> str:
         bad = self.first_bad_output
         what = "output" if self.phase == "forward" else "grad_input"
-        detail = "" if bad is None else f" {what}[{bad.index}]: {bad.nonfinite} of {bad.numel}"
+        detail = (
+            ""
+            if bad is None
+            else f" {what}[{bad.index}]: {bad.nonfinite} of {bad.numel} non-finite"
+        )
         source = "inputs already non-finite" if self.inputs_nonfinite else "inputs finite: origin"
         return f"{self.phase} #{self.order} {self.module}{detail} ({source})"
 
