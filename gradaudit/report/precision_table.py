@@ -9,7 +9,9 @@ the most values into range without overflow.
 
 from __future__ import annotations
 
-from gradaudit.precision import FORMATS, Headroom, PrecisionReport
+from collections.abc import Sequence
+
+from gradaudit.precision import FORMATS, Headroom, Precision, PrecisionReport
 from gradaudit.report.text import count, printable
 
 _NUMBERS = ("values", "flush", "subnorm", "overflow", "log2|x|", "scale")
@@ -80,4 +82,16 @@ def render_precision(
             f"no tensor loses more than {report.max_underflow:g} of its values to underflow "
             f"in {spec.label}, none overflows"
         )
+    return "\n".join(out) + "\n"
+
+
+def render_headroom_trend(rows: Sequence[tuple[int, Headroom]], precision: Precision) -> str:
+    """``trend --precision``: the whole dump's headroom at each step, one line per step."""
+    spec = FORMATS[precision]
+    out = [
+        f"Headroom in {spec.label} over {len(rows)} steps (all tensors of each dump)",
+        _line("step", _NUMBERS, 10, mark=""),
+    ]
+    for step, row in rows:
+        out.append(_line(str(step), _cells(row), 10))
     return "\n".join(out) + "\n"
