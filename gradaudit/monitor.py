@@ -199,7 +199,6 @@ class GradientMonitor:
         """
         current = self._next_step if step is None else step
         self._next_step = current + 1
-        self._read_location(current)
         record = self._complete(current)
         if current % self.every == 0:
             pending = collect_gradients(
@@ -212,6 +211,9 @@ class GradientMonitor:
             else:
                 pending.prefetch()
                 self._pending = (current, pending)
+        # With this step's own stats at hand (sync), they name the poisoned gradients.
+        same_step = record is not None and record.step == current
+        self._read_location(current, record.report if same_step and record else None)
         if record is not None and record.nonfinite and self.locate == "on_nonfinite":
             # A step already located needs no second look; the next occurrence does.
             located = any(s == record.step and loc.found for s, loc in self._locations)
@@ -230,11 +232,11 @@ class GradientMonitor:
         else:
             self._locator.disarm()
 
-    def _read_location(self, step: int) -> None:
+    def _read_location(self, step: int, report: Report | None) -> None:
         """The one read of an armed step's hook counts; a found NaN/Inf is warned about."""
         if self._locator is None or not self._locator.armed:
             return
-        location = self._locator.read()
+        location = self._locator.read(report)
         self._locations.append((step, location))
         if location.found:
             self._locate_next = False
