@@ -93,3 +93,12 @@ def test_runs_as_tensors_are_views_of_the_right_bytes(tmp_path: Path) -> None:
         assert torch.equal(tensor, tensors[name]) or (
             tensor.isnan().any() and torch.equal(tensor.nan_to_num(), tensors[name].nan_to_num())
         )
+
+
+def test_histograms_keep_one_per_tensor_when_the_file_has_runs(tmp_path: Path) -> None:
+    path, tensors = mixed_file(tmp_path / "mixed.safetensors")
+    report = scan_paths([path], device="cpu", histograms=True)
+    floats = [name for name, tensor in tensors.items() if tensor.is_floating_point()]
+    assert [t.name for t in report.tensors] == floats
+    assert len(report.histograms) == len(floats)
+    assert all(h is not None for h in report.histograms)
