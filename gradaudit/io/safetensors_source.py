@@ -212,7 +212,9 @@ def _shapes(table: TensorTable, start: int, end: int) -> list[tuple[int, ...]]:
     if (ranks == rank).all():
         if rank == 0:
             return [()] * (end - start)
-        return list(map(tuple, table.dims[first:last].reshape(-1, rank).tolist()))
+        # Tuples straight from columns: no list per shape made and thrown away.
+        columns = table.dims[first:last].reshape(-1, rank).T.tolist()
+        return list(zip(*columns, strict=True))
     return [table.shape(index) for index in range(start, end)]
 
 
