@@ -20,7 +20,7 @@ from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison
 from gradaudit.config import Settings
-from gradaudit.errors import ExitCode, UsageError
+from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.io.discover import files_read
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import DEFAULT_TOP_ROWS
@@ -80,7 +80,9 @@ def check_not_read(
     same path once links are resolved, or the same file under another name (a hard link:
     same device and inode), since a report written there would destroy the input.
     """
-    read = [*files_read(inputs, recursive=recursive), *([] if config is None else [config])]
+    read: list[str | Path] = [*files_read(inputs, recursive=recursive)]
+    if config is not None:
+        read.append(config)
     if not read:
         return
     where = _target(target)
@@ -160,6 +162,11 @@ def write_stdout(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+    except (OSError, AttributeError) as error:
+        # Only without the console entry's guarded streams (gradaudit.cli.streams),
+        # e.g. from a test runner: stdout closed (None) or failing.
+        cause = error.strerror if isinstance(error, OSError) else "it is closed"
+        raise OutputError(f"cannot write the report to stdout: {cause}") from None
 
 
 def announce_problems(report: Report) -> None:
