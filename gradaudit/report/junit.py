@@ -50,7 +50,9 @@ def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
     # A "skipped" check (data that could not be read) appears only where there was
     # some, like a limit's check only where the limit is set.
-    checks = {kind: Case(kind.value) for kind in FindingKind if kind is not FindingKind.SKIPPED}
+    checks: dict[FindingKind, Case] = {
+        kind: Case(kind.value) for kind in FindingKind if kind is not FindingKind.SKIPPED
+    }
     for finding in report.findings:
         if finding.source != source:
             continue
