@@ -27,7 +27,7 @@ from gradaudit.report.verdict import (
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
-_STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
+_STATUS_ORDER = tuple(FindingKind)  # nan, inf, exploding, vanishing, skipped
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
