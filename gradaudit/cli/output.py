@@ -127,12 +127,15 @@ def write_atomic(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
+    # A write that fails now, after the audit (disk full, permission, I/O error), is an
+    # output failure like a full stdout (exit 5); what could be checked before the
+    # audit (check_output_path) was a usage error.
     try:
         fd, temporary = tempfile.mkstemp(
             dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
         )
     except OSError as error:
-        raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+        raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
@@ -144,7 +147,7 @@ def write_atomic(path: Path, text: str) -> None:
         with suppress(OSError):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+            raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
         raise
 
 

@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from gradaudit.cli.output import check_not_read
-from gradaudit.errors import UsageError
+from gradaudit.errors import OutputError, UsageError
 from gradaudit.grouping import GroupBy, parse_group_by
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.chart import MIN_AUTO_CHART_WIDTH, chart_title, render_chart, report_layers
@@ -93,7 +93,8 @@ def write_plot(plot: Path, data: bytes) -> None:
     try:
         plot.write_bytes(data)
     except OSError as error:
-        raise UsageError(f"cannot write --plot {str(plot)!r}: {error.strerror or error}") from None
+        # After the audit: an output failure (exit 5), like a report that cannot be written.
+        raise OutputError(f"cannot write --plot {str(plot)!r}: {error.strerror or error}") from None
 
 
 @dataclass(frozen=True)
