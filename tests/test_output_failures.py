@@ -169,3 +169,26 @@ def test_guarded_stream_notes_failures_and_keeps_quiet_after() -> None:
     piped = streams.GuardedStream("stdout", _Failing(BrokenPipeError(32, "Broken pipe")))  # type: ignore[arg-type]
     piped.write("x")
     assert streams.failures() == {}  # a reader that went away is not a failure
+
+
+def test_a_plot_that_fails_to_write_is_an_output_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from gradaudit.cli import app
+
+    dump = tmp_path / "grads.safetensors"
+    save_file({"w": torch.ones(4)}, str(dump))
+
+    def full(self: Path, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    result = CliRunner().invoke(
+        app, ["scan", str(dump), "--no-config", "--plot", str(tmp_path / "flow.png")]
+    )
+    assert result.exit_code == ExitCode.OUTPUT_ERROR
+    assert "cannot write --plot" in result.stderr
+    assert "No space left on device" in result.stderr
