@@ -232,3 +232,22 @@ def test_the_verdict_says_what_was_not_audited(tmp_path: Path) -> None:
     assert entries["step"]["findings"] == []
     assert entries["fp4"]["findings"][0]["kind"] == "skipped"
     assert entries["fp4"]["findings"][0]["severity"] == "warning"
+
+
+def test_our_dtype_codes_are_the_safetensors_librarys(tmp_path: Path) -> None:
+    """Written by our writer, read back by the safetensors library: the same dtypes."""
+    from safetensors.torch import load_file
+
+    from gradaudit.io.safetensors_writer import write_safetensors
+
+    tensors = {
+        str(dtype): torch.tensor([1.0, 2.0]).to(dtype)
+        for dtype in sorted(FLOAT8_DTYPES | {torch.complex64}, key=str)
+    }
+    path = write_safetensors(tmp_path / "all.safetensors", list(tensors.items()))
+    loaded = load_file(str(path))
+    assert {name: t.dtype for name, t in loaded.items()} == {
+        name: t.dtype for name, t in tensors.items()
+    }
+    for name, tensor in tensors.items():
+        assert torch.equal(loaded[name].view(torch.uint8), tensor.view(torch.uint8))
