@@ -196,7 +196,7 @@ def test_hostile_names_cannot_forge_github_commands(hostile: Comparison) -> None
         "::warning",
         "gradaudit",
     ]
-    assert "title=gradaudit%3A nan in a|b::a|b (seed): 1 NaN" in lines[1]
+    assert "title=gradaudit%3A nan in a|b::a|b (B): 1 NaN" in lines[1]  # two dumps: A and B
     assert "100%25: B/A 50" in lines[0]  # % escaped as GitHub decodes it
     assert "\x1b" not in "".join(lines)
 

@@ -18,6 +18,14 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import (
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_left,
+)
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
     audited_line,
@@ -29,6 +37,8 @@ from gradaudit.results import FileResult, Finding, Report, TensorStats
 
 _STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+#: A file column (several inputs) keeps the end of each path, in at most this many cells.
+_FILE_CELLS = 28
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
     ExitCode.FINDINGS: "bold red",
@@ -73,18 +83,12 @@ def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], in
     return flagged + rest, 0
 
 
-def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
+def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
+    """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
-    table = Table(show_lines=False, header_style="bold")
-    if several_files:
-        table.add_column("file", overflow="fold")
-    table.add_column("name", overflow="fold")
-    table.add_column("shape", overflow="fold")
-    table.add_column("dtype", no_wrap=True)
-    for header in ("norm", "rms", "max|g|", "zero %", "NaN", "±Inf"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
+    names: list[Text | str] = []
+    statuses: list[Text | str] = []
     for stats in rows:
         found = findings.get((stats.source, stats.name), [])
         style = ""
@@ -92,23 +96,27 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
             style = "red"
         elif any(f.severity is Severity.WARNING for f in found):
             style = "yellow"
-        cells: list[Text | str] = []
-        if several_files:
-            cells.append(Text(printable(stats.source or "")))
-        cells += [
-            Text(printable(stats.name), style=style),
-            "×".join(str(d) for d in stats.shape) or "()",
-            stats.dtype,
-            number(stats.norm),
-            number(stats.rms),
-            number(stats.max_abs),
-            f"{100.0 * stats.zero_fraction:.1f}",
-            count(stats.nan),
-            f"{count(stats.pos_inf)}/{count(stats.neg_inf)}",
-            _status(stats, found),
-        ]
-        table.add_row(*cells)
-    return table
+        names.append(Text(printable(stats.name), style=style))
+        statuses.append(_status(stats, found))
+    columns: list[Column] = []
+    if several_files:
+        files = [shorten_left(printable(s.source or ""), _FILE_CELLS) for s in rows]
+        columns.append(Column("file", files, priority=75))
+    columns += [
+        Column("name", names, kind="name"),
+        Column("shape", ["×".join(str(d) for d in s.shape) or "()" for s in rows], priority=40),
+        Column("dtype", [s.dtype for s in rows], priority=50),
+        Column("norm", [number(s.norm) for s in rows], justify="right"),
+        Column("rms", [number(s.rms) for s in rows], justify="right", priority=10),
+        Column("max|g|", [number(s.max_abs) for s in rows], justify="right", priority=30),
+        Column("zero %", [f"{100.0 * s.zero_fraction:.1f}" for s in rows], "right", priority=20),
+        Column("NaN", [count(s.nan) for s in rows], justify="right", priority=70),
+        Column(
+            "±Inf", [f"{count(s.pos_inf)}/{count(s.neg_inf)}" for s in rows], "right", priority=60
+        ),
+        Column("status", statuses),
+    ]
+    return fitted_table(columns, width)
 
 
 def _limit_lines(report: Report) -> list[Text]:
@@ -129,30 +137,23 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
 
-def _files_table(report: Report) -> Table:
+def _files_table(report: Report, width: int) -> Table:
     """Per-input totals, shown when a run has several inputs."""
     excluded = any(f.excluded for f in report.files)
-    table = Table(show_lines=False, header_style="bold")
-    table.add_column("file", overflow="fold")
-    for header in ("tensors", "skipped", *(("excluded",) if excluded else ()), "elements"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("global norm", justify="right", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
-    for result in report.files:
-        cells: list[Text | str] = [
-            Text(printable(result.path)),
-            count(result.tensors),
-            count(result.skipped),
-        ]
-        if excluded:
-            cells.append(count(result.excluded))
-        cells += [
-            count(result.elements),
-            number(result.global_norm),
-            _file_verdict(report, result),
-        ]
-        table.add_row(*cells)
-    return table
+    files = report.files
+    columns = [
+        Column("file", [Text(printable(r.path)) for r in files], kind="name"),
+        Column("tensors", [count(r.tensors) for r in files], "right"),
+        Column("skipped", [count(r.skipped) for r in files], "right", priority=20),
+    ]
+    if excluded:
+        columns.append(Column("excluded", [count(r.excluded) for r in files], "right", priority=10))
+    columns += [
+        Column("elements", [count(r.elements) for r in files], "right", priority=30),
+        Column("global norm", [number(r.global_norm) for r in files], "right", priority=40),
+        Column("verdict", [_file_verdict(report, r) for r in files], kind="prose"),
+    ]
+    return fitted_table(columns, width)[0]
 
 
 def _summary_lines(report: Report, hidden: int) -> list[Text]:
@@ -189,13 +190,16 @@ def render_table(report: Report, options: RenderOptions) -> str:
     console = string_console(buffer, options)
     rows, hidden = _rank(report, options)
     if rows:
-        console.print(_tensor_table(report, rows))
+        table, layout = _tensor_table(report, rows, sane_width(options.width))
+        console.print(table)
+        if (note := dropped_note(layout)) is not None:
+            console.print(note)
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
     else:
         if len(report.files) > 1:
-            console.print(_files_table(report))
+            console.print(_files_table(report, sane_width(options.width)))
         for line in _summary_lines(report, hidden):
             console.print(line)
     return buffer.getvalue()
