@@ -104,7 +104,9 @@ class StepResult:
     step: int
     path: str
     tensors: int
-    global_norm: float
+    #: Norm of the dump's finite elements; ``None`` when it has none (nothing audited, or
+    #: every element NaN/Inf): a norm of 0 would claim gradients that were all zero.
+    global_norm: float | None
     #: Tensors holding at least one NaN or ±Inf.
     nonfinite_tensors: int
 
@@ -138,7 +140,8 @@ class LayerTrend:
     """One layer over the series; per-step tuples align with :attr:`TrendReport.steps`."""
 
     name: str
-    #: Norm of the layer's finite elements; ``None`` at steps where it was absent.
+    #: Norm of the layer's finite elements; ``None`` at steps where it was absent or had
+    #: no finite element (all NaN/Inf).
     norms: tuple[float | None, ...]
     max_abs: tuple[float | None, ...]
     #: NaN and ±Inf elements per step (0 where absent).
@@ -265,6 +268,11 @@ def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProb
 # -- the streaming pass ---------------------------------------------------------------------
 
 
+def _has_finite(report: Report) -> bool:
+    """Whether any audited element of ``report`` is finite (its global norm means something)."""
+    return any(t.numel > t.nan + t.pos_inf + t.neg_inf for t in report.tensors)
+
+
 def _median(ordered: Sequence[float]) -> float:
     middle = len(ordered) // 2
     if len(ordered) % 2:
@@ -324,7 +332,7 @@ class TrendBuilder:
                 step=step,
                 path=path,
                 tensors=report.summary.tensors,
-                global_norm=report.summary.global_norm,
+                global_norm=report.summary.global_norm if _has_finite(report) else None,
                 nonfinite_tensors=len(nonfinite),
             )
         )
@@ -348,7 +356,7 @@ class TrendBuilder:
                 state = self._layers[layer.name] = _LayerState(
                     norms=[None] * index, max_abs=[None] * index, nonfinite=[0] * index
                 )
-            state.norms.append(layer.norm)
+            state.norms.append(layer.norm if layer.nonfinite < layer.numel else None)
             state.max_abs.append(layer.max_abs)
             state.nonfinite.append(layer.nonfinite)
             if layer.nonfinite:

@@ -14,9 +14,9 @@ import torch
 from gradaudit import ComparePolicy, Comparison, compare
 from gradaudit.comparison import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.compare_junit import CHECKS, check_name, render_comparison_junit
 from gradaudit.report.compare_markdown import render_comparison_markdown
-from gradaudit.report.markdown import MAX_FLAGGED_ROWS
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 
 Golden = Callable[[str, str], None]

@@ -8,7 +8,7 @@ the shared tensors that are flagged or could not be compared; the names only in
 A or B and the mismatches; what was compared and the policy. ``--quiet`` keeps
 the findings and the flagged rows only. Names and paths are code spans made by
 :func:`~gradaudit.report.markdown.code`, so no name can break a table or inject
-markup; lists are cut at :data:`~gradaudit.report.markdown.MAX_FLAGGED_ROWS`
+markup; lists are cut at :data:`~gradaudit.report.base.MAX_FLAGGED_ROWS`
 unless ``--all`` is given.
 """
 
@@ -24,7 +24,7 @@ from gradaudit.comparison import (
     SideStats,
 )
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions
 from gradaudit.report.compare_text import (
     ab_mode,
     change_order,
@@ -44,7 +44,6 @@ from gradaudit.report.compare_text import (
 )
 from gradaudit.report.markdown import (
     MARK,
-    MAX_FLAGGED_ROWS,
     VERDICT_MARK,
     code,
     escape,

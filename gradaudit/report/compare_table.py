@@ -20,7 +20,7 @@ from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,
     change_order,
@@ -101,7 +101,9 @@ def _status(change: ParameterChange) -> Text:
 
 def _parameter_table(
     parameters: ParameterComparison, options: RenderOptions
-) -> tuple[Table, Layout, int]:
+) -> tuple[Table, Layout, int, int]:
+    """The shared tensors' rows; also how many flagged rows (past :data:`MAX_FLAGGED_ROWS`)
+    and how many unflagged rows (past ``--top``) were left out."""
     ordered = sorted(parameters.changes, key=change_order)
     if options.quiet:  # only the findings: the rows behind the large_change finding
         shown = [c for c in ordered if c.flagged]
@@ -110,6 +112,9 @@ def _parameter_table(
         shown = [c for c in ordered if notable(c)]
         rest = [c for c in ordered if not notable(c)]
     shown_rest = rest if options.show_all else rest[: options.top]
+    hidden_notable = 0 if options.show_all else max(0, len(shown) - MAX_FLAGGED_ROWS)
+    if hidden_notable:
+        shown = shown[:MAX_FLAGGED_ROWS]
     rows = shown + shown_rest
     columns = [
         Column(
@@ -127,10 +132,11 @@ def _parameter_table(
         Column("norm B", [number(c.norm_b) for c in rows], "right", priority=30),
         Column("B/A", [number(c.ratio) for c in rows], "right"),
         Column("change", [change_text(c) for c in rows], "right", priority=40),
-        Column("status", [_status(c) for c in rows]),
+        # "NaN/Inf in A and B" may wrap at its spaces rather than take cells from the name.
+        Column("status", [_status(c) for c in rows], kind="prose", min_cells=9),
     ]
     table, layout = fitted_table(columns, sane_width(options.width))
-    return table, layout, len(rest) - len(shown_rest)
+    return table, layout, hidden_notable, len(rest) - len(shown_rest)
 
 
 def _name_list(title: str, names: list[str]) -> Text:
@@ -211,7 +217,10 @@ def _quiet(comparison: Comparison, options: RenderOptions) -> list[Table | Text]
     out: list[Table | Text] = []
     parameters = comparison.parameters
     if parameters is not None and parameters.flagged:
-        out.append(_parameter_table(parameters, options)[0])
+        table, _, hidden_flagged, _ = _parameter_table(parameters, options)
+        out.append(table)
+        if hidden_flagged:
+            out.append(Text(more_flagged(hidden_flagged, "flagged shared tensor")))
     return out + _finding_lines(comparison, options)
 
 
@@ -243,10 +252,12 @@ def render_comparison_table(comparison: Comparison, options: RenderOptions) -> s
         )
         hidden = 0
         if parameters.changes:
-            table, layout, hidden = _parameter_table(parameters, options)
+            table, layout, hidden_flagged, hidden = _parameter_table(parameters, options)
             console.print(table)
             if (note := dropped_note(layout)) is not None:
                 console.print(note)
+            if hidden_flagged:
+                console.print(Text(more_flagged(hidden_flagged, "flagged shared tensor")))
         for line in _parameter_lines(parameters, hidden):
             console.print(line)
     for line in _finding_lines(comparison, options) + _summary_lines(comparison):

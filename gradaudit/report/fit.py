@@ -61,17 +61,50 @@ def shorten_left(text: str, cells: int) -> str:
     The end of a parameter name says what it is (``key.bias``) while its
     beginning is shared by many rows (``encoder.layer.``), so the beginning goes.
     The cut moves to the next ``.`` when that costs at most a third of the room,
-    so the shown part starts at a component boundary.
+    so the shown part starts at a component boundary. The last numeric
+    component (the layer index in ``encoder.layer.3.output.dense.weight``) is
+    what tells such rows apart, so when the plain cut would lose it, it is kept
+    and the middle is elided instead: ``…3.…dense.weight``.
     """
     if len(text) <= cells:
         return text
     if cells <= 1:
         return "…"[:cells]
-    tail = text[len(text) - (cells - 1) :]
+    tail = _tail(text, cells - 1)
+    index = _last_index(text)
+    if index is None or len(text) - len(tail) <= index[0]:
+        return "…" + tail
+    start, stop = index
+    head = "…" + text[start:stop] + ".…"
+    room = cells - len(head)
+    if room < 4:
+        return "…" + tail
+    return head + _tail(text[stop + 1 :], room)
+
+
+def _tail(text: str, cells: int) -> str:
+    """The last ``cells`` characters, moved to a component boundary when that is cheap."""
+    if len(text) <= cells:
+        return text
+    tail = text[len(text) - cells :]
+    if text[len(text) - cells - 1] == ".":
+        return tail
     dot = tail.find(".")
-    if 0 <= dot < (cells - 1) // 3 and dot + 1 < len(tail):
-        tail = tail[dot + 1 :]
-    return "…" + tail
+    if 0 <= dot < cells // 3 and dot + 1 < len(tail):
+        return tail[dot + 1 :]
+    return tail
+
+
+def _last_index(text: str) -> tuple[int, int] | None:
+    """Start and end of the last all-digit dot-separated component, if any but the last."""
+    parts = text.split(".")
+    position = len(text)
+    for part in reversed(parts):
+        position -= len(part)
+        if part.isdigit() and position + len(part) < len(text):
+            return position, position + len(part)
+        position -= 1
+    return None
 
 
 @dataclass(frozen=True)
@@ -91,6 +124,8 @@ class Column:
     kind: Literal["name", "fixed", "prose"] = "fixed"
     priority: int = KEEP
     style: str = field(default="")
+    #: A prose column wraps down to this many cells (or its header's width).
+    min_cells: int = MIN_PROSE_CELLS
 
     @property
     def natural(self) -> int:
@@ -100,12 +135,14 @@ class Column:
     def least(self) -> int:
         """The fewest cells the column can live with: prose wraps, the rest does not."""
         if self.kind == "prose":
-            return min(self.natural, max(MIN_PROSE_CELLS, len(self.header)))
+            return min(self.natural, max(self.min_cells, len(self.header)))
         return self.natural
 
 
 def _cell_len(cell: Cell) -> int:
-    return cell.cell_len if isinstance(cell, Text) else len(cell)
+    """The widest line of a cell (a cell may hold one item per line)."""
+    text = cell if isinstance(cell, Text) else Text(cell)
+    return max((line.cell_len for line in text.split("\n")), default=0)
 
 
 @dataclass(frozen=True)
@@ -137,7 +174,7 @@ def fit(columns: Sequence[Column], width: int) -> Layout:
     if name is not None:
         wanted = min(name.natural, max(MIN_NAME_CELLS, int(width * NAME_SHARE)))
     while room() < wanted:
-        droppable = [c for c in kept if c.priority < KEEP]
+        droppable = [c for c in kept if c.priority < KEEP and c is not name]
         if not droppable:
             break
         victim = min(droppable, key=lambda c: c.priority)

@@ -223,7 +223,8 @@ def trend_plot(report: TrendReport, fmt: PlotFormat) -> bytes:
         colored = len(report.layers) <= MAX_LEGEND_LAYERS
         others = 0
         values = [n for layer in report.layers for n in layer.norms if n is not None]
-        values += [s.global_norm for s in report.steps] + [report.policy.vanishing]
+        values += [s.global_norm for s in report.steps if s.global_norm is not None]
+        values += [report.policy.vanishing]
         axis = LogAxis.covering(values, 1)
         top = 10.0**axis.hi
         for layer in report.layers:

@@ -16,7 +16,7 @@ from rich.text import Text
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.console import string_console
 from gradaudit.report.fit import (
     Column,
@@ -59,8 +59,9 @@ def _status(stats: TensorStats, findings: list[Finding]) -> Text:
     return text
 
 
-def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int]:
-    """Rows to show and how many were left out."""
+def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
+    """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
+    without ``--all``) and how many unflagged ones."""
     findings = findings_by_tensor(report)
     flagged_failing, flagged_warning, flagged_ignored, rest = [], [], [], []
     for stats in report.tensors:
@@ -74,13 +75,21 @@ def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], in
         else:
             rest.append(stats)
     if options.quiet:
-        return flagged_failing + flagged_warning, 0
+        flagged = flagged_failing + flagged_warning
+        if options.show_all:
+            return flagged, 0, 0
+        return flagged[:MAX_FLAGGED_ROWS], max(0, len(flagged) - MAX_FLAGGED_ROWS), 0
     flagged = flagged_failing + flagged_warning + flagged_ignored
     rest.sort(key=lambda s: s.norm, reverse=True)
     if not options.show_all:
         shown_rest = rest[: options.top]
-        return flagged + shown_rest, len(rest) - len(shown_rest)
-    return flagged + rest, 0
+        hidden_flagged = max(0, len(flagged) - MAX_FLAGGED_ROWS)
+        return (
+            flagged[:MAX_FLAGGED_ROWS] + shown_rest,
+            hidden_flagged,
+            len(rest) - len(shown_rest),
+        )
+    return flagged + rest, 0, 0
 
 
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
@@ -188,12 +197,14 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
 def render_table(report: Report, options: RenderOptions) -> str:
     buffer = io.StringIO()
     console = string_console(buffer, options)
-    rows, hidden = _rank(report, options)
+    rows, hidden_flagged, hidden = _rank(report, options)
     if rows:
         table, layout = _tensor_table(report, rows, sane_width(options.width))
         console.print(table)
         if (note := dropped_note(layout)) is not None:
             console.print(note)
+    if hidden_flagged:
+        console.print(Text(more_flagged(hidden_flagged), style="bold"))
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
