@@ -41,7 +41,14 @@ from gradaudit.report.compare_text import (
     verdict_line,
 )
 from gradaudit.report.console import string_console
-from gradaudit.report.fit import Column, Layout, dropped_note, fitted_table, sane_width
+from gradaudit.report.fit import (
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_left,
+)
 from gradaudit.report.text import count, number, plural, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
@@ -65,7 +72,12 @@ def _dual_table(comparison: Comparison, width: int) -> tuple[Table, Layout]:
 
     columns = [
         Column("side", [letter if ab else f"{side.label} ({letter})" for side, letter in sides]),
-        Column("input", [Text(printable(side_input(side))) for side, _ in sides], kind="name"),
+        # Where each side comes from: the end of the path, within a third of the width.
+        Column(
+            "input",
+            [shorten_left(printable(side_input(side)), max(24, width // 3)) for side, _ in sides],
+            priority=45,
+        ),
         Column("tensors", [count(side.tensors) for side, _ in sides], "right", priority=20),
         Column("params", [count(side.params) for side, _ in sides], "right", priority=30),
         Column("norm", [number(side.norm) for side, _ in sides], "right"),
@@ -133,7 +145,7 @@ def _parameter_table(
         Column("B/A", [number(c.ratio) for c in rows], "right"),
         Column("change", [change_text(c) for c in rows], "right", priority=40),
         # "NaN/Inf in A and B" may wrap at its spaces rather than take cells from the name.
-        Column("status", [_status(c) for c in rows], kind="prose", min_cells=9),
+        Column("status", [_status(c) for c in rows], kind="prose", min_cells=12),
     ]
     table, layout = fitted_table(columns, sane_width(options.width))
     return table, layout, hidden_notable, len(rest) - len(shown_rest)
