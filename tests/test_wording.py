@@ -207,3 +207,42 @@ def test_markdown_shows_a_pipe_and_backslash_in_a_name_as_they_are() -> None:
     assert code("pipe|esc") == "`pipe\\|esc`"
     assert code("pipe\\|esc") == "`pipe\\\\|esc`"
     assert code("a\x1bb") == "`a\\x1bb`"
+
+
+# -- errors and help ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["scan", "x", "-f", "jsn"], "gradaudit: error: --format: 'jsn' is not one of"),
+        (
+            ["scan", "x", "--exploding-threshold", "abc"],
+            "gradaudit: error: --exploding-threshold: 'abc' is not a number",
+        ),
+        (["scan", "x", "--top", "-1"], "gradaudit: error: --top: must be at least 0 (got '-1')"),
+        (["trend", "x", "--spike-factor", "x"], "gradaudit: error: --spike-factor: 'x' is not a"),
+        (["scan", "--nope", "x"], "gradaudit: error: no such option: --nope"),
+        (["scan"], "gradaudit: error: missing PATH (see 'gradaudit scan --help')"),
+        (["compare"], "gradaudit: error: missing HOST [SEED]"),
+    ],
+)
+def test_usage_errors_are_one_gradaudit_line(args: list[str], line: str) -> None:
+    result = runner.invoke(app, args, env=ENV)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(line)
+    assert result.stderr.count("\n") == 1
+    for typer_words in ("Value error", "Input should", "Usage:", "Try '"):
+        assert typer_words not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["scan", "compare", "trend"])
+def test_help_names_values_not_python_types(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "{" not in result.stdout.splitlines()[0]  # usage: PATH..., not {PATH}...
+    for python in ("<list[", "<str>", "<float>", "<int range>", "<int>", "<path>"):
+        assert python not in result.stdout
+    if command == "trend":
+        assert "Rows of the chart:" not in result.stdout

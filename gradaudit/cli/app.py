@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from gradaudit import __version__
+from gradaudit.cli.style import GradauditGroup
 from gradaudit.errors import ExitCode, GradauditError, UsageError
 from gradaudit.report.fit import DEFAULT_WIDTH, sane_width
 from gradaudit.report.text import printable
@@ -36,6 +37,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=GradauditGroup,
 )
 
 
