@@ -246,3 +246,20 @@ def test_help_names_values_not_python_types(command: str) -> None:
         assert python not in result.stdout
     if command == "trend":
         assert "Rows of the chart:" not in result.stdout
+
+
+def test_nothing_audited_prints_the_error_and_the_verdict_only(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(tmp_path / "missing.safetensors")], env=ENV)
+    assert result.exit_code == 3
+    assert result.stdout == "INCOMPLETE: 1 input could not be audited\n"
+    assert result.stderr.count("\n") == 1
+    assert "no such file" in result.stderr
+    doc = json.loads(
+        runner.invoke(app, ["scan", str(tmp_path / "missing.safetensors"), "-f", "json"]).stdout
+    )
+    assert doc["summary"]["global_norm"] is None
+    (tmp_path / "empty").mkdir()
+    trend = runner.invoke(app, ["trend", str(tmp_path / "empty")], env=ENV)
+    assert trend.exit_code == 3
+    assert trend.stdout == "INCOMPLETE: 1 input could not be audited\n"
+    assert "device none" not in trend.stdout

@@ -208,6 +208,10 @@ def render_table(report: Report, options: RenderOptions) -> str:
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
+    elif not report.tensors and report.errors:
+        # Nothing was audited: the errors are on stderr; a summary of nothing (a global
+        # norm of 0, zero flagged tensors) would only read like a result.
+        console.print(Text(verdict_line(report), style=_VERDICT_STYLE[exit_code(report)]))
     else:
         if len(report.files) > 1:
             console.print(_files_table(report, sane_width(options.width)))

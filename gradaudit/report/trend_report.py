@@ -229,8 +229,13 @@ def _summary_lines(report: TrendReport, hidden_steps: int) -> list[Text]:
     lines.append(
         Text(
             f"Trend over {plural(len(report.steps), 'dump')}{span} · "
-            f"{plural(len(report.layers), 'layer')} (group-by {report.group_by}) · "
-            f"device {report.device} · engine {report.engine} · {report.elapsed_s:.2f} s"
+            f"{plural(len(report.layers), 'layer')} (group-by {report.group_by})"
+            + (
+                f" · device {report.device} · engine {report.engine}"
+                if any(step.tensors for step in report.steps)
+                else ""
+            )
+            + f" · {report.elapsed_s:.2f} s"
         )
     )
     counts = {kind: sum(1 for f in report.findings if f.kind is kind) for kind in TrendKind}
@@ -283,7 +288,10 @@ def render_trend_table(report: TrendReport, options: RenderOptions) -> str:
         console.print(table)
         if (note := dropped_note(layout)) is not None:
             console.print(note)
-    for line in _summary_lines(report, hidden):
+    lines = _summary_lines(report, hidden)
+    if report.errors and not any(step.tensors for step in report.steps):
+        lines = lines[-1:]  # nothing audited: the errors are on stderr, the verdict says so
+    for line in lines:
         console.print(line)
     return buffer.getvalue()
 

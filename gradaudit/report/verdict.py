@@ -48,9 +48,11 @@ def audited_line(report: Report) -> str:
     files = len(report.files)
     where = f" in {plural(files, 'file')}" if files else ""
     excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
+    # No tensor, no norm: "global norm 0" would claim gradients that were all zero.
+    norm = f" · global norm {number(s.global_norm)}" if s.tensors else ""
     return (
         f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
-        f"skipped {s.skipped}{excluded} · global norm {number(s.global_norm)}"
+        f"skipped {s.skipped}{excluded}{norm}"
     )
 
 
