@@ -131,8 +131,7 @@ def to_document(report: Report) -> dict[str, Any]:
             "tensors": summary.tensors,
             "skipped": summary.skipped,
             "elements": summary.elements,
-            # null when nothing was audited: a norm of 0 would claim all-zero gradients
-            "global_norm": encode_float(summary.global_norm) if summary.tensors else None,
+            "global_norm": encode_float(summary.global_norm),
             "nan_tensors": summary.nan_tensors,
             "inf_tensors": summary.inf_tensors,
             "vanishing_tensors": summary.vanishing_tensors,
