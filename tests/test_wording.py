@@ -263,3 +263,18 @@ def test_nothing_audited_prints_the_error_and_the_verdict_only(tmp_path: Path) -
     assert trend.exit_code == 3
     assert trend.stdout == "INCOMPLETE: 1 input could not be audited\n"
     assert "device none" not in trend.stdout
+
+
+def test_model_directory_companion_files_are_one_line(tmp_path: Path) -> None:
+    save_file(grads(), str(tmp_path / "model.safetensors"))
+    companions = ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    companions += ["special_tokens_map.json", "generation_config.json", "README.md"]
+    for name in [*companions, "notes.xyz"]:
+        (tmp_path / name).write_text("{}")
+    result = runner.invoke(app, ["scan", str(tmp_path)], env={**ENV, "COLUMNS": "200"})
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped")]
+    assert len(skipped) == 2
+    assert "notes.xyz: not a checkpoint file" in skipped[0]
+    assert skipped[1].startswith("skipped 7 model companion files (README.md, config.json, ")
+    doc = json.loads(runner.invoke(app, ["scan", str(tmp_path), "-f", "json"]).stdout)
+    assert len(doc["skipped"]) == 8  # the data keeps every one

@@ -31,6 +31,7 @@ from gradaudit.report.verdict import (
     audited_line,
     findings_by_tensor,
     flagged_line,
+    skipped_lines,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
@@ -176,16 +177,7 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         )
     )
     lines.append(Text(flagged_line(report)))
-    several = len(report.files) > 1
-    for skipped in report.skipped[:10]:
-        where = ""
-        if several and skipped.source and not skipped.name.startswith(skipped.source):
-            where = f" in {printable(skipped.source)}"
-        lines.append(
-            Text(f"skipped {printable(skipped.name)}{where}: {skipped.reason}", style="dim")
-        )
-    if len(report.skipped) > 10:
-        lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
+    lines += [Text(line, style="dim") for line in skipped_lines(report)]
     lines += _limit_lines(report)
     for problem in report.errors:
         text = f"input error: {printable(problem.path)}: {printable(problem.message)}"

@@ -6,9 +6,11 @@ verdict is; they say it with these functions.
 
 from __future__ import annotations
 
+import os
+
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
-from gradaudit.report.text import count, number, plural
+from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, TensorStats
 
 TensorKey = tuple[str | None, str]
@@ -64,6 +66,34 @@ def nothing_to_audit(report: Report) -> str:
             f"({count(report.summary.excluded)} excluded)"
         )
     return "nothing to audit: no floating-point tensor found"
+
+
+def skipped_lines(report: Report, limit: int = 10) -> list[str]:
+    """One line per skipped tensor or file (at most ``limit``), companion files counted in one.
+
+    ``config.json``, ``tokenizer.json`` … sit in every Hugging Face model
+    directory; naming each as skipped is noise, so they share one line.
+    """
+    from gradaudit.io.discover import COMPANION_REASON
+
+    companions = [s for s in report.skipped if s.reason == COMPANION_REASON]
+    rest = [s for s in report.skipped if s.reason != COMPANION_REASON]
+    several = len(report.files) > 1
+    lines = []
+    for skipped in rest[:limit]:
+        where = ""
+        if several and skipped.source and not skipped.name.startswith(skipped.source):
+            where = f" in {printable(skipped.source)}"
+        lines.append(f"skipped {printable(skipped.name)}{where}: {skipped.reason}")
+    if len(rest) > limit:
+        lines.append(f"… and {len(rest) - limit} more skipped")
+    if companions:
+        names = sorted({os.path.basename(s.name) for s in companions})
+        shown = ", ".join(printable(n) for n in names[:4]) + (", …" if len(names) > 4 else "")
+        lines.append(
+            f"skipped {plural(len(companions), 'model companion file')} ({shown}): not weights"
+        )
+    return lines
 
 
 def flagged_line(report: Report) -> str:
