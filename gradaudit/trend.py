@@ -248,6 +248,16 @@ def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProb
     for path in files:
         try:
             source = open_source(path)
+            if not isinstance(source, SafetensorsSource) and step_from_name(path) is None:
+                # Only safetensors headers carry metadata; a 'step' entry inside a torch.save
+                # dict is data, and trend orders dumps before reading any data.
+                raise InputError(
+                    path,
+                    "cannot tell the step of this dump: trend reads the step from .safetensors "
+                    "metadata or from a number in the file name, and this torch.save file's "
+                    "name has none (rename it, e.g. step_100.pt, or dump with "
+                    "gradaudit.save_gradients)",
+                )
             metadata = source.header.metadata if isinstance(source, SafetensorsSource) else {}
             step = dump_step(path, metadata)
         except InputError as error:

@@ -278,3 +278,31 @@ def test_model_directory_companion_files_are_one_line(tmp_path: Path) -> None:
     assert skipped[1].startswith("skipped 7 model companion files (README.md, config.json, ")
     doc = json.loads(runner.invoke(app, ["scan", str(tmp_path), "-f", "json"]).stdout)
     assert len(doc["skipped"]) == 8  # the data keeps every one
+
+
+def test_trend_says_why_a_torch_dump_has_no_step(tmp_path: Path) -> None:
+    path = tmp_path / "training_ckpt.pt"
+    torch.save({"step": 1, "w": torch.ones(3)}, path)
+    result = runner.invoke(app, ["trend", str(path)], env=ENV)
+    assert result.exit_code == 3
+    assert "no 'step' in its metadata" not in result.stderr
+    assert "torch.save file's name has none" in result.stderr
+
+
+def test_torch_unformatted_size_message_is_said_plainly(tmp_path: Path) -> None:
+    """torch's legacy loader says "expected %ld got %ld6064": gradaudit says what it means."""
+    import io
+    import struct
+
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(16)}, buffer, _use_new_zipfile_serialization=False)
+    raw = bytearray(buffer.getvalue())
+    at = len(raw) - 64 - 8  # the storage's element count, before its 64 bytes
+    assert struct.unpack("<q", raw[at : at + 8]) == (16,)
+    raw[at : at + 8] = struct.pack("<q", 15)
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(bytes(raw[:-4]))
+    result = runner.invoke(app, ["scan", str(path)], env=ENV)
+    assert result.exit_code == 3
+    assert "%ld" not in result.stderr
+    assert "storage holds fewer or more bytes than declared" in result.stderr
