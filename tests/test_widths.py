@@ -275,3 +275,11 @@ def test_json_is_unaffected_by_width(dumps: dict[str, Path]) -> None:
     narrow = json.loads(invoke(60, "scan", str(dumps["a"]), "-f", "json"))
     wide = json.loads(invoke(200, "scan", str(dumps["a"]), "-f", "json"))
     assert [t["name"] for t in narrow["tensors"]] == [t["name"] for t in wide["tensors"]]
+
+
+def test_paths_keep_the_file_name() -> None:
+    from gradaudit.report.fit import shorten_path
+
+    assert shorten_path("/tmp/runs/exp-3/hostseed.safetensors", 24) == "…hostseed.safetensors"
+    assert shorten_path("hostseed.safetensors", 14) == "…d.safetensors"  # never "…safetensors"
+    assert shorten_path("a.safetensors", 24) == "a.safetensors"

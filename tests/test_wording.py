@@ -306,3 +306,17 @@ def test_torch_unformatted_size_message_is_said_plainly(tmp_path: Path) -> None:
     assert result.exit_code == 3
     assert "%ld" not in result.stderr
     assert "storage holds fewer or more bytes than declared" in result.stderr
+
+
+def test_compare_github_caps_annotations(tmp_path: Path) -> None:
+    zeros = {f"model.layers.{i}.mlp.weight": torch.zeros(2) for i in range(40)}
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file(zeros, str(a))
+    save_file(zeros, str(b))
+    out = runner.invoke(app, ["compare", str(a), str(b), "-f", "github"], env=ENV).stdout
+    lines = out.splitlines()
+    assert sum(line.startswith(("::warning", "::error")) for line in lines) == MAX_FLAGGED_ROWS
+    assert any(line.startswith("::notice") and "more findings not shown" in line for line in lines)
+    everything = runner.invoke(app, ["compare", str(a), str(b), "-f", "github", "--all"]).stdout
+    warnings = [line for line in everything.splitlines() if line.startswith("::warning")]
+    assert len(warnings) == 80 + 1  # every tensor on both sides, and "both norms are 0"

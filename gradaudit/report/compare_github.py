@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gradaudit.comparison import CompareFinding, Comparison
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,
     compared_line,
@@ -105,6 +105,10 @@ def render_comparison_github(comparison: Comparison, options: RenderOptions) -> 
     out = [line for failing, line in lines if failing] + [
         line for failing, line in lines if not failing
     ]
+    hidden = 0 if options.show_all else max(0, len(out) - MAX_FLAGGED_ROWS)
+    if hidden:
+        out = out[:MAX_FLAGGED_ROWS]
+        out.append(command("notice", more_flagged(hidden, "finding"), title="gradaudit compare"))
     if not options.quiet:
         out.append(
             f"gradaudit compare: {verdict_line(comparison)} · "

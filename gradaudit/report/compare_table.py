@@ -47,7 +47,7 @@ from gradaudit.report.fit import (
     dropped_note,
     fitted_table,
     sane_width,
-    shorten_left,
+    shorten_path,
 )
 from gradaudit.report.text import count, number, plural, printable
 
@@ -75,7 +75,7 @@ def _dual_table(comparison: Comparison, width: int) -> tuple[Table, Layout]:
         # Where each side comes from: the end of the path, within a third of the width.
         Column(
             "input",
-            [shorten_left(printable(side_input(side)), max(24, width // 3)) for side, _ in sides],
+            [_input_cell(side, max(24, 2 * width // 5)) for side, _ in sides],
             priority=45,
         ),
         Column("tensors", [count(side.tensors) for side, _ in sides], "right", priority=20),
@@ -90,6 +90,16 @@ def _dual_table(comparison: Comparison, width: int) -> tuple[Table, Layout]:
         Column("exploding", [count(s.exploding_tensors) for s, _ in sides], "right", priority=15),
     ]
     return fitted_table(columns, width)
+
+
+def _input_cell(side: SideStats, cells: int) -> str:
+    """The side's file, shortened from the left, and its ``[prefix*]`` kept whole."""
+    where = printable(side_input(side))
+    if side.prefix is None or len(where) <= cells:
+        return shorten_path(where, cells)
+    tag = f" [{printable(side.prefix)}*]"
+    path = where[: len(where) - len(tag)]
+    return shorten_path(path, max(8, cells - len(tag))) + tag
 
 
 def _ratio_lines(comparison: Comparison, width: int) -> list[Text]:

@@ -82,6 +82,24 @@ def shorten_left(text: str, cells: int) -> str:
     return head + _tail(text[stop + 1 :], room)
 
 
+def shorten_path(path: str, cells: int) -> str:
+    """A file path in at most ``cells`` characters, cut on the left at a ``/`` when cheap.
+
+    The file's own name is what tells inputs apart (``step_12.safetensors``);
+    the directories above it go first, and a name is cut on characters, not at
+    its dots (``hostseed.safetensors`` must not become ``…safetensors``).
+    """
+    if len(path) <= cells:
+        return path
+    if cells <= 1:
+        return "…"[:cells]
+    tail = path[len(path) - (cells - 1) :]
+    slash = tail.find("/")
+    if 0 <= slash < (cells - 1) // 2 and slash + 1 < len(tail):
+        tail = tail[slash + 1 :]
+    return "…" + tail
+
+
 def _tail(text: str, cells: int) -> str:
     """The last ``cells`` characters, moved to a component boundary when that is cheap."""
     if len(text) <= cells:

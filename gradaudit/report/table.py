@@ -24,7 +24,7 @@ from gradaudit.report.fit import (
     dropped_note,
     fitted_table,
     sane_width,
-    shorten_left,
+    shorten_path,
 )
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
@@ -110,7 +110,7 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
         statuses.append(_status(stats, found))
     columns: list[Column] = []
     if several_files:
-        files = [shorten_left(printable(s.source or ""), _FILE_CELLS) for s in rows]
+        files = [shorten_path(printable(s.source or ""), _FILE_CELLS) for s in rows]
         columns.append(Column("file", files, priority=75))
     columns += [
         Column("name", names, kind="name"),

@@ -36,6 +36,7 @@ from gradaudit.report.fit import (
     fitted_table,
     sane_width,
     shorten_left,
+    shorten_path,
 )
 from gradaudit.report.json_report import encode_float
 from gradaudit.report.text import layer_label, number, plural, printable
@@ -199,7 +200,7 @@ def _steps_table(report: TrendReport, options: RenderOptions) -> tuple[Table, La
         Column("step", [str(s.step) for s in rows], "right"),
         Column(
             "file",
-            [shorten_left(printable(Path(s.path).name if shared else s.path), 24) for s in rows],
+            [shorten_path(printable(Path(s.path).name if shared else s.path), 24) for s in rows],
             priority=10,
         ),
         Column("tensors", [f"{s.tensors:,}" for s in rows], "right", priority=20),
