@@ -17,7 +17,9 @@ import typer
 
 from gradaudit import __version__
 from gradaudit.cli import streams
+from gradaudit.cli.style import GradauditGroup
 from gradaudit.errors import ExitCode, GradauditError, UsageError
+from gradaudit.report.fit import DEFAULT_WIDTH, sane_width
 from gradaudit.report.text import printable
 
 EXIT_CODES_HELP = (
@@ -37,6 +39,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=GradauditGroup,
 )
 
 
@@ -79,14 +82,19 @@ def exit_codes(debug: bool) -> Iterator[None]:
 def output_width(terminal: bool = True) -> int:
     """``COLUMNS`` if set, else the terminal's width, else 120 (pipes, CI logs, files).
 
-    ``terminal=False`` (output going to a file) skips the terminal's width.
+    ``terminal=False`` (output going to a file) skips the terminal's width. A
+    width of 0 (a pseudo-terminal that reports none, ``script -qc … /dev/null``)
+    or an absurd one falls back to the default: Rich prints nothing at width 0.
     """
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+        return sane_width(int(columns))
     if terminal and sys.stdout.isatty():
-        return os.get_terminal_size(sys.stdout.fileno()).columns
-    return 120
+        try:
+            return sane_width(os.get_terminal_size(sys.stdout.fileno()).columns)
+        except OSError:
+            return DEFAULT_WIDTH
+    return DEFAULT_WIDTH
 
 
 def use_color() -> bool:

@@ -31,8 +31,9 @@ GroupByOption = Annotated[
     typer.Option(
         "--group-by",
         metavar="auto|module|'depth N'|none",
-        help="Rows of the chart: parameters grouped by owning module, by the first N name "
-        "components, or not at all; auto = module, or the deepest depth that fits 40 rows.",
+        help="Rows of scan's chart and of trend's table: parameters grouped by owning module, "
+        "by the first N name components, or not at all; auto = module, or the deepest depth "
+        "that fits 40 rows.",
     ),
 ]
 ChartOption = Annotated[

@@ -98,6 +98,44 @@ def _is_directory(path: str) -> bool:
         return False
 
 
+#: Why a known companion file of a model directory is skipped. Renderers count these in one
+#: line instead of one line each: a Hugging Face model directory always has them.
+COMPANION_REASON = "model companion file (config, tokenizer, docs); not audited"
+
+#: Files that sit next to the weights in a model directory (Hugging Face Hub layouts).
+_COMPANION_NAMES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "chat_template.json",
+        "chat_template.jinja",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "readme.md",
+        "license",
+        "license.txt",
+        ".gitattributes",
+        "trainer_state.json",
+        "adapter_config.json",
+    }
+)
+
+
+def is_companion(path: str) -> bool:
+    """Whether ``path`` names a known non-weight file of a model directory."""
+    return os.path.basename(path).lower() in _COMPANION_NAMES
+
+
 def _not_a_checkpoint(path: str) -> str:
     """Why a file found in a directory, with a name gradaudit does not read, is skipped."""
     try:
@@ -110,6 +148,8 @@ def _not_a_checkpoint(path: str) -> str:
         return "not a regular file; not audited"
     if path.lower().endswith(".index.json"):
         return "index of non-safetensors shards: the shards themselves are audited as files"
+    if is_companion(path):
+        return COMPANION_REASON
     return "not a checkpoint file (unknown extension); not audited"
 
 
