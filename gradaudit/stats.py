@@ -57,6 +57,7 @@ from typing import NamedTuple
 import torch
 
 from gradaudit import native, triton_kernel
+from gradaudit.engine_options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, make_kernel
 
@@ -78,8 +79,6 @@ BUCKET_ELEMENTS = 1 << 18
 #: too saves a thread launch per tensor; the batch only holds references.
 NATIVE_BATCH_TENSORS = 2048
 NATIVE_BATCH_BYTES = 64 * 1024 * 1024
-#: Default working-memory budget (``--max-memory``): scratch buffers plus live buckets.
-DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
