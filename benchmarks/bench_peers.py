@@ -46,6 +46,10 @@ import gradaudit
 from benchmarks.bench_scan import best_of, many_tiny, table, transformer_like
 
 MIB = 1024 * 1024
+#: What the default statistics may cost on the fp32 transformer in memory, × one sum
+#: pass (issue 19: a statistic added to the stats row must not break the single pass;
+#: an opt-in one states its own cost). ``--check`` enforces it.
+FP32_BUDGET = 1.3
 Tensors = dict[str, torch.Tensor]
 
 
@@ -300,6 +304,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-scan", action="store_true", help="leave out the from-file column")
     parser.add_argument("--no-startup", action="store_true", help="leave out start-up")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it runs")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit 1 when the fp32 in-memory audit exceeds {FP32_BUDGET}× a sum pass",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     gib = 0.01 if args.smoke else args.gib
@@ -311,11 +320,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows.append(measure(label, tensors, directory, args.repeats, not args.no_scan))
             del tensors
         print(table(rows, digits=2))
+        fp32 = next(row["audit ×sum"] for row in rows if row["workload"] == "transformer-float32")
+        assert isinstance(fp32, float)
+        verdict = "within" if fp32 <= FP32_BUDGET else "OVER"
+        print(f"\nfp32 in-memory audit: {fp32:.2f}× one sum pass ({verdict} the budget)")
         if not args.no_startup:
             print()
             print(table(startup_rows(directory, args.repeats, args.smoke), digits=3))
     engine = gradaudit.audit({"x": torch.ones(1)}).engine
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, engine {engine}")
+    if args.check and verdict == "OVER":
+        raise SystemExit(f"fp32 in-memory audit {fp32:.2f}× a sum pass, over {FP32_BUDGET}×")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
 
     bench_peers.main(["--smoke", "--repeats", "1"])
     out = capsys.readouterr().out
-    peers, startup = out.split("\n\n")[:2]
+    blocks = {block.split(" ", 1)[0]: block for block in out.split("\n\n")}
+    peers, startup = blocks["workload"], blocks["start-up"]
+    assert "fp32 in-memory audit:" in blocks["fp32"]
     lines = peers.splitlines()
     assert lines[0].split(" | ") == [
         "workload",
