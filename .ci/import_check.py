@@ -38,6 +38,7 @@ PURE = {
     "gradaudit.errors",
     "gradaudit.grouping",
     "gradaudit.policy",
+    "gradaudit.precision",
     "gradaudit.report",
     "gradaudit.report.base",
     "gradaudit.report.chart",

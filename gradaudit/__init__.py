@@ -46,8 +46,9 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         NonFiniteGradientWarning,
         UsageError,
     )
+    from gradaudit.locate import Location, NanLocator
     from gradaudit.module import collect_module, named_gradients
-    from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+    from gradaudit.monitor import GradientMonitor, LocateMode, MonitorRecord, NonFiniteAction
     from gradaudit.policy import (
         DEFAULT_EXPLODING_THRESHOLD,
         DEFAULT_FAIL_ON,
@@ -101,9 +102,12 @@ _LAZY: dict[str, str] = {
     "NonFiniteGradientError": "gradaudit.errors",
     "NonFiniteGradientWarning": "gradaudit.errors",
     "UsageError": "gradaudit.errors",
+    "Location": "gradaudit.locate",
+    "NanLocator": "gradaudit.locate",
     "collect_module": "gradaudit.module",
     "named_gradients": "gradaudit.module",
     "GradientMonitor": "gradaudit.monitor",
+    "LocateMode": "gradaudit.monitor",
     "MonitorRecord": "gradaudit.monitor",
     "NonFiniteAction": "gradaudit.monitor",
     "DEFAULT_EXPLODING_THRESHOLD": "gradaudit.policy",
@@ -183,8 +187,11 @@ __all__ = [
     "InputProblem",
     "LimitFinding",
     "LimitKind",
+    "LocateMode",
+    "Location",
     "Mismatch",
     "MonitorRecord",
+    "NanLocator",
     "NonFiniteAction",
     "NonFiniteGradientError",
     "NonFiniteGradientWarning",

@@ -89,3 +89,12 @@ def test_typical_script_and_torch_builtins_agree_with_audit() -> None:
     finite = {name: t.double().nan_to_num(posinf=0.0) for name, t in tensors.items()}
     expected = math.sqrt(sum(float(t.square().sum()) for t in finite.values()))
     assert math.isclose(report.summary.global_norm, expected, rel_tol=1e-12)
+
+
+def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_precision
+
+    bench_precision.main(["--mib", "0.01", "--repeats", "1", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[-1] == "histogram × sum"
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
