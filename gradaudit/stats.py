@@ -30,8 +30,11 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
   batch and reduced in place by one call that splits the batch's bytes
   between threads.
 * With the Triton kernel (:mod:`gradaudit.triton_kernel`, what ``auto``
-  picks for CUDA tensors), a contiguous float32/16/bf16 tensor is one block
-  ``[1, n]`` reduced in one launch; buckets (below) are too. The rest of
+  picks for CUDA tensors), contiguous float32/16/bf16 tensors of any size
+  are not cut or copied either: they wait, referenced, until the collector
+  settles, and then every tensor of one dtype on one device is reduced by
+  one launch (one more merges their partial rows). Strided tensors go
+  through chunks and buckets (below), also reduced by Triton. The rest of
   this list is the eager kernel's (float64 and fp8 on CUDA, other devices,
   or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
@@ -50,13 +53,14 @@ from __future__ import annotations
 import array
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
 from gradaudit import native, triton_kernel
+from gradaudit.devices import stream_key
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, make_kernel
 
@@ -245,6 +249,8 @@ class StatsCollector:
         # on the CPU through its interpreter when it was asked for by name.
         self._triton = uses_triton(engine)
         self._triton_asked = Engine(engine) is Engine.TRITON
+        if self._triton_asked and triton_kernel.failure() is not None:
+            raise _triton_unavailable(triton_kernel.failure())
         self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
         # Half the budget for the kernel's scratch (chunks and buckets share it)...
         fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
@@ -278,10 +284,20 @@ class StatsCollector:
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
         self._new_batch()
-        self._upcast: dict[torch.device, torch.Tensor] = {}
-        self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
+        self._upcast: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], _Bucket] = {}
         self._blocks: list[torch.Tensor] = []
         self._placements: list[Placement | None] = []
+        self._new_streams()
+
+    def _new_streams(self) -> None:
+        """No Triton batch waiting, no CUDA device touched, no settle event yet."""
+        #: Tensors waiting for one Triton launch per dtype, per device.
+        self._triton_batches: dict[torch.device, triton_kernel.TritonBatch] = {}
+        #: CUDA devices with work queued since the last settle.
+        self._touched: dict[torch.device, None] = {}
+        #: One event per (device, stream) the kernels ran on, recorded at each settle.
+        self._settled: dict[tuple[torch.device, int], torch.cuda.Event] = {}
 
     # -- one tensor, right away -------------------------------------------------
 
@@ -291,6 +307,8 @@ class StatsCollector:
             raise TypeError(f"cannot audit dtype {dtype_name(tensor.dtype)}")
         if tensor.numel() == 0:
             return empty_row(tensor.device)
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
         if (self._native and native.handles(tensor)) or (
             tensor.is_contiguous() and self._takes_triton(tensor)
         ):
@@ -313,28 +331,42 @@ class StatsCollector:
             return out
         return self._block_rows(chunk.reshape(1, -1))
 
+    def _queued_on_cuda(self, tensor: torch.Tensor) -> None:
+        """Note work on a CUDA tensor read right away by kernels on the current stream.
+
+        ``record_stream`` keeps its memory from going to another stream (a
+        gradient freed by ``zero_grad(set_to_none=True)``, say) before those
+        kernels have read it; the device gets a settle event.
+        """
+        tensor.record_stream(torch.cuda.current_stream(tensor.device))
+        self._touched[tensor.device] = None
+
     def _takes_triton(self, block: torch.Tensor) -> bool:
-        return (
-            self._triton
-            and block.device.type in self._triton_devices
-            and triton_kernel.takes(block)
-        )
+        if not (self._triton and block.device.type in self._triton_devices):
+            return False
+        if self._triton_asked and triton_kernel.failure() is not None:
+            raise _triton_unavailable(triton_kernel.failure())
+        return triton_kernel.takes(block)
+
+    def _triton_failed(self, error: Exception) -> None:
+        """Triton compiles on first use and needs a C compiler and a supported GPU.
+
+        Whatever stops it is remembered for the whole process
+        (:func:`~gradaudit.triton_kernel.failure`): ``auto`` goes on with the
+        eager kernel and never tries again, ``triton`` asked for by name is a
+        usage error.
+        """
+        cause = triton_kernel.record_failure(error)
+        if self._triton_asked:
+            raise _triton_unavailable(cause) from None
 
     def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
         if self._takes_triton(block):
             try:
                 rows = self._triton_kernel(block)
-            # Triton compiles on first use and needs a C compiler and a supported
-            # GPU; whatever stops it, auto goes on with the eager kernel.
             except Exception as error:  # noqa: BLE001
-                if self._triton_asked:
-                    cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                    raise EngineUnavailable(
-                        f"the Triton kernel could not run ({type(error).__name__}: {cause}); "
-                        "use --engine eager or auto"
-                    ) from None
-                self._triton = False
+                self._triton_failed(error)
             else:
                 self._ran["triton"] = None
                 return rows
@@ -370,6 +402,16 @@ class StatsCollector:
         """
         ticket = len(self._placements)
         numel = tensor.numel()
+        if numel and self._triton and tensor.is_contiguous() and self._takes_triton(tensor):
+            device = tensor.device
+            batch = self._triton_batches.get(device)
+            if batch is None:
+                batch = self._triton_batches[device] = triton_kernel.TritonBatch(device)
+            if batch.add(tensor, ticket):
+                self._placements.append(None)
+                return ticket
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
         if self._native and native.supports(tensor) and numel <= BUCKET_MAX_ELEMENTS:
             tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
         if self._native and native.handles(tensor):
@@ -389,7 +431,9 @@ class StatsCollector:
             return ticket
         self._placements.append(None)
         length = bucket_length(numel)
-        key = (tensor.device, work_dtype(tensor.dtype), length)
+        # Per stream: a bucket's buffer is reused, and a copy queued on another
+        # stream could overwrite rows a reduction has not read yet.
+        key = (tensor.device, work_dtype(tensor.dtype), length, stream_key(tensor.device))
         bucket = self._buckets.get(key)
         if bucket is None:
             rows = max(1, self.bucket_elements // length)
@@ -408,19 +452,80 @@ class StatsCollector:
         return ticket
 
     def settle(self) -> None:
-        """Reduce the native batch now: until then its tensors are only referenced.
+        """Reduce the native batch and launch the Triton batches now: until then their
+        tensors are only referenced; then record each CUDA device's settle event.
 
         Callers whose tensors may change (gradients about to be zeroed or
         stepped) settle before handing control back; a file's data need not.
+        Readers of the rows (:func:`read_blocks`, ``PendingStats.prefetch``)
+        make their stream wait for the events, so rows collected on a side
+        stream are read after the kernels that wrote them, whatever stream
+        is current when they are read.
         """
         if self._batch:
             self._reduce_batch()
+        if self._triton_batches:
+            self._launch_triton()
+        if self._touched:
+            for device in self._touched:
+                stream = torch.cuda.current_stream(device)
+                key = (device, stream.stream_id)
+                event = self._settled.get(key)
+                if event is None:
+                    event = self._settled[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            self._touched = {}
+
+    def settled(self) -> dict[torch.device, list[torch.cuda.Event]]:
+        """The settle events of each CUDA device, for readers to wait on (on the device)."""
+        events: dict[torch.device, list[torch.cuda.Event]] = {}
+        for (device, _), event in self._settled.items():
+            events.setdefault(device, []).append(event)
+        return events
+
+    def _launch_triton(self) -> None:
+        """One launch per dtype and device for every tensor in the Triton batches."""
+        batches, self._triton_batches = self._triton_batches, {}
+        for device, batch in batches.items():
+            if not len(batch):
+                continue
+            entries = batch.entries()
+            try:
+                if triton_kernel.failure() is not None:  # failed since these were queued
+                    raise _triton_unavailable(triton_kernel.failure())
+                out, tickets = batch.launch()
+            except Exception as error:
+                if not isinstance(error, EngineUnavailable):
+                    self._triton_failed(error)
+                elif self._triton_asked:
+                    raise
+                for tensor, ticket in entries:  # auto: the eager kernel takes them
+                    self._placements[ticket] = Placement(len(self._blocks), 0, 0)
+                    self._blocks.append(self._fallback_whole(tensor))
+                continue
+            if device.type == "cuda":
+                self._touched[device] = None
+            block_index = len(self._blocks)
+            self._blocks.append(out)
+            for row, ticket in enumerate(tickets):
+                if ticket >= 0:
+                    self._placements[ticket] = Placement(block_index, row, 0)
+            self._ran["triton"] = None
+
+    def _fallback_whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The row ``[1, 7]`` of a whole tensor by the engine's own kernel, in chunks."""
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
+        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._chunks(tensor)]
+        return rows[0] if len(rows) == 1 else merge_rows(torch.cat(rows)).unsqueeze(0)
 
     def adopt(self, row: torch.Tensor) -> int:
         """Take a row computed elsewhere (merged across ranks, sent by another rank)."""
         ticket = len(self._placements)
         self._placements.append(Placement(len(self._blocks), 0, 0))
         self._blocks.append(row.reshape(1, ROW_WIDTH))
+        if row.is_cuda:
+            self._touched[row.device] = None
         return ticket
 
     def fresh(self) -> StatsCollector:
@@ -436,6 +541,7 @@ class StatsCollector:
         other._blocks = []
         other._placements = []
         other._new_batch()
+        other._new_streams()
         other._ran = {}
         return other
 
@@ -495,14 +601,15 @@ class StatsCollector:
         """A half or fp8 block copied to float32 (the eager kernel's input), in a reused buffer."""
         if self._fallback is not Engine.EAGER or block.dtype == work_dtype(block.dtype):
             return block
-        buffer = self._upcast.get(block.device)
+        key = (block.device, stream_key(block.device))
+        buffer = self._upcast.get(key)
         if buffer is None or buffer.numel() < block.numel():
             buffer = torch.empty(
                 max(block.numel(), self._step(block.device)),
                 dtype=torch.float32,
                 device=block.device,
             )
-            self._upcast[block.device] = buffer
+            self._upcast[key] = buffer
         return buffer[: block.numel()].view(block.shape).copy_(block)
 
     def _step(self, device: torch.device) -> int:
@@ -523,6 +630,12 @@ class StatsCollector:
         rows_per_block = max(1, step // row_elements)
         for start in range(0, tensor.shape[0], rows_per_block):
             yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
+
+
+def _triton_unavailable(cause: str | None) -> EngineUnavailable:
+    return EngineUnavailable(
+        f"the Triton kernel could not run ({cause}); use --engine eager or auto"
+    )
 
 
 def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
@@ -558,18 +671,42 @@ def row_norm(values: list[float]) -> float:
     return values[SCALE] * math.sqrt(values[SSQ])
 
 
-def read_blocks(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
-
-    Blocks normally share one device; blocks spread over several devices cost
-    one read for each. Returns CPU blocks in the order given.
-    """
+def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:
+    """The indices of ``blocks`` on each device, in first-seen order."""
     by_device: dict[torch.device, list[int]] = {}
     for index, block in enumerate(blocks):
         by_device.setdefault(block.device, []).append(index)
+    return by_device
+
+
+def wait_for(device: torch.device, events: Mapping[torch.device, list[torch.cuda.Event]]) -> None:
+    """Make ``device``'s current stream wait (on the device) for its settle events."""
+    if device.type != "cuda":
+        return
+    stream = torch.cuda.current_stream(device)
+    for event in events.get(device, ()):
+        stream.wait_event(event)
+
+
+def read_blocks(
+    blocks: list[torch.Tensor],
+    settled: Mapping[torch.device, list[torch.cuda.Event]] | None = None,
+) -> list[torch.Tensor]:
+    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
+
+    Blocks normally share one device; blocks spread over several devices cost
+    one read for each, each queued on its own device after the ``settled``
+    events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
+    in the order given.
+    """
     host: list[torch.Tensor | None] = [None] * len(blocks)
-    for indices in by_device.values():
-        stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
+    for device, indices in blocks_by_device(blocks).items():
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                wait_for(device, settled or {})
+                stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
+        else:
+            stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
         offset = 0
         for i in indices:
             rows = blocks[i].shape[0]
