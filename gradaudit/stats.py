@@ -294,6 +294,8 @@ class StatsCollector:
         """No Triton batch waiting, no CUDA device touched, no settle event yet."""
         #: Tensors waiting for one Triton launch per dtype, per device.
         self._triton_batches: dict[torch.device, triton_kernel.TritonBatch] = {}
+        #: (device, dtype) -> the batch its tensors join, or None (not Triton's).
+        self._triton_routes: dict[tuple[torch.device, torch.dtype], object] = {}
         #: CUDA devices with work queued since the last settle.
         self._touched: dict[torch.device, None] = {}
         #: One event per (device, stream) the kernels ran on, recorded at each settle.
@@ -340,6 +342,23 @@ class StatsCollector:
         """
         tensor.record_stream(torch.cuda.current_stream(tensor.device))
         self._touched[tensor.device] = None
+
+    def _triton_batch(self, tensor: torch.Tensor) -> triton_kernel.TritonBatch | None:
+        """The batch a contiguous tensor joins, or ``None`` when Triton does not take it.
+
+        Decided once per (device, dtype) for each settle: this runs for every
+        tensor, and with hundreds of them per step its cost is the host's.
+        """
+        key = (tensor.device, tensor.dtype)
+        batch = self._triton_routes.get(key, _UNDECIDED)
+        if batch is _UNDECIDED:
+            batch = None
+            if self._takes_triton(tensor):
+                batch = self._triton_batches.get(key[0])
+                if batch is None:
+                    batch = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
+            self._triton_routes[key] = batch
+        return batch  # type: ignore[return-value]
 
     def _takes_triton(self, block: torch.Tensor) -> bool:
         if not (self._triton and block.device.type in self._triton_devices):
@@ -402,12 +421,9 @@ class StatsCollector:
         """
         ticket = len(self._placements)
         numel = tensor.numel()
-        if numel and self._triton and tensor.is_contiguous() and self._takes_triton(tensor):
-            device = tensor.device
-            batch = self._triton_batches.get(device)
-            if batch is None:
-                batch = self._triton_batches[device] = triton_kernel.TritonBatch(device)
-            if batch.add(tensor, ticket):
+        if self._triton and numel and tensor.is_contiguous():
+            batch = self._triton_batch(tensor)
+            if batch is not None and batch.add(tensor, ticket):
                 self._placements.append(None)
                 return ticket
         if tensor.is_cuda:
@@ -486,6 +502,7 @@ class StatsCollector:
     def _launch_triton(self) -> None:
         """One launch per dtype and device for every tensor in the Triton batches."""
         batches, self._triton_batches = self._triton_batches, {}
+        self._triton_routes = {}
         for device, batch in batches.items():
             if not len(batch):
                 continue
@@ -630,6 +647,9 @@ class StatsCollector:
         rows_per_block = max(1, step // row_elements)
         for start in range(0, tensor.shape[0], rows_per_block):
             yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
+
+
+_UNDECIDED = object()
 
 
 def _triton_unavailable(cause: str | None) -> EngineUnavailable:

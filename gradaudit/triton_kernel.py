@@ -176,6 +176,8 @@ class TritonBatch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._sms = _sms(device)
+        #: Elements of a program's step times the programs a tensor should have.
+        self._quarter_share = BLOCK * 4 * self._sms
         self._groups: dict[torch.dtype, _Group] = {}
 
     def __len__(self) -> int:
@@ -194,12 +196,14 @@ class TritonBatch:
                 return False  # the base must be 16-byte aligned; a later tensor may be
             group = _Group(tensor, pointer, tensor.element_size())
             self._groups[tensor.dtype] = group
-        distance = pointer - group.base_pointer
-        if distance % group.itemsize:
+        offset, misaligned = divmod(pointer - group.base_pointer, group.itemsize)
+        if misaligned:
             return False
         numel = tensor.numel()
-        span = span_for(numel, self._sms)
-        group.table.extend((group.programs, distance // group.itemsize, numel, span))
+        # span_for(), inlined: this runs once per tensor.
+        steps = -(-numel // self._quarter_share)
+        span = BLOCK * (1 if steps <= 1 else MAX_STEPS if steps >= MAX_STEPS else steps)
+        group.table.extend((group.programs, offset, numel, span))
         group.programs += -(-numel // span)
         group.tensors.append(tensor)
         group.tickets.append(ticket)
