@@ -506,7 +506,6 @@ class StatsCollector:
         for device, batch in batches.items():
             if not len(batch):
                 continue
-            entries = batch.entries()
             try:
                 if triton_kernel.failure() is not None:  # failed since these were queued
                     raise _triton_unavailable(triton_kernel.failure())
@@ -516,7 +515,7 @@ class StatsCollector:
                     self._triton_failed(error)
                 elif self._triton_asked:
                     raise
-                for tensor, ticket in entries:  # auto: the eager kernel takes them
+                for tensor, ticket in batch.entries():  # auto: the eager kernel takes them
                     self._placements[ticket] = Placement(len(self._blocks), 0, 0)
                     self._blocks.append(self._fallback_whole(tensor))
                 continue

@@ -210,7 +210,8 @@ class TritonBatch:
         return True
 
     def entries(self) -> list[tuple[torch.Tensor, int]]:
-        """Every queued tensor with its ticket (for a fallback when the launch fails)."""
+        """Every queued tensor with its ticket (for a fallback when the launch failed:
+        a failed launch keeps them)."""
         return [
             (tensor, ticket)
             for group in self._groups.values()
