@@ -357,14 +357,29 @@ class StatsCollector:
                 batch = self._triton_batches.get(key[0])
                 if batch is None:
                     batch = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
+            elif self._cold(tensor):
+                batch = _COLD
             self._triton_routes[key] = batch
+        if batch is _COLD:
+            triton_kernel.defer(tensor.numel() * tensor.element_size())
+            return None
         return batch  # type: ignore[return-value]
+
+    def _cold(self, tensor: torch.Tensor) -> bool:
+        """Whether Triton would take ``tensor`` but ``auto`` waits before compiling for it."""
+        return (
+            not self._triton_asked
+            and triton_kernel.takes(tensor)
+            and not triton_kernel.compile_worth(tensor.device)
+        )
 
     def _takes_triton(self, block: torch.Tensor) -> bool:
         if not (self._triton and block.device.type in self._triton_devices):
             return False
         if self._triton_asked and triton_kernel.failure() is not None:
             raise _triton_unavailable(triton_kernel.failure())
+        if not self._triton_asked and not triton_kernel.compile_worth(block.device):
+            return False  # auto, cold: eager until the data is worth a compile
         return triton_kernel.takes(block)
 
     def _triton_failed(self, error: Exception) -> None:
@@ -387,6 +402,7 @@ class StatsCollector:
             except Exception as error:  # noqa: BLE001
                 self._triton_failed(error)
             else:
+                triton_kernel.mark_warm(block.device)
                 self._ran["triton"] = None
                 return rows
         return self._fallback_rows(block)
@@ -521,6 +537,7 @@ class StatsCollector:
                 continue
             if device.type == "cuda":
                 self._touched[device] = None
+                triton_kernel.mark_warm(device)
             block_index = len(self._blocks)
             self._blocks.append(out)
             for row, ticket in enumerate(tickets):
@@ -649,6 +666,8 @@ class StatsCollector:
 
 
 _UNDECIDED = object()
+#: The route of tensors Triton would take while ``auto`` waits before compiling.
+_COLD = object()
 
 
 def _triton_unavailable(cause: str | None) -> EngineUnavailable:

@@ -122,6 +122,84 @@ def reset_failure() -> None:
     _failure = None
 
 
+# -- whether a compile is worth it -------------------------------------------------
+
+#: Under ``auto``, bytes of CUDA float32/16/bf16 data the eager kernel reduces
+#: while the kernels are not compiled yet, before they are compiled: a cold compile
+#: costs seconds, more than the eager kernel's extra passes over a small scan.
+COMPILE_AFTER_BYTES = 1 << 30
+_deferred_bytes = 0
+#: GPU architectures whose kernels are compiled (or on disk) in this process.
+_warm: set[str] = set()
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+@functools.cache
+def _marker(arch: str) -> str:
+    """A file next to Triton's cache saying this package's kernels were compiled for ``arch``.
+
+    Named after the kernels' source and Triton's version, so an edited kernel or
+    another Triton is cold again. (Whether Triton's own cache still holds them
+    cannot be asked without compiling; a cache cleared since costs one compile.)
+    """
+    import hashlib
+
+    import triton
+
+    source = os.path.join(os.path.dirname(__file__), "_triton_rows.py")
+    with open(source, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()[:16]
+    directory = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".triton", "cache"
+    )
+    return os.path.join(directory, f"gradaudit-{digest}-{arch}-triton{triton.__version__}")
+
+
+def compile_worth(device: torch.device) -> bool:
+    """Whether ``auto`` should launch (and so maybe compile) the kernels on ``device`` now.
+
+    Yes when they are compiled for its architecture in this process or were in an
+    earlier one, or once ``COMPILE_AFTER_BYTES`` went through the eager kernel
+    instead; always off CUDA (the interpreter compiles nothing).
+    """
+    if device.type != "cuda":
+        return True
+    arch = _arch(device)
+    if arch in _warm or _deferred_bytes >= COMPILE_AFTER_BYTES:
+        return True
+    if os.path.exists(_marker(arch)):
+        _warm.add(arch)
+        return True
+    return False
+
+
+def defer(nbytes: int) -> None:
+    """Count bytes the eager kernel took because the kernels were not compiled yet."""
+    global _deferred_bytes
+    _deferred_bytes += nbytes
+
+
+def mark_warm(device: torch.device) -> None:
+    """The kernels ran on ``device``: compiled for its architecture, here and on disk."""
+    if device.type != "cuda":
+        return
+    arch = _arch(device)
+    if arch in _warm:
+        return
+    _warm.add(arch)
+    try:
+        path = _marker(arch)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError:
+        pass  # a read-only home: the next process compiles again, nothing worse
+
+
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The Triton functions, imported once (after ``TRITON_INTERPRET`` is known)."""

@@ -163,9 +163,26 @@ def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
         assert torch.equal(copy.cpu(), source)
 
 
-def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed() -> None:
+def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a compile is worth it (here: as if 1 GiB had gone through eager already)."""
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", triton_kernel.COMPILE_AFTER_BYTES)
     report = audit({"w": torch.randn(100_000, device="cuda")})
     assert report.engine == ("triton" if triton_kernel.installed() else "eager")
+
+
+def test_auto_reduces_a_small_scan_with_eager_while_cold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    triton_kernel._marker.cache_clear()
+    report = audit({"w": torch.randn(100_000, device="cuda")})
+    triton_kernel._marker.cache_clear()
+    assert report.engine == "eager"
+    assert triton_kernel._deferred_bytes == 400_000
 
 
 def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,3 +108,38 @@ def test_an_element_count_on_the_device_is_read_with_the_rows() -> None:
     assert report.tensors[1].numel == 12
     assert report.tensors[1].norm == 5.0
     assert report.tensors[1].rms == pytest.approx(5.0 / math.sqrt(12))
+
+
+@pytest.fixture
+def cold_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """An sm_90 that never compiled the kernels: no marker, nothing deferred yet."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_arch", lambda device: "sm_90")
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    triton_kernel._marker.cache_clear()
+    yield tmp_path
+    triton_kernel._marker.cache_clear()
+
+
+def test_auto_waits_to_compile_until_the_data_is_worth_it(cold_cache: Any) -> None:
+    gpu = torch.device("cuda", 0)
+    assert triton_kernel.compile_worth(torch.device("cpu"))  # the interpreter compiles nothing
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.defer(triton_kernel.COMPILE_AFTER_BYTES - 1)
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.defer(1)
+    assert triton_kernel.compile_worth(gpu)
+
+
+def test_compiled_once_is_warm_in_the_next_process(cold_cache: Any) -> None:
+    import triton
+
+    gpu = torch.device("cuda", 0)
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.mark_warm(gpu)
+    (marker,) = cold_cache.iterdir()
+    assert marker.name.startswith("gradaudit-")
+    assert marker.name.endswith(f"-sm_90-triton{triton.__version__}")
+    triton_kernel._warm.clear()  # a new process: only the marker remains
+    assert triton_kernel.compile_worth(gpu)
