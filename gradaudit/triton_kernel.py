@@ -324,13 +324,15 @@ class TritonBatch:
         tables.append(torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64))
         host = torch.cat(tables)
         cuda = self.device.type == "cuda"
-        # Pinned, so the copy is queued rather than waited for; the caching host
-        # allocator keeps the pinned block until the copy has run.
-        table = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
-        partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
-        out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
+        # Everything on the tensors' device, whichever device is current (no
+        # context is made on another GPU).
         context = torch.cuda.device(self.device) if cuda else _NoContext()
         with context:
+            # Pinned, so the copy is queued rather than waited for; the caching host
+            # allocator keeps the pinned block until the copy has run.
+            table = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
+            out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
             stream = torch.cuda.current_stream(self.device) if cuda else None
             for group, (first_program, first_row) in zip(groups, bases, strict=True):
                 kind = KINDS[group.base.dtype]
