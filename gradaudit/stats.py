@@ -252,6 +252,8 @@ class StatsCollector:
         if self._triton_asked and triton_kernel.failure() is not None:
             raise _triton_unavailable(triton_kernel.failure())
         self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
+        #: Whether tensors off CUDA may be Triton's (the CPU, through the interpreter).
+        self._triton_off_cuda = self._triton_asked
         # Half the budget for the kernel's scratch (chunks and buckets share it)...
         fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
         #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
@@ -437,7 +439,13 @@ class StatsCollector:
         """
         ticket = len(self._placements)
         numel = tensor.numel()
-        if self._triton and numel and tensor.is_contiguous():
+        # Under auto only CUDA tensors can be Triton's: CPU tensors skip the lookup.
+        if (
+            self._triton
+            and (tensor.is_cuda or self._triton_off_cuda)
+            and numel
+            and tensor.is_contiguous()
+        ):
             batch = self._triton_batch(tensor)
             if batch is not None and batch.add(tensor, ticket):
                 self._placements.append(None)

@@ -51,6 +51,7 @@ def triton_on_meta(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         real_init(self, *args, **kwargs)
         self._triton = True
         self._triton_devices = frozenset({"meta"})
+        self._triton_off_cuda = True
 
     monkeypatch.setattr(StatsCollector, "__init__", init)
     triton_kernel.reset_failure()

@@ -210,6 +210,7 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
     for _ in range(2):
         collector = StatsCollector(engine="auto", chunk_elements=4096)
         collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+        collector._triton_off_cuda = True
         pending = PendingStats(collector=collector)
         pending.add_all({name: piece.to(DEVICE) for name, piece in pieces.items()})
         rows = [collector.row(tensor.to(DEVICE)), *pending.rows]
