@@ -238,15 +238,20 @@ def test_prefetch_of_a_model_on_a_non_current_gpu() -> None:
 
 
 @needs_two_gpus
-def test_prefetch_with_rows_on_two_gpus(sync_debug_error: None) -> None:
+def test_prefetch_with_rows_on_two_gpus() -> None:
     """One copy per device, both queued without a sync; the read waits for both."""
     on_0 = _planted("cuda:0")
     on_1 = {f"{name}.1": t.to("cuda:1") for name, t in on_0.items()}
-    pending = collect_async({**on_0, **on_1})
-    pending.prefetch()
+    for device in (0, 1):
+        torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = collect_async({**on_0, **on_1})
+        pending.prefetch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert pending._prefetched is not None
     assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
-    torch.cuda.set_sync_debug_mode("default")
     _assert_matches_host(pending.materialize(), {**on_0, **on_1})
 
 
