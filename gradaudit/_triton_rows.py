@@ -34,11 +34,65 @@ import triton.language as tl
 TABLE_WIDTH = 4
 
 
+@triton.jit
+def _two_sum(total, error, value):  # type: ignore[no-untyped-def]
+    """``total + value`` with its rounding error added to ``error`` (Knuth's TwoSum)."""
+    rounded = total + value
+    back = rounded - total
+    error += (total - (rounded - back)) + (value - back)
+    return rounded, error
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _squares(  # type: ignore[no-untyped-def]
+    finite,
+    ssq,
+    mid,
+    mid_err,
+    huge,
+    huge_err,
+    tiny,
+    tiny_err,
+    FP32_ACC: tl.constexpr,
+    KIND: tl.constexpr,
+):
+    """Add the squares of finite magnitudes (float32 bits) to the running sums.
+
+    FP64 (``FP32_ACC`` off): every float32 square is exact in float64 and
+    cannot overflow it. ``FP32_ACC`` (GPUs with slow float64, 2-byte dtypes
+    only): a float16 or bfloat16 square is exact in float32 when it is in
+    range, and compensated sums (TwoSum) keep what rounding drops. Float16
+    squares are always in range; bfloat16 magnitudes are split in three
+    classes, each scaled by a power of two (exact) into float32's normal
+    range with room for 130 squares per lane: [2^-63, 2^60) unscaled,
+    [2^60, 2^128) times 2^-68, below 2^-63 times 2^88.
+    """
+    if FP32_ACC:
+        value = finite.to(tl.float32, bitcast=True)
+        if KIND == 1:
+            is_huge = finite >= 0x5D800000  # 2^60
+            is_tiny = finite < 0x20000000  # 2^-63
+            scale = tl.where(is_huge, 2.0**-68, tl.where(is_tiny, 2.0**88, 1.0))
+            scaled = value * scale
+            square = scaled * scaled
+            zero = tl.zeros_like(square)
+            mid, mid_err = _two_sum(mid, mid_err, tl.where(is_huge | is_tiny, zero, square))
+            huge, huge_err = _two_sum(huge, huge_err, tl.where(is_huge, square, zero))
+            tiny, tiny_err = _two_sum(tiny, tiny_err, tl.where(is_tiny, square, zero))
+        else:
+            mid, mid_err = _two_sum(mid, mid_err, value * value)
+    else:
+        wide = finite.to(tl.float32, bitcast=True).to(tl.float64)
+        ssq += wide * wide
+    return ssq, mid, mid_err, huge, huge_err, tiny, tiny_err
+
+
 @triton.jit  # type: ignore[untyped-decorator]
 def _classify(  # type: ignore[no-untyped-def]
-    bits, inside, packed, peak, ssq, MASKED: tl.constexpr
+    bits, inside, packed, peak, MASKED: tl.constexpr
 ):
-    """Add one vector of float32 bit patterns to the running per-lane statistics.
+    """Add one vector of float32 bit patterns to the running per-lane counts and maximum;
+    returns them and the finite magnitudes (bits; 0 for NaN and ±Inf).
 
     Classified on the bits, as the native kernel does: IEEE magnitudes order
     like integers, and no flush-to-zero mode can touch an integer compare.
@@ -58,10 +112,7 @@ def _classify(  # type: ignore[no-untyped-def]
     packed += code
     finite = tl.where(special, 0, magnitude)
     peak = tl.maximum(peak, finite)
-    # Every float32 square is exact in float64 and cannot overflow it.
-    wide = finite.to(tl.float32, bitcast=True).to(tl.float64)
-    ssq += wide * wide
-    return packed, peak, ssq
+    return packed, peak, finite
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -99,6 +150,7 @@ def table_rows(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
     VEC: tl.constexpr,
     KIND: tl.constexpr,
+    FP32_ACC: tl.constexpr,
 ):
     program = tl.program_id(0).to(tl.int64) + program_base
     # Binary search: first[low] <= program < first[high].
@@ -126,18 +178,40 @@ def table_rows(  # type: ignore[no-untyped-def]
     packed = tl.zeros([BLOCK], dtype=tl.int32)
     peak = tl.zeros([BLOCK], dtype=tl.int32)
     ssq = tl.zeros([BLOCK], dtype=tl.float64)
+    # The float32 sums (FP32_ACC only; otherwise unused and compiled away).
+    mid = tl.zeros([BLOCK], dtype=tl.float32)
+    mid_err = tl.zeros([BLOCK], dtype=tl.float32)
+    huge = tl.zeros([BLOCK], dtype=tl.float32)
+    huge_err = tl.zeros([BLOCK], dtype=tl.float32)
+    tiny = tl.zeros([BLOCK], dtype=tl.float32)
+    tiny_err = tl.zeros([BLOCK], dtype=tl.float32)
     index = start + lanes
     inside = index < tl.minimum(aligned, end)
     bits = _bits(x_ptr, index, inside, True, KIND)
-    packed, peak, ssq = _classify(bits, inside, packed, peak, ssq, True)
+    packed, peak, finite = _classify(bits, inside, packed, peak, True)
+    ssq, mid, mid_err, huge, huge_err, tiny, tiny_err = _squares(
+        finite, ssq, mid, mid_err, huge, huge_err, tiny, tiny_err, FP32_ACC, KIND
+    )
     for step in range(0, steps):
         index = aligned + step * BLOCK + lanes
         bits = _bits(x_ptr, index, inside, False, KIND)
-        packed, peak, ssq = _classify(bits, inside, packed, peak, ssq, False)
+        packed, peak, finite = _classify(bits, inside, packed, peak, False)
+        ssq, mid, mid_err, huge, huge_err, tiny, tiny_err = _squares(
+            finite, ssq, mid, mid_err, huge, huge_err, tiny, tiny_err, FP32_ACC, KIND
+        )
     index = body_end + lanes
     inside = index < end
     bits = _bits(x_ptr, index, inside, True, KIND)
-    packed, peak, ssq = _classify(bits, inside, packed, peak, ssq, True)
+    packed, peak, finite = _classify(bits, inside, packed, peak, True)
+    ssq, mid, mid_err, huge, huge_err, tiny, tiny_err = _squares(
+        finite, ssq, mid, mid_err, huge, huge_err, tiny, tiny_err, FP32_ACC, KIND
+    )
+    if FP32_ACC:
+        # Widened once per program: each class's sum and error, scaled back, in float64.
+        ssq = mid.to(tl.float64) + mid_err.to(tl.float64)
+        if KIND == 1:
+            ssq += (huge.to(tl.float64) + huge_err.to(tl.float64)) * 2.0**136
+            ssq += (tiny.to(tl.float64) + tiny_err.to(tl.float64)) * 2.0**-176
     out = out_ptr + program * 7
     tl.store(out + 0, tl.sum(packed & 0xFF, axis=0).to(tl.float64))
     tl.store(out + 1, tl.sum((packed >> 8) & 0xFF, axis=0).to(tl.float64))

@@ -208,6 +208,32 @@ def _kernels() -> tuple[Any, Any]:
     return table_rows, merge_partials
 
 
+#: GPUs whose float64 runs at 2 operations per clock per SM (A10, L4, L40S, RTX 30xx,
+#: 40xx, 50xx): compute capability 8.6, 8.7, 8.9 and 12.x.
+SLOW_FP64 = frozenset({(8, 6), (8, 7), (8, 9)})
+#: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
+#: the tests set it to run that variant through the interpreter).
+FP32_ACCUMULATE: bool | None = None
+
+
+def fp32_accumulate(device: torch.device) -> bool:
+    """Whether float16/bfloat16 squares add up in compensated float32 on ``device``.
+
+    One float64 FMA per element is free on data-centre GPUs (64 per clock per SM)
+    and the bottleneck where float64 runs at 2 per clock per SM: an A10 would
+    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G.
+    """
+    if FP32_ACCUMULATE is not None:
+        return FP32_ACCUMULATE
+    return device.type == "cuda" and _slow_fp64(device)
+
+
+@functools.cache
+def _slow_fp64(device: torch.device) -> bool:
+    capability = torch.cuda.get_device_capability(device)
+    return capability in SLOW_FP64 or capability[0] == 12
+
+
 def _sms(device: torch.device) -> int:
     """SMs of a CUDA device (looked up once per device); ``DEFAULT_SMS`` elsewhere."""
     return _cuda_sms(device) if device.type == "cuda" else DEFAULT_SMS
@@ -254,6 +280,7 @@ class TritonBatch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._sms = _sms(device)
+        self._fp32_accumulate = fp32_accumulate(device)
         #: Elements of a program's step times the programs a tensor should have.
         self._quarter_share = BLOCK * 4 * self._sms
         self._groups: dict[torch.dtype, _Group] = {}
@@ -348,6 +375,7 @@ class TritonBatch:
                     BLOCK=BLOCK,
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
+                    FP32_ACC=kind != 0 and self._fp32_accumulate,
                 )
                 if stream is not None:
                     for tensor in group.tensors:

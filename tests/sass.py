@@ -121,40 +121,48 @@ def compile_all(targets: list[int]) -> list[dict[str, Any]]:
 
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
     results = []
+    variants = [(cc, kind, False) for cc in targets for kind in KINDS]
+    # The float32-sum variant, for 2-byte dtypes on GPUs with slow float64: an
+    # sm_86 (A10) and the newest target (12.x).
+    variants += [(cc, kind, True) for cc in (86, targets[-1]) for kind in (1, 2)]
+    for cc, kind, fp32_sums in variants:
+        target = GPUTarget("cuda", cc, 32)
+        pointer, itemsize = KINDS[kind]
+        source = ASTSource(
+            table_rows,
+            {
+                "x_ptr": pointer,
+                "table_ptr": "*i64",
+                "out_ptr": "*fp64",
+                "program_base": "i64",
+                "tensors": "i32",
+                "search_steps": "i32",
+                "BLOCK": "constexpr",
+                "VEC": "constexpr",
+                "KIND": "constexpr",
+                "FP32_ACC": "constexpr",
+            },
+            constexprs={
+                "BLOCK": triton_kernel.BLOCK,
+                "VEC": triton_kernel.VECTOR_BYTES // itemsize,
+                "KIND": kind,
+                "FP32_ACC": fp32_sums,
+            },
+            attrs=aligned,
+        )
+        kernel = triton.compile(source, target=target)
+        results.append(
+            {
+                "kernel": f"table_rows[{NAMES[kind]}{', fp32 sums' if fp32_sums else ''}]",
+                "cc": cc,
+                "itemsize": itemsize,
+                "warps": kernel.metadata.num_warps,
+                "block": triton_kernel.BLOCK,
+                **_analyse(kernel.asm["cubin"]),
+            }
+        )
     for cc in targets:
         target = GPUTarget("cuda", cc, 32)
-        for kind, (pointer, itemsize) in KINDS.items():
-            source = ASTSource(
-                table_rows,
-                {
-                    "x_ptr": pointer,
-                    "table_ptr": "*i64",
-                    "out_ptr": "*fp64",
-                    "program_base": "i64",
-                    "tensors": "i32",
-                    "search_steps": "i32",
-                    "BLOCK": "constexpr",
-                    "VEC": "constexpr",
-                    "KIND": "constexpr",
-                },
-                constexprs={
-                    "BLOCK": triton_kernel.BLOCK,
-                    "VEC": triton_kernel.VECTOR_BYTES // itemsize,
-                    "KIND": kind,
-                },
-                attrs=aligned,
-            )
-            kernel = triton.compile(source, target=target)
-            results.append(
-                {
-                    "kernel": f"table_rows[{NAMES[kind]}]",
-                    "cc": cc,
-                    "itemsize": itemsize,
-                    "warps": kernel.metadata.num_warps,
-                    "block": triton_kernel.BLOCK,
-                    **_analyse(kernel.asm["cubin"]),
-                }
-            )
         source = ASTSource(
             merge_partials,
             {

@@ -2,8 +2,10 @@
 
 Every kernel variant (three dtypes of ``table_rows``, and ``merge_partials``)
 is compiled for sm_80 (A100), sm_90 (H100) and the newest target the bundled
-``ptxas`` knows, by ``tests/sass.py`` in a subprocess (once per test session,
-about 10-30 s: twelve compilations). What the machine code must show:
+``ptxas`` knows, and the float32-sum variant (float16, bfloat16) for sm_86
+(A10) and the newest target, by ``tests/sass.py`` in a subprocess (once per
+test session, about 15-40 s: sixteen compilations). What the machine code
+must show:
 
 * no spills and no stack (local memory is where spills go);
 * at most 64 registers on sm_90: a program is 128 threads, so at 64
@@ -41,6 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RTX_5090 = {"sms": 170, "clock_hz": 2.41e9, "bandwidth": 1.792e12}
 #: A100 80 GB (sm_80): 108 SMs, 1.41 GHz, 2.04 TB/s.
 A100 = {"sms": 108, "clock_hz": 1.41e9, "bandwidth": 2.039e12}
+#: A10 (sm_86, the float32-sum variant's slowest issue rate per byte): 72 SMs, 1.695 GHz, 600 GB/s.
+A10 = {"sms": 72, "clock_hz": 1.695e9, "bandwidth": 600e9}
+FP32_SUMS = ", fp32 sums]"
 
 
 @functools.cache
@@ -66,7 +71,8 @@ def inner_loop(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def targets() -> list[int]:
-    return sorted({result["cc"] for result in compiled()})
+    """The three targets every kernel is compiled for (not sm_86's extra variant)."""
+    return sorted({result["cc"] for result in compiled() if result["kernel"] == "merge_partials"})
 
 
 def test_every_variant_compiles_for_three_targets() -> None:
@@ -76,7 +82,10 @@ def test_every_variant_compiles_for_three_targets() -> None:
     assert cc[2] >= 100
     names = {(r["kernel"], r["cc"]) for r in compiled()}
     kernels = {"table_rows[float32]", "table_rows[bfloat16]", "table_rows[float16]"}
-    assert names == {(k, c) for k in {*kernels, "merge_partials"} for c in cc}
+    fp32_sums = {"table_rows[bfloat16, fp32 sums]", "table_rows[float16, fp32 sums]"}
+    assert names == {(k, c) for k in {*kernels, "merge_partials"} for c in cc} | {
+        (k, c) for k in fp32_sums for c in (86, cc[2])
+    }
 
 
 def test_no_variant_spills() -> None:
@@ -115,10 +124,27 @@ def test_inner_loop_instructions_per_element_keep_up_with_hbm(
     for result in compiled():
         if result["cc"] != target or not result["kernel"].startswith("table_rows"):
             continue
+        if result["kernel"].endswith(FP32_SUMS):
+            continue  # the next test's
         per_warp = result["block"] // result["warps"]
         per_element = inner_loop(result)["instructions"] / per_warp
         allowed = BUDGET[result["itemsize"]] if gpu is None else budget(result["itemsize"], gpu)
         assert per_element <= allowed, (result["kernel"], target, per_element, allowed)
+
+
+@pytest.mark.parametrize(("cc", "gpu"), [(86, A10), ("newest", RTX_5090)], ids=["sm86", "newest"])
+def test_float32_sums_keep_up_where_float64_is_slow(cc: int | str, gpu: dict[str, float]) -> None:
+    """The variant for GPUs with 2 float64 operations per clock per SM: no float64 in the loop."""
+    target = targets()[-1] if cc == "newest" else cc
+    checked = 0
+    for result in compiled():
+        if result["cc"] == target and result["kernel"].endswith(FP32_SUMS):
+            loop = inner_loop(result)
+            per_element = loop["instructions"] / (result["block"] // result["warps"])
+            allowed = budget(result["itemsize"], gpu)
+            assert per_element <= allowed, (result["kernel"], target, per_element, allowed)
+            checked += 1
+    assert checked == 2
 
 
 def test_the_budgets_are_the_model_in_the_docs() -> None:

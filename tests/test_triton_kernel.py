@@ -346,3 +346,44 @@ def test_byte_counters_do_not_carry_at_the_longest_span(monkeypatch: pytest.Monk
     got_nan, got_zeros = (HostRow.from_values(v) for v in rows[1:])
     assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
     assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
+
+
+@pytest.fixture
+def float32_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variant GPUs with slow float64 run (A10, RTX 4090, ...), through the interpreter."""
+    monkeypatch.setattr(triton_kernel, "FP32_ACCUMULATE", True)
+
+
+@needs_triton
+def test_float32_sums_every_float16_and_bfloat16_bit_pattern(float32_sums: None) -> None:
+    """Both zeros, subnormals (scaled up), the largest bfloat16 (scaled down), NaN, ±Inf."""
+    test_every_float16_and_bfloat16_bit_pattern()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-38, 1e-20, 1.0, 1e18, 1e37])
+def test_float32_sums_across_the_range(
+    dtype: torch.dtype, scale: float, float32_sums: None
+) -> None:
+    """Each magnitude class alone and mixed: the compensated float32 sums match float64."""
+    gen = torch.Generator().manual_seed(int(math.log10(scale)) + 50)
+    values = torch.randn(70_001, generator=gen, dtype=torch.float64) * scale
+    values[::7] *= 1e30 if dtype == torch.bfloat16 else 1.0
+    tensor = values.to(dtype)
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+    ref = reference_stats(tensor)
+    assert row.norm == pytest.approx(ref.norm, rel=1e-12)
+
+
+def test_float32_sums_are_chosen_where_float64_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute capability 8.6, 8.7, 8.9 and 12.x: 2 float64 operations per clock per SM."""
+    cases = {(8, 0): False, (8, 6): True, (8, 7): True, (8, 9): True, (9, 0): False}
+    cases |= {(10, 0): False, (12, 0): True, (12, 1): True}
+    for capability, expected in cases.items():
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        triton_kernel._slow_fp64.cache_clear()
+        assert triton_kernel.fp32_accumulate(torch.device("cuda", 0)) is expected, capability
+    triton_kernel._slow_fp64.cache_clear()
+    assert not triton_kernel.fp32_accumulate(torch.device("cpu"))
