@@ -23,7 +23,8 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) 
         "20-tiny",
     }
     assert {row[3] for row in rows} == {"native" if native.available() else "eager", "eager"}
-    assert all(float(row[5]) > 0 for row in rows)
+    # Throughputs are printed to 2 decimals: a slow, loaded machine may print 0.00.
+    assert all(float(row[5]) >= 0 for row in rows)
     # The host cost per flush of the Triton path, with no-op kernels on the CPU.
     lines = host_cost.splitlines()
     assert lines[0].split(" | ")[:5] == ["workload", "tensors", "MiB", "kernels", "queue ms"]
