@@ -8,6 +8,7 @@ terminal and the process. Collection (device work only) and materialisation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradaudit.checks import evaluate_all, evaluate_limits
+from gradaudit.checks import evaluate_all, evaluate_limits, evaluate_skipped
 from gradaudit.devices import resolve_device
 from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
@@ -39,6 +40,7 @@ from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
     from gradaudit.io.discover import Expanded
+    from gradaudit.precision import ExponentHistogram
 
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
@@ -53,6 +55,7 @@ from gradaudit.stats import (
     StatsCollector,
     blocks_by_device,
     dtype_name,
+    hides_values,
     merge_rows,
     not_audited_reason,
     read_blocks,
@@ -113,8 +116,12 @@ class PendingStats:
         engine: Engine | str = Engine.AUTO,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         collector: StatsCollector | None = None,
+        histograms: bool = False,
     ) -> None:
         self.device = None if device is None else resolve_device(device)
+        #: Also queue each tensor's exponent histogram (``--precision``): one extra pass.
+        self.histograms = histograms
+        self._histograms: list[torch.Tensor | None] = []
         self._collector = collector or StatsCollector(
             chunk_elements, engine=engine, memory_budget=memory_budget
         )
@@ -211,6 +218,8 @@ class PendingStats:
         self._sources.append(entry.source)
         self._tickets.append(self._collector.adopt(row))
         self._devices[row.device] = None
+        if self.histograms:
+            self._histograms.append(None)  # rows from elsewhere come without one
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped.
@@ -241,7 +250,7 @@ class PendingStats:
             )
         reason = not_audited_reason(tensor)
         if reason is not None:
-            self._skipped.append(Skipped(name, reason, source))
+            self._skipped.append(Skipped(name, reason, source, hides_values(tensor.dtype)))
             return
         # Per-tensor costs add up with thousands of tiny tensors, hence the
         # device object is made once here and CPU tensors skip the comparison.
@@ -251,6 +260,10 @@ class PendingStats:
             device = self.device
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
+        if self.histograms:
+            from gradaudit.precision_kernel import exponent_histogram
+
+            self._histograms.append(exponent_histogram(tensor))
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(dtype_name(tensor.dtype))
@@ -296,6 +309,7 @@ class PendingStats:
         child = PendingStats(collector=self._collector)
         child.device = self.device
         child._uploads = self._uploads
+        child.histograms = self.histograms
         return child
 
     def absorb(self, other: PendingStats) -> None:
@@ -307,6 +321,7 @@ class PendingStats:
         self._dtypes += other._dtypes
         self._sources += other._sources
         self._tickets += other._tickets
+        self._histograms += other._histograms
         self._devices.update(other._devices)
         self._skipped += other._skipped
         self._excluded += other._excluded
@@ -348,7 +363,7 @@ class PendingStats:
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
-                    part.skip(Skipped(item.name, item.reason, path))
+                    part.skip(dataclasses.replace(item, source=path))
                 else:
                     part.queue(item[0], item[1], source=path)
                     if progress is not None:
@@ -429,7 +444,7 @@ class PendingStats:
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
             self._resolve_counts(every, starts)
         tensors = tuple(self._tensor_stats(host.tolist()))
-        findings = evaluate_all(tensors, thresholds)
+        findings = evaluate_all(tensors, thresholds) + evaluate_skipped(self._skipped, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
         files = tuple(self._file_results(host))
@@ -453,6 +468,7 @@ class PendingStats:
             errors=tuple(self._errors),
             thresholds=thresholds,
             limit_findings=limit_findings,
+            histograms=self._read_histograms(),
         )
 
     def _resolve_counts(self, every: torch.Tensor, starts: list[int]) -> None:
@@ -463,6 +479,25 @@ class PendingStats:
         for index, ticket in self._deferred_numel.items():
             place = placements[ticket]
             self._shapes[index] = (int(every[starts[place.block] + place.row, 0]),)
+
+    def _read_histograms(self) -> tuple[ExponentHistogram | None, ...]:
+        """The exponent histograms, read right after the stats rows (one copy per device)."""
+        if not self.histograms:
+            return ()
+        from gradaudit.precision import ExponentHistogram
+
+        by_device: dict[torch.device, list[int]] = {}
+        for index, histogram in enumerate(self._histograms):
+            if histogram is not None:
+                by_device.setdefault(histogram.device, []).append(index)
+        out: list[ExponentHistogram | None] = [None] * len(self._histograms)
+        settled = self._collector.settled()
+        for device, device_indices in by_device.items():
+            wait_for(device, settled)  # collected on a side stream: read after its kernels
+            stacked = torch.stack([self._histograms[i] for i in device_indices])  # type: ignore[misc]
+            for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
+                out[i] = ExponentHistogram(tuple(counts))
+        return tuple(out)
 
     def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
         """Host rows to TensorStats, in submission order.
@@ -585,19 +620,25 @@ def scan_paths(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     recursive: bool = False,
+    histograms: bool = False,
 ) -> Report:
     """Audit files and directories one tensor at a time.
 
     A bad input is recorded and the others are still audited. Directories are searched for
     checkpoint files (``recursive`` descends); ``include``/``exclude`` are glob patterns on
     tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
-    the byte size of each tensor once it is queued.
+    the byte size of each tensor once it is queued. ``histograms`` also collects each
+    tensor's exponent histogram (:mod:`gradaudit.precision`; one extra pass per tensor).
     """
     from gradaudit.io import expand_inputs
 
     selection = NameFilter(tuple(include), tuple(exclude))
     pending = PendingStats(
-        device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
+        device=device,
+        chunk_elements=chunk_elements,
+        engine=engine,
+        memory_budget=memory_budget,
+        histograms=histograms,
     )
     for entry in expand_inputs(paths, recursive=recursive):
         pending.add_input(entry, selection if selection.active else None, progress)

@@ -8,8 +8,12 @@ audited is a :class:`Skipped` with a reason, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gradaudit.policy import FindingKind, LimitKind, Severity, Thresholds
+
+if TYPE_CHECKING:
+    from gradaudit.precision import ExponentHistogram
 
 
 @dataclass(frozen=True, init=False)
@@ -130,6 +134,11 @@ class Skipped:
     name: str
     reason: str
     source: str | None = None
+    #: True when the tensor holds floating-point or complex values nobody read (a
+    #: dtype or layout the engine cannot reduce): a NaN in it would go unseen, so
+    #: the policy makes it a ``skipped`` finding. False for what cannot hide a NaN
+    #: (integers, a tensor audited under another name, a value that is no tensor).
+    unaudited: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,3 +203,6 @@ class Report:
     thresholds: Thresholds = field(default_factory=Thresholds)
     #: Run-level limits that were exceeded; every one fails the run.
     limit_findings: tuple[LimitFinding, ...] = ()
+    #: Per tensor (same order as ``tensors``), when asked for (``--precision``): exponent
+    #: histograms; ``None`` for a tensor whose stats came from another rank.
+    histograms: tuple[ExponentHistogram | None, ...] = ()

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from gradaudit import __version__
+from gradaudit.cli import streams
 from gradaudit.errors import ExitCode, GradauditError, UsageError
 from gradaudit.report.text import printable
 
@@ -23,7 +24,8 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 audited, no failing finding; 1 failing findings (NaN, Inf, exploding by "
     "default); 2 usage error; 3 an input could not be audited (missing, unreadable, corrupt, "
     "refused as unsafe, unsupported, or nothing to audit) - beats 1; 4 internal error (rerun "
-    "with --debug)."
+    "with --debug); 5 the report or a message could not be written (stdout/stderr closed or "
+    "full) - beats all."
 )
 
 app = typer.Typer(
@@ -39,8 +41,17 @@ app = typer.Typer(
 
 
 def say(message: str) -> None:
-    """One line for people, on stderr."""
-    sys.stderr.write(f"gradaudit: {message}\n")
+    """One line for people, on stderr.
+
+    A stderr that cannot take it (closed, full) does not stop the run: the
+    failure is noted and the run ends with ExitCode.OUTPUT_ERROR (see
+    :mod:`gradaudit.cli.streams`, which normally catches it first).
+    """
+    try:
+        sys.stderr.write(f"gradaudit: {message}\n")
+    except (OSError, AttributeError) as error:
+        cause = str(error.strerror or error) if isinstance(error, OSError) else "it is closed"
+        streams.note("stderr", cause)
 
 
 @contextmanager

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gradaudit.cli.app import app, check_device_option, exit_codes, output_width, say, use_color
+from gradaudit.cli.output import write_stdout
 from gradaudit.cli.visuals import (
     GroupByOption,
     PlotOption,
@@ -19,6 +19,7 @@ from gradaudit.cli.visuals import (
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, parse_kinds
+from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
 from gradaudit.report.trend_report import TrendFormat
@@ -35,7 +36,8 @@ TREND_EXIT_CODES_HELP = (
     "Exit codes: 0 every dump audited, no failing finding; 1 failing findings (nonfinite and "
     "spike by default); 2 usage error; 3 a dump could not be audited (missing, unreadable, "
     "corrupt, step unknown or taken twice) or nothing to audit - beats 1; 4 internal error "
-    "(rerun with --debug)."
+    "(rerun with --debug); 5 the report or a message could not be written (stdout/stderr "
+    "closed or full) - beats all."
 )
 
 
@@ -91,6 +93,13 @@ def trend(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    precision: Annotated[
+        Precision | None,
+        typer.Option(
+            help="Also show how the headroom in this format (flushed, subnormal, overflowing "
+            "values; the scale that fits them) moves over the steps. Informational.",
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit a series of dumps: per-layer norm over steps, spikes, first NaN/Inf, collapse."""
@@ -99,6 +108,8 @@ def trend(
         spec = group_by_option(group_by)
         check_device_option(device)
         plot_format = check_plot_target(plot, paths)
+        if precision is not None and output_format is not TrendFormat.TABLE:
+            raise UsageError("--precision prints a table: use it with --format table")
         report = trend_paths(
             paths,
             policy=policy,
@@ -106,12 +117,17 @@ def trend(
             device=device,
             engine=engine,
             chunk_elements=chunk_elements,
+            precision=precision,
         )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
         if not report.errors and not any(step.tensors for step in report.steps):
             say("error: nothing to audit: no floating-point tensor in the dumps")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all)
-        sys.stdout.write(output_format.formatter()(report, options))
+        write_stdout(output_format.formatter()(report, options))
+        if precision is not None and report.headroom:
+            from gradaudit.report.precision_table import render_headroom_trend
+
+            write_stdout("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)
         raise typer.Exit(int(trend_exit_code(report)))

@@ -194,3 +194,22 @@ def expand_inputs(
             yield FileInput(path)
         else:
             yield SkippedPath(path, _duplicate(path, first), path)
+
+
+def files_read(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[str]:
+    """Every file a run over ``paths`` would open: inputs after expansion, and the shards
+    each sharded index names.
+
+    For refusing an output path that would replace one of them (``--output``, ``--plot``):
+    a report written over a checkpoint found in a directory, or over a shard reached
+    through its index, destroys data the user asked to have read. Paths that do not
+    exist are listed too (as given), so an output cannot take their place either.
+    """
+    found: list[str] = []
+    for entry in expand_inputs(paths, recursive=recursive):
+        if not isinstance(entry, FileInput):
+            continue
+        found.append(entry.path)
+        if input_kind(entry.path) == "index":
+            found += referenced_shards(entry.path)
+    return found

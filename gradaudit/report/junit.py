@@ -48,11 +48,15 @@ def _finding_line(finding: Finding) -> str:
 
 def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
-    checks = {kind: Case(kind.value) for kind in FindingKind}
+    # A "skipped" check (data that could not be read) appears only where there was
+    # some, like a limit's check only where the limit is set.
+    checks: dict[FindingKind, Case] = {
+        kind: Case(kind.value) for kind in FindingKind if kind is not FindingKind.SKIPPED
+    }
     for finding in report.findings:
         if finding.source != source:
             continue
-        case = checks[finding.kind]
+        case = checks.setdefault(finding.kind, Case(finding.kind.value))
         if finding.severity is Severity.ERROR:
             case.failures.append(_finding_line(finding))
         elif finding.severity is Severity.WARNING:

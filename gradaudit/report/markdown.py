@@ -18,7 +18,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.report.verdict import audited_line, flagged_tensors, verdict_line
+from gradaudit.report.verdict import audited_line, flagged_tensors, unaudited, verdict_line
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
 
 #: Flagged rows shown without ``--all``.
@@ -97,6 +97,9 @@ def _limit(finding: LimitFinding) -> str:
 def _problems(report: Report) -> list[str]:
     lines = [_limit(f) for f in report.limit_findings]
     lines += [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in report.errors]
+    lines += [
+        f"- {MARK[f.severity]} {code(f.tensor)}: {escape(f.message)}" for f in unaudited(report)
+    ]
     return lines
 
 

@@ -27,7 +27,7 @@ from gradaudit.report.verdict import (
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
-_STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
+_STATUS_ORDER = tuple(FindingKind)  # nan, inf, exploding, vanishing, skipped
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
@@ -167,12 +167,16 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
     )
     lines.append(Text(flagged_line(report)))
     several = len(report.files) > 1
-    for skipped in report.skipped[:10]:
+    # Unread floating-point data first and not dimmed: it is a finding (kind skipped).
+    for skipped in sorted(report.skipped, key=lambda s: not s.unaudited)[:10]:
         where = ""
         if several and skipped.source and not skipped.name.startswith(skipped.source):
             where = f" in {printable(skipped.source)}"
         lines.append(
-            Text(f"skipped {printable(skipped.name)}{where}: {skipped.reason}", style="dim")
+            Text(
+                f"skipped {printable(skipped.name)}{where}: {skipped.reason}",
+                style="yellow" if skipped.unaudited else "dim",
+            )
         )
     if len(report.skipped) > 10:
         lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))

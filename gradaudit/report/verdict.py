@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
+from gradaudit.policy import FindingKind
 from gradaudit.report.text import count, number, plural
 from gradaudit.results import Finding, Report, TensorStats
 
@@ -33,6 +34,11 @@ def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
         elif found:
             warning.append((stats, found))
     return failing + warning
+
+
+def unaudited(report: Report) -> list[Finding]:
+    """The ``skipped`` findings that are not ignored: data the audit could not read."""
+    return [f for f in report.findings if f.kind is FindingKind.SKIPPED and not f.ignored]
 
 
 def failing_kinds(report: Report) -> list[str]:
@@ -95,6 +101,9 @@ def verdict_line(report: Report) -> str:
     notes = []
     if s.warnings:
         notes.append(plural(s.warnings, "warning"))
+    unread = unaudited(report)
+    if unread:
+        notes.append(f"{plural(len(unread), 'tensor')} not audited")
     if s.ignored_findings:
         notes.append(f"{s.ignored_findings:,} ignored")
     note = f" ({', '.join(notes)})" if notes else ""
