@@ -8,6 +8,7 @@ terminal and the process. Collection (device work only) and materialisation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -18,21 +19,38 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradaudit.checks import evaluate_all, evaluate_limits
+from gradaudit.checks import (
+    evaluate_all,
+    evaluate_limits,
+    evaluate_optimizer_state,
+    find_outliers,
+    gradient_health,
+)
 from gradaudit.devices import resolve_device
 from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
 from gradaudit.kernels import Engine
-from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import (
     FileResult,
     Finding,
+    GradientEstimate,
     InputProblem,
     LimitFinding,
     Report,
     Skipped,
     Summary,
     TensorStats,
+)
+from gradaudit.roles import (
+    FileEvidence,
+    TensorHint,
+    decide,
+    describe_file,
+    estimate_value,
+    file_evidence_text,
+    metadata_evidence,
+    stats_evidence,
 )
 from gradaudit.selection import NameFilter
 from gradaudit.staging import CudaChannel, HostToDevice
@@ -84,6 +102,8 @@ class PendingEntry:
     shape: tuple[int, ...]
     dtype: str
     source: str | None = None
+    #: What the file's structure says about the tensor (:mod:`gradaudit.roles`).
+    hint: TensorHint | None = None
 
 
 class PendingStats:
@@ -113,6 +133,9 @@ class PendingStats:
         self._dtypes: list[str] = []
         self._sources: list[str | None] = []
         self._tickets: list[int] = []
+        self._hints: list[TensorHint | None] = []
+        #: What each file's metadata says it holds, where it says anything.
+        self._file_evidence: dict[str, FileEvidence] = {}
         self._devices: dict[torch.device, None] = {}
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
@@ -135,7 +158,9 @@ class PendingStats:
         """The host-side facts of the collected tensors, in collection order."""
         return tuple(
             PendingEntry(*facts)
-            for facts in zip(self._names, self._shapes, self._dtypes, self._sources, strict=True)
+            for facts in zip(
+                self._names, self._shapes, self._dtypes, self._sources, self._hints, strict=True
+            )
         )
 
     @property
@@ -186,6 +211,7 @@ class PendingStats:
         self._shapes.append(tuple(entry.shape))
         self._dtypes.append(entry.dtype)
         self._sources.append(entry.source)
+        self._hints.append(entry.hint)
         self._tickets.append(self._collector.adopt(row))
         self._devices[row.device] = None
 
@@ -204,7 +230,13 @@ class PendingStats:
         """Take the values of every tensor queued so far (see :meth:`queue`)."""
         self._collector.settle()
 
-    def queue(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
+    def queue(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        source: str | None = None,
+        hint: TensorHint | None = None,
+    ) -> None:
         """Like :meth:`add`, but a CPU tensor may be read as late as :meth:`settle`.
 
         For tensors nobody modifies meanwhile (a file's data, or a batch that
@@ -233,7 +265,34 @@ class PendingStats:
         self._dtypes.append(dtype_name(tensor.dtype))
         self._sources.append(source)
         self._tickets.append(ticket)
+        self._hints.append(hint)
         self._devices[device] = None
+
+    def queue_derived(
+        self, name: str, tensor: torch.Tensor, hint: TensorHint, source: str | None = None
+    ) -> None:
+        """Queue the extra rows an optimizer state tensor's gradient estimate needs.
+
+        Not audited themselves, they ride along with the one host read: the element-wise
+        square root of a second moment (its squared norm is the moment's exact sum, and
+        a negative element shows as a NaN that the moment itself does not have) and the
+        state's step counter (its max |x| is the step).
+        """
+        basis = hint.basis
+        if basis is None or not_audited_reason(tensor) is not None:
+            return
+        if basis.second_moment:
+            wide = tensor if tensor.element_size() >= 4 else tensor.float()
+            aux = TensorHint(None, "", aux="sqrt", aux_for=name)
+            self.queue(f"{name}#sqrt", wide.sqrt(), source, aux)
+        step = basis.step_tensor
+        if step is not None and step.dtype is not torch.bool and not step.dtype.is_complex:
+            self.queue(
+                f"{name}#step",
+                step.reshape(1).to(torch.float64),
+                source,
+                TensorHint(None, "", aux="step", aux_for=name),
+            )
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
@@ -281,6 +340,8 @@ class PendingStats:
         self._dtypes += other._dtypes
         self._sources += other._sources
         self._tickets += other._tickets
+        self._hints += other._hints
+        self._file_evidence.update(other._file_evidence)
         self._devices.update(other._devices)
         self._skipped += other._skipped
         self._excluded += other._excluded
@@ -318,15 +379,32 @@ class PendingStats:
         self.add_file(path)
         part = self.child()
         try:
-            for item in open_source(path).items(select):
+            source = open_source(path)
+            # Optional reader attributes (see TensorSource): what the file says it holds.
+            metadata = getattr(source, "metadata", None)
+            evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
+            if evidence is not None:
+                part._file_evidence[path] = evidence
+            hints = getattr(source, "role_hints", None)
+            if not isinstance(hints, Mapping):
+                hints = {}
+            for item in source.items(select):
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
                     part.skip(Skipped(item.name, item.reason, path))
                 else:
-                    part.queue(item[0], item[1], source=path)
+                    name, tensor = item
+                    hint = hints.get(name)
+                    if hint is not None and hint.basis is not None:
+                        part.queue_derived(name, tensor, hint, path)
+                        if hint.basis.step_tensor is not None:  # entries stay plain data
+                            hint = dataclasses.replace(
+                                hint, basis=dataclasses.replace(hint.basis, step_tensor=None)
+                            )
+                    part.queue(name, tensor, source=path, hint=hint)
                     if progress is not None:
-                        progress(item[1].numel() * item[1].element_size())
+                        progress(tensor.numel() * tensor.element_size())
             part.settle()
         except InputError as error:
             self.add_error(InputProblem(path, error.cause))
@@ -382,11 +460,27 @@ class PendingStats:
             rows = torch.tensor([starts[p.block] + p.row for p in mine], dtype=torch.long)
             host = torch.cat(host_blocks)[rows]
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
-        tensors = tuple(self._tensor_stats(host.tolist()))
-        findings = evaluate_all(tensors, thresholds)
+        values = host.tolist()
+        main = [i for i, hint in enumerate(self._hints) if hint is None or hint.aux is None]
+        if len(main) != len(values):  # derived rows ride along; they are not audited tensors
+            host = host[main]
+        raw = list(self._tensor_stats(values))
+        derived = {
+            (stats.source, hint.aux_for, hint.aux): stats
+            for stats, hint in zip(raw, self._hints, strict=True)
+            if hint is not None and hint.aux is not None
+        }
+        hints = [self._hints[i] for i in main]
+        tensors, readings = self._with_roles([raw[i] for i in main], hints, thresholds)
+        estimates, negatives = _estimates(tensors, hints, derived)
+        findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
+            estimates, negatives, thresholds
+        )
+        outliers, references = find_outliers(tensors, thresholds)
+        findings = _in_tensor_order(tensors, findings + outliers)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host))
+        files = tuple(self._file_results(host, [self._sources[i] for i in main], tensors, readings))
         limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
         return Report(
             tensors=tensors,
@@ -407,7 +501,46 @@ class PendingStats:
             errors=tuple(self._errors),
             thresholds=thresholds,
             limit_findings=limit_findings,
+            estimates=estimates,
+            outlier_references=references,
         )
+
+    def _with_roles(
+        self,
+        tensors: list[TensorStats],
+        hints: list[TensorHint | None],
+        thresholds: Thresholds,
+    ) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
+        """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
+
+        Returns the tensors and, per source, ``(read as, evidence, thin)``.
+        """
+        by_source: dict[str | None, list[int]] = {}
+        for index, stats in enumerate(tensors):
+            by_source.setdefault(stats.source, []).append(index)
+        out = list(tensors)
+        readings: dict[str | None, tuple[str, str, bool]] = {}
+        for source, indices in by_source.items():
+            if source is None:
+                file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
+            else:
+                file_role = self._file_evidence.get(source) or stats_evidence(
+                    [tensors[i] for i in indices]
+                )
+            roles, evidences = [], []
+            for i in indices:
+                stats = tensors[i]
+                role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
+                roles.append(role)
+                evidences.append(evidence)
+                out[i] = _with_role(stats, role, evidence)
+            thin = file_role.thin and any(e == file_role.evidence for e in evidences)
+            readings[source] = (
+                describe_file(roles, file_role, evidences),
+                file_evidence_text(evidences, file_role),
+                thin,
+            )
+        return tuple(out), readings
 
     def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
         """Host rows to TensorStats, in submission order.
@@ -439,19 +572,29 @@ class PendingStats:
                 source,
             )
 
-    def _file_results(self, host: torch.Tensor) -> Iterator[FileResult]:
+    def _file_results(
+        self,
+        host: torch.Tensor,
+        sources: list[str | None],
+        tensors: Sequence[TensorStats],
+        readings: Mapping[str | None, tuple[str, str, bool]],
+    ) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}
         for path in dict.fromkeys(self._files + list(errors)):
-            indices = [i for i, source in enumerate(self._sources) if source == path]
+            indices = [i for i, source in enumerate(sources) if source == path]
             norm = HostRow.from_values(merge_rows(host[indices]).tolist()).norm if indices else None
+            read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
                 tensors=len(indices),
                 skipped=sum(1 for s in self._skipped if s.source == path),
-                elements=sum(math.prod(self._shapes[i]) for i in indices),
+                elements=sum(tensors[i].numel for i in indices),
                 global_norm=norm,
                 error=errors.get(path),
                 excluded=self._excluded[path],
+                read_as=read_as,
+                read_as_evidence=evidence,
+                evidence_thin=thin,
             )
 
     def _device_label(self) -> str:
@@ -459,6 +602,80 @@ class PendingStats:
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
+
+
+def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
+    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
+    copy = object.__new__(TensorStats)
+    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
+    return copy
+
+
+def _in_tensor_order(
+    tensors: Sequence[TensorStats], findings: Sequence[Finding]
+) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
+    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
+
+
+def _estimates(
+    tensors: Sequence[TensorStats],
+    hints: Sequence[TensorHint | None],
+    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
+) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, int]]]:
+    """Per-parameter gradient estimates from optimizer state, and negative second moments.
+
+    One estimate per parameter and file: the RMS norm from its second moment, the mean
+    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
+    """
+    merged: dict[tuple[str | None, str], GradientEstimate] = {}
+    negatives: list[tuple[TensorStats, int]] = []
+    for stats, hint in zip(tensors, hints, strict=True):
+        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
+            continue
+        root = derived.get((stats.source, stats.name, "sqrt"))
+        if root is not None and stats.role is Role.OPTIMIZER_SECOND_MOMENT:
+            # sqrt(x) is NaN exactly where x < 0 or x is NaN or -Inf.
+            negative = root.nan - stats.nan - stats.neg_inf
+            if negative > 0:
+                negatives.append((stats, negative))
+        if hint is None or hint.basis is None:
+            continue
+        basis = hint.basis
+        step_row = derived.get((stats.source, stats.name, "step"))
+        step = basis.step if step_row is None else step_row.max_abs
+        rms, mean, corrected = estimate_value(
+            basis, stats.norm, None if root is None else root.norm, step
+        )
+        if rms is None and mean is None:
+            continue
+        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
+        parameter = hint.param or key
+        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
+        label = f"from {what}"
+        if corrected and step:
+            label += f", bias-corrected at step {step:g}"
+        previous = merged.get((stats.source, parameter))
+        if previous is None:
+            previous = GradientEstimate(parameter, stats.name, stats.source, label)
+        if rms is not None:
+            previous = dataclasses.replace(
+                previous,
+                tensor=stats.name,
+                basis=label,
+                rms_norm=rms,
+                step=step,
+                bias_corrected=corrected,
+            )
+        else:
+            previous = dataclasses.replace(previous, mean_norm=mean)
+            if previous.rms_norm is None:
+                previous = dataclasses.replace(
+                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
+                )
+        merged[(stats.source, parameter)] = previous
+    return tuple(merged.values()), negatives
 
 
 def _summary(
@@ -481,6 +698,8 @@ def _summary(
         inf_tensors=flagged(FindingKind.INF),
         vanishing_tensors=flagged(FindingKind.VANISHING),
         exploding_tensors=flagged(FindingKind.EXPLODING),
+        outlier_tensors=flagged(FindingKind.OUTLIER),
+        gradient_health=gradient_health(tensors, findings),
         failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
         warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
         ignored_findings=sum(1 for f in findings if f.ignored),

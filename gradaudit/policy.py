@@ -29,6 +29,45 @@ class FindingKind(str, Enum):
     INF = "inf"
     EXPLODING = "exploding"
     VANISHING = "vanishing"
+    #: A tensor's RMS sits many decades away from the other tensors of its role in its file.
+    OUTLIER = "outlier"
+    #: Negative values in an optimizer's second moment (a sum of squares): corruption.
+    NEGATIVE = "negative"
+    #: Values a narrower dtype cannot hold (``--cast-check``).
+    CAST = "cast"
+    #: A weight tensor that is entirely zero (for gradients that is ``vanishing``).
+    ALL_ZERO = "all-zero"
+
+
+class Role(str, Enum):
+    """What a tensor is, which decides what is checked in it (see ``docs/roles.md``)."""
+
+    GRADIENT = "gradient"
+    WEIGHT = "weight"
+    #: An optimizer's first moment or momentum (``exp_avg``, ``momentum_buffer``).
+    OPTIMIZER_MOMENT = "optimizer_moment"
+    #: An optimizer's second moment (``exp_avg_sq``, ``square_avg``, Adagrad's ``sum``).
+    OPTIMIZER_SECOND_MOMENT = "optimizer_second_moment"
+    #: Module state that is not trained (BatchNorm running statistics, RoPE tables).
+    BUFFER = "buffer"
+    UNKNOWN = "unknown"
+
+
+class InputKind(str, Enum):
+    """``--kind``: what the files hold, or ``auto`` to decide per file from the evidence."""
+
+    AUTO = "auto"
+    GRADIENTS = "gradients"
+    WEIGHTS = "weights"
+
+
+#: ``--cast-check`` targets: dtypes a tensor may be cast to for serving or training.
+CAST_TARGETS = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
+
+#: A tensor whose log10 RMS lies more than this many decades from the median of its role
+#: in its file is an outlier, unless the role's own spread (below) is wider. Chosen from
+#: measurements on healthy models (see ``docs/roles.md``).
+DEFAULT_OUTLIER_DECADES = 2.5
 
 
 class LimitKind(str, Enum):
@@ -53,8 +92,16 @@ class Severity(str, Enum):
 
 #: Vanishing is a warning by default: attention key biases get near-zero
 #: gradients by design, and failing on them would make the tool useless.
+#: A negative second moment is corruption and ``--cast-check`` is a gate the user asked
+#: for, so both fail; outliers and all-zero weights are often legitimate, so they warn.
 DEFAULT_FAIL_ON: frozenset[FindingKind] = frozenset(
-    {FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING}
+    {
+        FindingKind.NAN,
+        FindingKind.INF,
+        FindingKind.EXPLODING,
+        FindingKind.NEGATIVE,
+        FindingKind.CAST,
+    }
 )
 
 #: ``--fail-on`` words that stand for several kinds.
@@ -98,6 +145,23 @@ def check_max_vanishing_fraction(value: float) -> float:
     return float(value)
 
 
+def check_kind(value: str | InputKind) -> InputKind:
+    try:
+        return InputKind(str(value.value if isinstance(value, InputKind) else value).lower())
+    except ValueError:
+        choices = ", ".join(k.value for k in InputKind)
+        raise PolicyError("kind", f"unknown kind {value!r} (choose from {choices})") from None
+
+
+def check_cast_target(value: str) -> str:
+    text = value.strip().lower()
+    if text not in CAST_TARGETS:
+        raise PolicyError(
+            "cast-check", f"unknown dtype {value!r} (choose from {', '.join(CAST_TARGETS)})"
+        )
+    return text
+
+
 def check_ignore_pattern(pattern: str) -> str:
     if not pattern.strip():
         raise PolicyError("ignore", "a pattern cannot be empty")
@@ -124,6 +188,12 @@ class Thresholds:
     max_global_norm: float | None = None
     max_vanishing_fraction: float | None = None
     ignore: tuple[str, ...] = ()
+    #: What the inputs hold (``--kind``); ``auto`` decides per file and per tensor.
+    kind: InputKind = InputKind.AUTO
+    #: ``--cast-check``: the narrower dtype weights are checked against, if any.
+    cast_check: str | None = None
+    #: Decades from the median log10 RMS of a role beyond which a tensor is an outlier.
+    outlier_decades: float = DEFAULT_OUTLIER_DECADES
 
     def __post_init__(self) -> None:
         check_vanishing_threshold(self.vanishing)
@@ -139,6 +209,11 @@ class Thresholds:
             check_max_vanishing_fraction(self.max_vanishing_fraction)
         for pattern in self.ignore:
             check_ignore_pattern(pattern)
+        object.__setattr__(self, "kind", check_kind(self.kind))
+        if self.cast_check is not None:
+            object.__setattr__(self, "cast_check", check_cast_target(self.cast_check))
+        if not self.outlier_decades > 0:
+            raise PolicyError("outlier-decades", f"must be > 0 (got {self.outlier_decades!r})")
 
     def severity(self, kind: FindingKind, tensor: str | None = None) -> Severity:
         """The severity of a ``kind`` finding on ``tensor`` under this policy."""

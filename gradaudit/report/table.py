@@ -15,19 +15,21 @@ from rich.text import Text
 
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, Severity
+from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
+    ROLE_LABELS,
     audited_line,
     findings_by_tensor,
     flagged_line,
+    reading_lines,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
-_STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
+_STATUS_ORDER = tuple(FindingKind)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
@@ -76,10 +78,14 @@ def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], in
 def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
     findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
+    # A gradient dump's table stays as it was; a role column appears once roles differ.
+    roles = any(t.role is not Role.GRADIENT for t in report.tensors)
     table = Table(show_lines=False, header_style="bold")
     if several_files:
         table.add_column("file", overflow="fold")
     table.add_column("name", overflow="fold")
+    if roles:
+        table.add_column("role", no_wrap=True)
     table.add_column("shape", overflow="fold")
     table.add_column("dtype", no_wrap=True)
     for header in ("norm", "rms", "max|g|", "zero %", "NaN", "±Inf"):
@@ -95,8 +101,10 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
         cells: list[Text | str] = []
         if several_files:
             cells.append(Text(printable(stats.source or "")))
+        cells.append(Text(printable(stats.name), style=style))
+        if roles:
+            cells.append(ROLE_LABELS[stats.role])
         cells += [
-            Text(printable(stats.name), style=style),
             "×".join(str(d) for d in stats.shape) or "()",
             stats.dtype,
             number(stats.norm),
@@ -108,6 +116,40 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
             _status(stats, found),
         ]
         table.add_row(*cells)
+    return table
+
+
+def _estimates_table(report: Report, options: RenderOptions) -> Table | None:
+    """Per-parameter gradient estimates read from optimizer state: flagged, then the largest."""
+    if not report.estimates:
+        return None
+    flagged = {(f.source, f.tensor) for f in report.findings if not f.ignored}
+    rows = sorted(
+        report.estimates,
+        key=lambda e: ((e.source, e.tensor) not in flagged, -(e.rms_norm or e.mean_norm or 0.0)),
+    )
+    if not options.show_all:
+        keep = max(options.top, sum(1 for e in rows if (e.source, e.tensor) in flagged))
+        rows = rows[:keep]
+    table = Table(
+        title=f"Gradients estimated from optimizer state ({len(rows)} of "
+        f"{len(report.estimates)} parameters)",
+        title_justify="left",
+        show_lines=False,
+        header_style="bold",
+    )
+    table.add_column("parameter", overflow="fold")
+    table.add_column("grad rms norm", justify="right", no_wrap=True)
+    table.add_column("grad mean norm", justify="right", no_wrap=True)
+    table.add_column("read from", overflow="fold")
+    for estimate in rows:
+        style = "yellow" if (estimate.source, estimate.tensor) in flagged else ""
+        table.add_row(
+            Text(printable(estimate.parameter), style=style),
+            number(estimate.rms_norm),
+            number(estimate.mean_norm),
+            estimate.basis,
+        )
     return table
 
 
@@ -166,6 +208,7 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         )
     )
     lines.append(Text(flagged_line(report)))
+    lines += [Text(line) for line in reading_lines(report)]
     several = len(report.files) > 1
     for skipped in report.skipped[:10]:
         where = ""
@@ -190,6 +233,9 @@ def render_table(report: Report, options: RenderOptions) -> str:
     rows, hidden = _rank(report, options)
     if rows:
         console.print(_tensor_table(report, rows))
+    estimates = None if options.quiet else _estimates_table(report, options)
+    if estimates is not None:
+        console.print(estimates)
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
