@@ -48,7 +48,12 @@ def _finding_line(finding: Finding) -> str:
 
 def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
-    checks = {kind: Case(kind.value) for kind in FindingKind}
+    # The four gradient checks always run; the role checks appear when they applied.
+    kinds = [FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING]
+    if report.thresholds.cast_check is not None:
+        kinds.append(FindingKind.CAST)
+    kinds += [f.kind for f in report.findings if f.source == source]
+    checks = {kind: Case(kind.value) for kind in dict.fromkeys(kinds)}
     for finding in report.findings:
         if finding.source != source:
             continue
