@@ -294,6 +294,32 @@ class PendingStats:
                 TensorHint(None, "", aux="step", aux_for=name),
             )
 
+    def read_hints(self, reader: object, label: str) -> Mapping[str, TensorHint]:
+        """Note what ``reader``'s file says it holds (under ``label``); return its tensor hints.
+
+        Both are optional reader attributes (see :class:`gradaudit.io.base.TensorSource`):
+        ``metadata`` decides the file's default role, ``role_hints`` (filled while the
+        reader yields) each tensor's.
+        """
+        metadata = getattr(reader, "metadata", None)
+        evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
+        if evidence is not None:
+            self._file_evidence[label] = evidence
+        hints = getattr(reader, "role_hints", None)
+        return hints if isinstance(hints, Mapping) else {}
+
+    def queue_with_hint(
+        self, name: str, tensor: torch.Tensor, source: str | None, hint: TensorHint | None
+    ) -> None:
+        """:meth:`queue` a file's tensor with its hint, and the rows its estimate needs."""
+        if hint is not None and hint.basis is not None:
+            self.queue_derived(name, tensor, hint, source)
+            if hint.basis.step_tensor is not None:  # entries stay plain data
+                hint = dataclasses.replace(
+                    hint, basis=dataclasses.replace(hint.basis, step_tensor=None)
+                )
+        self.queue(name, tensor, source=source, hint=hint)
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
         assert self.device is not None
@@ -380,14 +406,7 @@ class PendingStats:
         part = self.child()
         try:
             source = open_source(path)
-            # Optional reader attributes (see TensorSource): what the file says it holds.
-            metadata = getattr(source, "metadata", None)
-            evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
-            if evidence is not None:
-                part._file_evidence[path] = evidence
-            hints = getattr(source, "role_hints", None)
-            if not isinstance(hints, Mapping):
-                hints = {}
+            hints = part.read_hints(source, path)
             for item in source.items(select):
                 if isinstance(item, Excluded):
                     part.exclude(path)
@@ -395,14 +414,7 @@ class PendingStats:
                     part.skip(Skipped(item.name, item.reason, path))
                 else:
                     name, tensor = item
-                    hint = hints.get(name)
-                    if hint is not None and hint.basis is not None:
-                        part.queue_derived(name, tensor, hint, path)
-                        if hint.basis.step_tensor is not None:  # entries stay plain data
-                            hint = dataclasses.replace(
-                                hint, basis=dataclasses.replace(hint.basis, step_tensor=None)
-                            )
-                    part.queue(name, tensor, source=path, hint=hint)
+                    part.queue_with_hint(name, tensor, path, hints.get(name))
                     if progress is not None:
                         progress(tensor.numel() * tensor.element_size())
             part.settle()
