@@ -41,11 +41,11 @@ from enum import Enum
 from pathlib import Path
 
 from gradaudit.audit import scan_paths
-from gradaudit.errors import ExitCode, InputError
+from gradaudit.errors import ExitCode, InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.kernels import Engine
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity, Thresholds
-from gradaudit.results import InputProblem, Report
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
+from gradaudit.results import FileResult, InputProblem, Report
 
 #: A layer's norm above this many times its running median is a spike.
 DEFAULT_SPIKE_FACTOR = 10.0
@@ -107,6 +107,10 @@ class StepResult:
     global_norm: float
     #: Tensors holding at least one NaN or ±Inf.
     nonfinite_tensors: int
+    #: :func:`gradaudit.checks.gradient_health` of the dump, judged by the trend's thresholds.
+    gradient_health: float = 1.0
+    #: What the dump was read as (:mod:`gradaudit.roles`).
+    read_as: str = "gradients"
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,8 @@ class TrendBuilder:
                 tensors=report.summary.tensors,
                 global_norm=report.summary.global_norm,
                 nonfinite_tensors=len(nonfinite),
+                gradient_health=report.summary.gradient_health,
+                read_as=report.files[0].read_as if report.files else "gradients",
             )
         )
         if self._spec is None:
@@ -478,8 +484,13 @@ def trend_paths(
     device: str | None = "auto",
     engine: Engine | str = Engine.AUTO,
     chunk_elements: int | None = None,
+    kind: InputKind = InputKind.AUTO,
 ) -> TrendReport:
-    """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`."""
+    """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`.
+
+    ``kind`` says what the dumps hold (``--kind``); dumps read as weights and as
+    gradients in one series are a :class:`UsageError`.
+    """
     started = time.perf_counter()
     policy = policy or TrendPolicy()
     dumps, problems = order_dumps(paths)
@@ -487,7 +498,10 @@ def trend_paths(
     for problem in problems:
         builder.add_error(problem)
     # Findings of the per-dump audit are not used; the thresholds only have to be valid.
-    thresholds = Thresholds(vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset())
+    thresholds = Thresholds(
+        vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset(), kind=kind
+    )
+    first: FileResult | None = None
     for dump in dumps:
         report = scan_paths(
             [dump.path],
@@ -500,8 +514,28 @@ def trend_paths(
             for problem in report.errors:
                 builder.add_error(problem)
             continue
+        first = _check_same_reading(first, report)
         builder.add(dump.step, dump.path, report)
     return builder.finish(time.perf_counter() - started)
+
+
+def _check_same_reading(first: FileResult | None, report: Report) -> FileResult | None:
+    """A series is one kind of file: norms of weights and of gradients do not make one trend.
+
+    Returns the reading later dumps are held to (the first one with tensors).
+    """
+    if not report.files or not report.tensors:
+        return first
+    here = report.files[0]
+    if first is None:
+        return here
+    if {first.read_as, here.read_as} == {"weights", "gradients"}:
+        raise UsageError(
+            f"{here.path} was read as {here.read_as} ({here.read_as_evidence}) but "
+            f"{first.path} as {first.read_as} ({first.read_as_evidence}): a trend is over "
+            "one kind of file; say what they hold with --kind"
+        )
+    return first
 
 
 def trend_exit_code(report: TrendReport) -> ExitCode:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from gradaudit.cli.app import app, check_device_option, exit_codes, output_width, say, use_color
+from gradaudit.cli.options import KindOption
 from gradaudit.cli.visuals import (
     GroupByOption,
     PlotOption,
@@ -18,7 +19,7 @@ from gradaudit.cli.visuals import (
 )
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, parse_kinds
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, PolicyError, check_kind, parse_kinds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
 from gradaudit.report.trend_report import TrendFormat
@@ -91,6 +92,7 @@ def trend(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    kind: KindOption = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit a series of dumps: per-layer norm over steps, spikes, first NaN/Inf, collapse."""
@@ -99,8 +101,13 @@ def trend(
         spec = group_by_option(group_by)
         check_device_option(device)
         plot_format = check_plot_target(plot, paths)
+        try:
+            input_kind = check_kind(kind or "auto")
+        except PolicyError as error:
+            raise UsageError(f"--{error}") from None
         report = trend_paths(
             paths,
+            kind=input_kind,
             policy=policy,
             group_by=spec,
             device=device,
