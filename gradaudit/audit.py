@@ -198,6 +198,15 @@ class PendingStats:
         """Names left out by ``--include``/``--exclude``, counted per source."""
         return dict(self._excluded)
 
+    @property
+    def file_evidence(self) -> dict[str, FileEvidence]:
+        """What each file's metadata says it holds (see :meth:`read_hints`)."""
+        return dict(self._file_evidence)
+
+    def add_file_evidence(self, evidence: Mapping[str, FileEvidence]) -> None:
+        """Add file evidence gathered elsewhere (another rank's share of the inputs)."""
+        self._file_evidence.update(evidence)
+
     def add_excluded(self, counts: Mapping[str | None, int]) -> None:
         """Add exclusion counts gathered elsewhere (another rank's share of the inputs)."""
         self._excluded.update(counts)
