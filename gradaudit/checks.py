@@ -85,11 +85,11 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tupl
 def cast_limits(target: str) -> tuple[float, float]:
     """``(overflow, underflow)`` magnitudes for a ``--cast-check`` target.
 
-    A finite value whose magnitude is at least ``overflow`` does not round to a finite
-    value of the target (it becomes Inf, or NaN for ``fp8_e4m3fn``, which has no Inf):
-    the largest finite value plus half its unit in the last place, where round-to-nearest
-    -even goes up. A nonzero value below ``underflow`` (half the smallest subnormal)
-    rounds to zero.
+    A finite value whose magnitude is at least ``overflow`` does not round to a value of
+    the target's range: the largest finite value plus half its unit in the last place,
+    where round-to-nearest-even goes up (to Inf; ``fp8_e4m3fn`` has no Inf and torch's
+    cast saturates it to ±448). A nonzero value of magnitude at most ``underflow`` (half
+    the smallest subnormal, a tie that rounds to the even zero) becomes zero.
     """
     import torch  # the dtype facts only; nothing here touches a tensor's values
 
@@ -120,12 +120,12 @@ def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[Fin
                     f"(values from {overflow:.4g} up overflow)",
                 )
             )
-        elif 0 < stats.max_abs < underflow:
+        elif 0 < stats.max_abs <= underflow:
             found.append(
                 (
                     FindingKind.CAST,
                     f"every nonzero value flushes to zero in {target} "
-                    f"(max |x| {stats.max_abs:.3g} < {underflow:.3g})",
+                    f"(max |x| {stats.max_abs:.3g} <= {underflow:.3g})",
                 )
             )
     return found
