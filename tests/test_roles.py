@@ -434,3 +434,24 @@ def test_checkpoint_report_validates_against_the_schema(tmp_path: Path) -> None:
     assert not errors, errors[0]
     assert document["gradient_estimates"]
     assert document["outlier_references"]
+
+
+def test_monitor_records_and_trend_steps_carry_gradient_health(tmp_path: Path) -> None:
+    from gradaudit import GradientMonitor
+
+    model = bert_like()
+    monitor = GradientMonitor(model, every=1, sync=True, dump_dir=None)
+    torch.manual_seed(0)
+    model(torch.randint(0, 200, (2, 8))).pow(2).mean().backward()
+    record = monitor.step()
+    assert record is not None
+    assert record.gradient_health == record.report.summary.gradient_health
+    flagged = {(f.source, f.tensor) for f in record.report.findings if not f.ignored}
+    clean = sum(t.numel for t in record.report.tensors if (t.source, t.name) not in flagged)
+    assert record.gradient_health == pytest.approx(clean / record.report.summary.elements)
+    for step in (1, 2):
+        save_gradients(model, tmp_path / f"step_{step}.safetensors", step=step)
+    result = runner.invoke(app, ["trend", "--format", "json", str(tmp_path)])
+    steps = json.loads(result.stdout)["steps"]
+    assert [s["read_as"] for s in steps] == ["gradients", "gradients"]
+    assert all(0.0 <= s["gradient_health"] <= 1.0 for s in steps)
