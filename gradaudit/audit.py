@@ -497,7 +497,7 @@ class PendingStats:
         findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
             estimates, negatives, thresholds
         )
-        outliers, references = find_outliers(tensors, thresholds)
+        outliers, references = find_outliers(tensors, thresholds, findings)
         findings = _in_tensor_order(tensors, findings + outliers)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm

@@ -185,7 +185,9 @@ _OUTLIER_ROLES = (
 
 
 def find_outliers(
-    tensors: Sequence[TensorStats], thresholds: Thresholds
+    tensors: Sequence[TensorStats],
+    thresholds: Thresholds,
+    findings_so_far: Sequence[Finding] = (),
 ) -> tuple[tuple[Finding, ...], tuple[OutlierReference, ...]]:
     """Tensors whose RMS sits far from the others of their role in their file.
 
@@ -197,8 +199,12 @@ def find_outliers(
     roles mix tensor kinds (LayerNorm scales near 1, matrices near 0.02), so its spread
     is wide, and a multiple of it would hide a layer scaled by 1e3. Tensors with no
     finite element or an RMS of 0 are left out (other checks cover them), as are roles
-    with fewer than 8 tensors in a file.
+    with fewer than 8 tensors in a file. A tensor that already has a magnitude finding
+    in ``findings_so_far`` (exploding, vanishing, all-zero) is not flagged again: the
+    outlier check is for what an absolute threshold cannot see.
     """
+    magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
+    already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
     groups: dict[tuple[str | None, Role], list[TensorStats]] = {}
     for stats in tensors:
         if stats.role in _OUTLIER_ROLES and stats.rms is not None and stats.rms > 0:
@@ -223,6 +229,8 @@ def find_outliers(
                 f"{10**median:.3g} of {len(members)} {role.value} tensors (limit {limit:.1f})"
             )
             kind = FindingKind.OUTLIER
+            if (source, stats.name) in already:
+                continue
             findings.append(
                 Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, source)
             )

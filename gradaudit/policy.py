@@ -92,17 +92,15 @@ class Severity(str, Enum):
 
 #: Vanishing is a warning by default: attention key biases get near-zero
 #: gradients by design, and failing on them would make the tool useless.
-#: A negative second moment is corruption and ``--cast-check`` is a gate the user asked
-#: for, so both fail; outliers and all-zero weights are often legitimate, so they warn.
 DEFAULT_FAIL_ON: frozenset[FindingKind] = frozenset(
-    {
-        FindingKind.NAN,
-        FindingKind.INF,
-        FindingKind.EXPLODING,
-        FindingKind.NEGATIVE,
-        FindingKind.CAST,
-    }
+    {FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING}
 )
+
+#: Kinds that fail whatever ``fail_on`` says (only ``--ignore`` silences them): a negative
+#: second moment is corruption, and ``--cast-check`` is itself the gate the user asked
+#: for. Outliers and all-zero weights are often legitimate, so they follow ``fail_on``
+#: (and warn by default).
+ALWAYS_FAILING: frozenset[FindingKind] = frozenset({FindingKind.NEGATIVE, FindingKind.CAST})
 
 #: ``--fail-on`` words that stand for several kinds.
 FAIL_ON_ALIASES: dict[str, frozenset[FindingKind]] = {
@@ -219,6 +217,8 @@ class Thresholds:
         """The severity of a ``kind`` finding on ``tensor`` under this policy."""
         if tensor is not None and self.ignored_by(tensor) is not None:
             return Severity.IGNORED
+        if kind in ALWAYS_FAILING:
+            return Severity.ERROR
         if kind is FindingKind.VANISHING and self.max_vanishing_fraction is not None:
             return Severity.WARNING
         return Severity.ERROR if kind in self.fail_on else Severity.WARNING
