@@ -176,12 +176,9 @@ def evaluate_optimizer_state(
 
 #: A role with fewer tensors than this in a file has no outlier reference.
 OUTLIER_MIN_TENSORS = 8
-_OUTLIER_ROLES = (
-    Role.GRADIENT,
-    Role.WEIGHT,
-    Role.OPTIMIZER_MOMENT,
-    Role.OPTIMIZER_SECOND_MOMENT,
-)
+#: Optimizer state is left out: its moments mirror the gradients, whose health the
+#: per-parameter estimates already judge, and an outlier there would only repeat it.
+_OUTLIER_ROLES = (Role.GRADIENT, Role.WEIGHT)
 
 
 def find_outliers(
@@ -194,8 +191,7 @@ def find_outliers(
     Scale-free: on log10 RMS, the reference is the median (robust to the outliers it
     looks for); the spread shown with it is the median absolute deviation times 1.4826
     (a standard deviation for normal data). A tensor is an outlier when it lies more
-    than ``outlier_decades`` from the median (twice that for second moments, which are
-    squares). The limit is fixed rather than a multiple of the spread: a healthy model's
+    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple of the spread: a healthy model's
     roles mix tensor kinds (LayerNorm scales near 1, matrices near 0.02), so its spread
     is wide, and a multiple of it would hide a layer scaled by 1e3. Tensors with no
     finite element or an RMS of 0 are left out (other checks cover them), as are roles
@@ -217,7 +213,7 @@ def find_outliers(
         logs = [math.log10(t.rms) for t in members if t.rms is not None]
         median = statistics.median(logs)
         spread = 1.4826 * statistics.median(abs(x - median) for x in logs)
-        limit = thresholds.outlier_decades * (2 if role is Role.OPTIMIZER_SECOND_MOMENT else 1)
+        limit = thresholds.outlier_decades
         references.append(OutlierReference(role, source, len(members), median, spread, limit))
         for stats, x in zip(members, logs, strict=True):
             distance = x - median

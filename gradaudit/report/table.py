@@ -85,7 +85,7 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
         table.add_column("file", overflow="fold")
     table.add_column("name", overflow="fold")
     if roles:
-        table.add_column("role", no_wrap=True)
+        table.add_column("role", no_wrap=True, min_width=6)
     table.add_column("shape", overflow="fold")
     table.add_column("dtype", no_wrap=True)
     for header in ("norm", "rms", "max|g|", "zero %", "NaN", "±Inf"):
