@@ -191,13 +191,13 @@ def find_outliers(
     Scale-free: on log10 RMS, the reference is the median (robust to the outliers it
     looks for); the spread shown with it is the median absolute deviation times 1.4826
     (a standard deviation for normal data). A tensor is an outlier when it lies more
-    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple of the spread: a healthy model's
-    roles mix tensor kinds (LayerNorm scales near 1, matrices near 0.02), so its spread
-    is wide, and a multiple of it would hide a layer scaled by 1e3. Tensors with no
-    finite element or an RMS of 0 are left out (other checks cover them), as are roles
-    with fewer than 8 tensors in a file. A tensor that already has a magnitude finding
-    in ``findings_so_far`` (exploding, vanishing, all-zero) is not flagged again: the
-    outlier check is for what an absolute threshold cannot see.
+    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple
+    of the spread: a healthy model's roles mix tensor kinds (LayerNorm scales near 1,
+    matrices near 0.02), so its spread is wide, and a multiple of it would hide a layer
+    scaled by 1e3. Left out: tensors with no finite element or an RMS of 0 (other checks
+    cover them), roles with fewer than 8 tensors in a file, and tensors that already
+    have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
+    the outlier check is for what an absolute threshold cannot see.
     """
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
