@@ -201,20 +201,22 @@ def find_outliers(
     """
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
-    groups: dict[tuple[str | None, Role], list[TensorStats]] = {}
+    groups: dict[tuple[str | None, Role, str], list[TensorStats]] = {}
     for stats in tensors:
         if stats.role in _OUTLIER_ROLES and stats.rms is not None and stats.rms > 0:
-            groups.setdefault((stats.source, stats.role), []).append(stats)
+            groups.setdefault((stats.source, stats.role, _shape_class(stats)), []).append(stats)
     findings: list[Finding] = []
     references: list[OutlierReference] = []
-    for (source, role), members in groups.items():
+    for (source, role, shapes), members in groups.items():
         if len(members) < OUTLIER_MIN_TENSORS:
             continue
         logs = [math.log10(t.rms) for t in members if t.rms is not None]
         median = statistics.median(logs)
         spread = 1.4826 * statistics.median(abs(x - median) for x in logs)
-        limit = thresholds.outlier_decades
-        references.append(OutlierReference(role, source, len(members), median, spread, limit))
+        limit = thresholds.outlier_limit(role)
+        references.append(
+            OutlierReference(role, source, len(members), median, spread, limit, shapes)
+        )
         for stats, x in zip(members, logs, strict=True):
             distance = x - median
             if abs(distance) <= limit:
@@ -222,7 +224,8 @@ def find_outliers(
             direction = "above" if distance > 0 else "below"
             message = (
                 f"RMS {stats.rms:.3g} is {abs(distance):.1f} decades {direction} the median "
-                f"{10**median:.3g} of {len(members)} {role.value} tensors (limit {limit:.1f})"
+                f"{10**median:.3g} of {len(members)} {role.value} tensors"
+                f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
             )
             kind = FindingKind.OUTLIER
             if (source, stats.name) in already:
@@ -231,6 +234,14 @@ def find_outliers(
                 Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, source)
             )
     return tuple(findings), tuple(references)
+
+
+def _shape_class(stats: TensorStats) -> str:
+    """The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    and of matrices sit decades apart in healthy models, weights do not (measured)."""
+    if stats.role is not Role.GRADIENT:
+        return "all"
+    return "1-D" if len(stats.shape) <= 1 else "2-D+"
 
 
 def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding]) -> float:

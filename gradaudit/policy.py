@@ -64,10 +64,11 @@ class InputKind(str, Enum):
 #: ``--cast-check`` targets: dtypes a tensor may be cast to for serving or training.
 CAST_TARGETS = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
-#: A tensor whose log10 RMS lies more than this many decades from the median of its role
-#: in its file is an outlier, unless the role's own spread (below) is wider. Chosen from
-#: measurements on healthy models (see ``docs/roles.md``).
-DEFAULT_OUTLIER_DECADES = 2.5
+#: A tensor whose log10 RMS lies more than this many decades from the median of its group
+#: (role, and for gradients 1-D or not) in its file is an outlier. Chosen per role from
+#: measurements on healthy models and on the same models with one layer scaled by 1e3 or
+#: 1e-4 (see ``docs/roles.md``); ``Thresholds.outlier_decades`` overrides both.
+DEFAULT_OUTLIER_DECADES: dict[Role, float] = {Role.WEIGHT: 2.0, Role.GRADIENT: 2.5}
 
 
 class LimitKind(str, Enum):
@@ -190,8 +191,9 @@ class Thresholds:
     kind: InputKind = InputKind.AUTO
     #: ``--cast-check``: the narrower dtype weights are checked against, if any.
     cast_check: str | None = None
-    #: Decades from the median log10 RMS of a role beyond which a tensor is an outlier.
-    outlier_decades: float = DEFAULT_OUTLIER_DECADES
+    #: Decades from the median log10 RMS of a role beyond which a tensor is an outlier;
+    #: ``None``: the measured default of each role (:data:`DEFAULT_OUTLIER_DECADES`).
+    outlier_decades: float | None = None
 
     def __post_init__(self) -> None:
         check_vanishing_threshold(self.vanishing)
@@ -210,7 +212,7 @@ class Thresholds:
         object.__setattr__(self, "kind", check_kind(self.kind))
         if self.cast_check is not None:
             object.__setattr__(self, "cast_check", check_cast_target(self.cast_check))
-        if not self.outlier_decades > 0:
+        if self.outlier_decades is not None and not self.outlier_decades > 0:
             raise PolicyError("outlier-decades", f"must be > 0 (got {self.outlier_decades!r})")
 
     def severity(self, kind: FindingKind, tensor: str | None = None) -> Severity:
@@ -222,6 +224,12 @@ class Thresholds:
         if kind is FindingKind.VANISHING and self.max_vanishing_fraction is not None:
             return Severity.WARNING
         return Severity.ERROR if kind in self.fail_on else Severity.WARNING
+
+    def outlier_limit(self, role: Role) -> float:
+        """Decades from the median beyond which a tensor of ``role`` is an outlier."""
+        if self.outlier_decades is not None:
+            return self.outlier_decades
+        return DEFAULT_OUTLIER_DECADES.get(role, DEFAULT_OUTLIER_DECADES[Role.GRADIENT])
 
     def ignored_by(self, tensor: str) -> str | None:
         """The first ``ignore`` pattern that matches ``tensor``, if any."""

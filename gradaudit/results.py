@@ -168,6 +168,8 @@ class OutlierReference:
     median: float
     spread: float
     limit: float
+    #: Which tensors of the role: ``all``, or for gradients ``1-D`` / ``2-D+``.
+    shapes: str = "all"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
-from gradaudit.policy import Thresholds
+from gradaudit.policy import DEFAULT_OUTLIER_DECADES, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.verdict import findings_by_tensor
 from gradaudit.results import (
@@ -122,6 +122,7 @@ def _estimate(estimate: GradientEstimate) -> dict[str, Any]:
 def _reference(reference: OutlierReference) -> dict[str, Any]:
     return {
         "role": reference.role.value,
+        "shapes": reference.shapes,
         "file": reference.source,
         "tensors": reference.tensors,
         "median_log10_rms": encode_float(reference.median),
@@ -166,6 +167,9 @@ def to_document(report: Report) -> dict[str, Any]:
             "kind": policy.kind.value,
             "cast_check": policy.cast_check,
             "outlier_decades": encode_float(policy.outlier_decades),
+            "default_outlier_decades": {
+                role.value: limit for role, limit in DEFAULT_OUTLIER_DECADES.items()
+            },
         },
         "gradient_estimates": [_estimate(e) for e in report.estimates],
         "outlier_references": [_reference(r) for r in report.outlier_references],

@@ -113,7 +113,8 @@ def reading_lines(report: Report) -> list[str]:
     for ref in report.outlier_references:
         where = f" in {printable(ref.source)}" if several and ref.source else ""
         lines.append(
-            f"Outlier reference{where}: {ref.role.value} median RMS {10**ref.median:.3g}, "
+            f"Outlier reference{where}: {ref.role.value}"
+            f"{'' if ref.shapes == 'all' else f' {ref.shapes}'} median RMS {10**ref.median:.3g}, "
             f"spread {ref.spread:.2f} decades, limit {ref.limit:.1f} decades "
             f"({ref.tensors} tensors)"
         )
