@@ -558,7 +558,7 @@ class PendingStats:
             thin = file_role.thin and any(e == file_role.evidence for e in evidences)
             readings[source] = (
                 describe_file(roles, file_role, evidences),
-                file_evidence_text(evidences, file_role),
+                file_evidence_text(roles, evidences, file_role),
                 thin,
             )
         return tuple(out), readings

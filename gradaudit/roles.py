@@ -303,11 +303,18 @@ def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Seq
     return {Role.WEIGHT: "weights", Role.GRADIENT: "gradients"}.get(role, role.value)
 
 
-def file_evidence_text(evidences: Sequence[str], file_role: FileEvidence) -> str:
-    """The evidence shown for a file: the most common reason among its tensors."""
-    if not evidences:
-        return file_role.evidence
-    return Counter(evidences).most_common(1)[0][0]
+def file_evidence_text(
+    roles: Sequence[Role], evidences: Sequence[str], file_role: FileEvidence
+) -> str:
+    """The evidence shown for a file: the most common reason among its tensors.
+
+    A file with optimizer state says so first, then why the rest was read as it was.
+    """
+    rest = [e for r, e in zip(roles, evidences, strict=True) if r not in _OPTIMIZER_ROLES]
+    common = Counter(rest).most_common(1)[0][0] if rest else None
+    if len(rest) < len(evidences):
+        return "a torch.optim state dict" + (f"; the rest {common}" if common else "")
+    return common or file_role.evidence
 
 
 def estimate_value(

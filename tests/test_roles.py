@@ -455,3 +455,13 @@ def test_monitor_records_and_trend_steps_carry_gradient_health(tmp_path: Path) -
     steps = json.loads(result.stdout)["steps"]
     assert [s["read_as"] for s in steps] == ["gradients", "gradients"]
     assert all(0.0 <= s["gradient_health"] <= 1.0 for s in steps)
+
+
+def test_roles_doc_python_examples_run() -> None:
+    import re
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "roles.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(doc), "exec"), {"__name__": "docs"})
