@@ -179,6 +179,10 @@ class Thresholds:
       ``fail_on`` names them, because one dead layer is often legitimate.
     * ``ignore``: glob patterns (``fnmatch``, case-sensitive, ``*`` crosses
       dots) on tensor names whose findings are :attr:`Severity.IGNORED`.
+    * ``kind``: what the inputs hold (``--kind``); ``auto`` decides each tensor's
+      :class:`Role` from the evidence (:mod:`gradaudit.roles`), which decides its checks.
+    * ``cast_check``: a narrower dtype weights are checked against (``--cast-check``).
+    * ``outlier_decades``: overrides the per-role outlier limits.
     """
 
     vanishing: float = DEFAULT_VANISHING_THRESHOLD
