@@ -147,6 +147,8 @@ class PendingStats:
             if self.device is not None and self.device.type == "cuda"
             else None
         )
+        #: Scratch for the square roots of second moments, per (device, dtype), reused.
+        self._roots: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         #: Rows already copied to the host by :meth:`prefetch`, and how many rows they cover.
         self._prefetched: tuple[int, list[torch.Tensor], torch.cuda.Event] | None = None
 
@@ -291,9 +293,21 @@ class PendingStats:
         if basis is None or not_audited_reason(tensor) is not None:
             return
         if basis.second_moment:
-            wide = tensor if tensor.element_size() >= 4 else tensor.float()
+            # Into a reused buffer (a fresh one per tensor cost more than the root itself),
+            # reduced at once so the buffer is free for the next moment.
+            self.settle()
+            dtype = tensor.dtype if tensor.element_size() >= 4 else torch.float32
+            key = (tensor.device, dtype)
+            scratch = self._roots.get(key)
+            if scratch is None or scratch.numel() < tensor.numel():
+                scratch = self._roots[key] = torch.empty(
+                    tensor.numel(), dtype=dtype, device=tensor.device
+                )
+            root = scratch[: tensor.numel()].view(tensor.shape)
+            torch.sqrt(tensor, out=root)
             aux = TensorHint(None, "", aux="sqrt", aux_for=name)
-            self.queue(f"{name}#sqrt", wide.sqrt(), source, aux)
+            self.queue(f"{name}#sqrt", root, source, aux)
+            self.settle()
         step = basis.step_tensor
         if step is not None and step.dtype is not torch.bool and not step.dtype.is_complex:
             self.queue(
@@ -367,6 +381,7 @@ class PendingStats:
         child = PendingStats(collector=self._collector)
         child.device = self.device
         child._uploads = self._uploads
+        child._roots = self._roots
         return child
 
     def absorb(self, other: PendingStats) -> None:
