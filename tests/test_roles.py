@@ -465,3 +465,19 @@ def test_roles_doc_python_examples_run() -> None:
     assert blocks
     for block in blocks:
         exec(compile(block, str(doc), "exec"), {"__name__": "docs"})
+
+
+def test_trainer_directory_reads_weights_and_optimizer_state_side_by_side(tmp_path: Path) -> None:
+    model = bert_like()
+    optimizer = train(model, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    save_file(weights(model), str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    torch.save(optimizer.state_dict(), checkpoint / "optimizer.pt")
+    report = scan_paths([checkpoint])
+    read = {Path(f.path).name: f.read_as for f in report.files}
+    assert read == {"model.safetensors": "weights", "optimizer.pt": "optimizer state"}
+    # optimizer.pt alone does not name its parameters: estimates go by state path.
+    assert len(report.estimates) == len(list(model.parameters()))
+    assert all(e.parameter.startswith("state.") for e in report.estimates)
+    assert exit_code_of(report) is ExitCode.OK
