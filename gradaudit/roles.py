@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gradaudit.policy import InputKind, Role
+from gradaudit.results import TensorStats
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
@@ -223,33 +224,19 @@ def norm_like(shape: tuple[int, ...], zeros: int, rms: float | None, max_abs: fl
     )
 
 
-@dataclass(frozen=True)
-class _Facts:
-    shape: tuple[int, ...]
-    zeros: int
-    rms: float | None
-    max_abs: float
-
-
-def stats_evidence(tensors: Sequence[_Facts] | Sequence[object]) -> FileEvidence:
+def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     """A flat file with no metadata and no structure: weights if it holds norm-like scales.
 
     Gradients are the default (today's behaviour, and what gradaudit is for); a file
-    with a 1-D tensor that looks like a normalisation layer's scale is read as weights.
-    Both calls are marked thin, so the summary says how the file was read and how to say
-    otherwise.
+    that looks like a model — a matrix, and 1-D tensors of which some, but at most half,
+    look like a normalisation layer's scale (the others are biases) — is read as weights.
+    A dump of hand-made vectors of ones is not a model. Both calls are marked thin, so
+    the summary says how the file was read and how to say otherwise.
     """
-    hits = [
-        t
-        for t in tensors
-        if norm_like(
-            getattr(t, "shape", ()),
-            getattr(t, "zeros", 0),
-            getattr(t, "rms", None),
-            getattr(t, "max_abs", 0.0),
-        )
-    ]
-    if hits:
+    vectors = [t for t in tensors if len(t.shape) == 1]
+    hits = [t for t in vectors if norm_like(t.shape, t.zeros, t.rms, t.max_abs)]
+    has_matrix = any(len(t.shape) >= 2 and t.numel >= NORM_LIKE_MIN_ELEMENTS for t in tensors)
+    if hits and has_matrix and 2 * len(hits) <= len(vectors):
         return FileEvidence(
             Role.WEIGHT,
             f"guessed from the values: {len(hits)} 1-D tensor(s) with RMS near 1 and no "
