@@ -8,8 +8,12 @@ audited is a :class:`Skipped` with a reason, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds
+
+if TYPE_CHECKING:
+    from gradaudit.precision import ExponentHistogram
 
 
 @dataclass(frozen=True, init=False)
@@ -256,3 +260,6 @@ class Report:
     estimates: tuple[GradientEstimate, ...] = ()
     #: The references the outlier check compared each role against.
     outlier_references: tuple[OutlierReference, ...] = ()
+    #: Per tensor (same order as ``tensors``), when asked for (``--precision``): exponent
+    #: histograms; ``None`` for a tensor whose stats came from another rank.
+    histograms: tuple[ExponentHistogram | None, ...] = ()

@@ -32,6 +32,7 @@ warning (like vanishing in ``scan``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import re
 import time
@@ -45,6 +46,7 @@ from gradaudit.errors import ExitCode, InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
+from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import FileResult, InputProblem, Report
 
 #: A layer's norm above this many times its running median is a spike.
@@ -183,6 +185,8 @@ class TrendReport:
     device: str = "none"
     engine: str = Engine.EAGER.value
     elapsed_s: float = 0.0
+    #: With ``precision``: the whole dump's headroom in that format, per audited step.
+    headroom: tuple[tuple[int, Headroom], ...] = ()
 
 
 # -- ordering -------------------------------------------------------------------------------
@@ -485,11 +489,14 @@ def trend_paths(
     engine: Engine | str = Engine.AUTO,
     chunk_elements: int | None = None,
     kind: InputKind = InputKind.AUTO,
+    precision: Precision | None = None,
 ) -> TrendReport:
     """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`.
 
     ``kind`` says what the dumps hold (``--kind``); dumps read as weights and as
-    gradients in one series are a :class:`UsageError`.
+    gradients in one series are a :class:`UsageError`. ``precision`` also collects
+    exponent histograms and keeps each step's headroom in that format
+    (:mod:`gradaudit.precision`).
     """
     started = time.perf_counter()
     policy = policy or TrendPolicy()
@@ -502,6 +509,7 @@ def trend_paths(
         vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset(), kind=kind
     )
     first: FileResult | None = None
+    headroom: list[tuple[int, Headroom]] = []
     for dump in dumps:
         report = scan_paths(
             [dump.path],
@@ -509,6 +517,7 @@ def trend_paths(
             device=device,
             chunk_elements=chunk_elements,
             engine=engine,
+            histograms=precision is not None,
         )
         if report.errors:
             for problem in report.errors:
@@ -516,7 +525,10 @@ def trend_paths(
             continue
         first = _check_same_reading(first, report)
         builder.add(dump.step, dump.path, report)
-    return builder.finish(time.perf_counter() - started)
+        if precision is not None and report.tensors:
+            headroom.append((dump.step, precision_report(report, precision).total))
+    result = builder.finish(time.perf_counter() - started)
+    return dataclasses.replace(result, headroom=tuple(headroom)) if headroom else result
 
 
 def _check_same_reading(first: FileResult | None, report: Report) -> FileResult | None:

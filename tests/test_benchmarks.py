@@ -29,3 +29,12 @@ def test_gpu_benchmark_refuses_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device here"):
         bench_gpu.main(["--device", "cuda"])
+
+
+def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_precision
+
+    bench_precision.main(["--mib", "0.01", "--repeats", "1", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[-1] == "histogram × sum"
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
