@@ -596,6 +596,7 @@ class PendingStats:
                 thin,
             )
         return tuple(out), readings
+
     def _read_histograms(self) -> tuple[ExponentHistogram | None, ...]:
         """The exponent histograms, read right after the stats rows (one copy per device)."""
         if not self.histograms:
