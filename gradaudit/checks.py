@@ -83,26 +83,17 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tupl
 
 
 def cast_limits(target: str) -> tuple[float, float]:
-    """``(overflow, underflow)`` magnitudes for a ``--cast-check`` target.
+    """``(overflow_from, flush_from)`` for a ``--cast-check`` target, as ``--precision`` uses.
 
-    A finite value whose magnitude is at least ``overflow`` does not round to a value of
-    the target's range: the largest finite value plus half its unit in the last place,
-    where round-to-nearest-even goes up (to Inf; ``fp8_e4m3fn`` has no Inf and torch's
-    cast saturates it to ±448). A nonzero value of magnitude at most ``underflow`` (half
-    the smallest subnormal, a tie that rounds to the even zero) becomes zero.
+    A finite value with ``|x| >= overflow_from`` leaves the target's range (Inf, or
+    saturated to ±448 by ``fp8_e4m3fn``); a nonzero value with ``|x| < flush_from``
+    becomes zero. One table of rounding boundaries serves both checks
+    (:data:`gradaudit.precision.FORMATS`).
     """
-    import torch  # the dtype facts only; nothing here touches a tensor's values
+    from gradaudit.precision import FORMATS, Precision
 
-    dtype = {
-        "fp16": torch.float16,
-        "bf16": torch.bfloat16,
-        "fp8_e4m3fn": torch.float8_e4m3fn,
-        "fp8_e5m2": torch.float8_e5m2,
-    }[target]
-    info = torch.finfo(dtype)
-    mantissa = {"fp16": 10, "bf16": 7, "fp8_e4m3fn": 3, "fp8_e5m2": 2}[target]
-    top_ulp = 2.0 ** (math.floor(math.log2(info.max)) - mantissa)
-    return info.max + top_ulp / 2, info.smallest_normal * 2.0**-mantissa / 2
+    spec = FORMATS[Precision(target)]
+    return spec.overflow_from, spec.flush_from
 
 
 def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[FindingKind, str]]:
@@ -120,12 +111,12 @@ def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[Fin
                     f"(values from {overflow:.4g} up overflow)",
                 )
             )
-        elif 0 < stats.max_abs <= underflow:
+        elif 0 < stats.max_abs < underflow:
             found.append(
                 (
                     FindingKind.CAST,
                     f"every nonzero value flushes to zero in {target} "
-                    f"(max |x| {stats.max_abs:.3g} <= {underflow:.3g})",
+                    f"(max |x| {stats.max_abs:.3g} < {underflow:.3g})",
                 )
             )
     return found

@@ -61,7 +61,8 @@ class InputKind(str, Enum):
     WEIGHTS = "weights"
 
 
-#: ``--cast-check`` targets: dtypes a tensor may be cast to for serving or training.
+#: ``--cast-check`` targets: dtypes a tensor may be cast to for serving or training (the
+#: ``--precision`` formats of :mod:`gradaudit.precision`, spelled the same).
 CAST_TARGETS = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
 
 #: A tensor whose log10 RMS lies more than this many decades from the median of its group

@@ -27,36 +27,45 @@ _TORCH = {
 
 
 @pytest.mark.parametrize("target", CAST_TARGETS)
+def test_cast_targets_are_the_precision_formats(target: str) -> None:
+    from gradaudit.precision import Precision
+
+    assert Precision(target).value == target
+    assert {p.value for p in Precision} == set(CAST_TARGETS)
+
+
+@pytest.mark.parametrize("target", CAST_TARGETS)
 def test_cast_limits_are_exactly_where_torch_stops_holding_values(target: str) -> None:
-    overflow, underflow = cast_limits(target)
+    overflow, flush_from = cast_limits(target)
     f32 = np.float32
     below = np.nextafter(f32(overflow), f32(0))
-    above_flush = np.nextafter(f32(underflow), f32(1))
-    values = torch.tensor(np.array([overflow, below, underflow, above_flush], dtype=np.float32))
+    flushes = np.nextafter(f32(flush_from), f32(0))
+    values = torch.tensor(np.array([overflow, below, flush_from, flushes], dtype=np.float32))
     cast = values.to(_TORCH[target]).double()
     finfo = torch.finfo(_TORCH[target])
     # At the overflow limit the value leaves the range (Inf, or saturated for e4m3fn);
     # one float32 step below it rounds to the largest finite value.
     assert not (math.isfinite(cast[0]) and abs(float(values[0]) - float(cast[0])) < 1)
     assert float(cast[1]) == finfo.max
-    # At the underflow limit a value becomes 0; one step above it, the smallest subnormal.
-    assert float(cast[2]) == 0.0
-    assert float(cast[3]) > 0.0
+    # From flush_from up a value survives as the smallest subnormal; one step below, 0.
+    assert float(cast[2]) > 0.0
+    assert float(cast[3]) == 0.0
 
 
 @pytest.mark.parametrize("target", CAST_TARGETS)
 def test_cast_check_flags_weights_by_max_abs(target: str) -> None:
-    overflow, underflow = cast_limits(target)
+    overflow, flush_from = cast_limits(target)
     policy = Thresholds(cast_check=target, kind="weights")
-    fits = audit(
-        {"w": torch.tensor([np.nextafter(np.float32(overflow), np.float32(0)), 1.0])},
-        thresholds=policy,
-    )
+    below = float(np.nextafter(np.float32(overflow), np.float32(0)))
+    tiny = float(np.nextafter(np.float32(flush_from), np.float32(0)))
+    fits = audit({"w": torch.tensor([below, 1.0])}, thresholds=policy)
     too_big = audit({"w": torch.tensor([overflow, 1.0])}, thresholds=policy)
-    flushed = audit({"w": torch.tensor([underflow, -underflow, 0.0])}, thresholds=policy)
+    flushed = audit({"w": torch.tensor([tiny, -tiny, 0.0])}, thresholds=policy)
+    survives = audit({"w": torch.tensor([flush_from, 0.0])}, thresholds=policy)
     assert not [f for f in fits.findings if f.kind is FindingKind.CAST]
     assert [f.kind for f in too_big.findings] == [FindingKind.CAST]
     assert [f.kind for f in flushed.findings] == [FindingKind.CAST]
+    assert not [f for f in survives.findings if f.kind is FindingKind.CAST]
     assert too_big.findings[0].failing
 
 
