@@ -457,16 +457,6 @@ def test_monitor_records_and_trend_steps_carry_gradient_health(tmp_path: Path) -
     assert all(0.0 <= s["gradient_health"] <= 1.0 for s in steps)
 
 
-def test_roles_doc_python_examples_run() -> None:
-    import re
-
-    doc = Path(__file__).resolve().parent.parent / "docs" / "roles.md"
-    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
-    assert blocks
-    for block in blocks:
-        exec(compile(block, str(doc), "exec"), {"__name__": "docs"})
-
-
 def test_trainer_directory_reads_weights_and_optimizer_state_side_by_side(tmp_path: Path) -> None:
     model = bert_like()
     optimizer = train(model, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3))
