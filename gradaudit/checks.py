@@ -124,7 +124,7 @@ def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[Fin
 
 def evaluate_optimizer_state(
     estimates: Sequence[GradientEstimate],
-    negatives: Sequence[tuple[TensorStats, int]],
+    negatives: Sequence[tuple[TensorStats, float]],
     thresholds: Thresholds,
 ) -> tuple[Finding, ...]:
     """Findings read from optimizer state: negative second moments, and gradient health.
@@ -136,8 +136,8 @@ def evaluate_optimizer_state(
     parameter.
     """
     out: list[Finding] = []
-    for stats, count in negatives:
-        message = f"{count} negative of {stats.numel} elements in a second moment (of squares)"
+    for stats, lowest in negatives:
+        message = f"negative values (down to {lowest:.3g}) in a second moment (of squares)"
         kind = FindingKind.NEGATIVE
         out.append(
             Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)

@@ -305,24 +305,25 @@ def file_evidence_text(
 
 
 def estimate_value(
-    basis: EstimateBasis, norm: float, root_sum: float | None, step: float | None
+    basis: EstimateBasis, norm: float, total: float | None, step: float | None
 ) -> tuple[float | None, float | None, bool]:
     """``(rms_norm, mean_norm, bias_corrected)`` of the gradient, from one state tensor.
 
-    ``norm`` is the state tensor's L2 norm (first moments); ``root_sum`` the norm of its
-    element-wise square root, i.e. the square root of the sum of a second moment.
+    ``norm`` is the state tensor's L2 norm (first moments); ``total`` the sum of a
+    second moment's elements.
     """
     t = step if step is not None and step > 0 else None
-    if basis.formula == "ema_sq" and root_sum is not None:
+    total = None if total is None else max(total, 0.0)
+    if basis.formula == "ema_sq" and total is not None:
         if basis.decay is None or t is None:
-            return root_sum, None, basis.decay is None
+            return math.sqrt(total), None, basis.decay is None
         correction = 1.0 - basis.decay**t
-        return (root_sum / math.sqrt(correction) if correction > 0 else None), None, True
-    if basis.formula == "mean_sq" and root_sum is not None:
-        return root_sum * math.sqrt(basis.scale), None, True
-    if basis.formula == "sum_sq" and root_sum is not None and t is not None:
+        return (math.sqrt(total / correction) if correction > 0 else None), None, True
+    if basis.formula == "mean_sq" and total is not None:
+        return math.sqrt(total * basis.scale), None, True
+    if basis.formula == "sum_sq" and total is not None and t is not None:
         # The accumulator started at ``initial`` per element; what the steps added is the rest.
-        return math.sqrt(max(root_sum**2 - basis.initial * basis.scale, 0.0) / t), None, True
+        return math.sqrt(max(total - basis.initial * basis.scale, 0.0) / t), None, True
     if basis.formula == "ema" and basis.decay is not None:
         if t is None:
             return None, norm, False
