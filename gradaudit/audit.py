@@ -23,6 +23,7 @@ from gradaudit.checks import (
     evaluate_all,
     evaluate_limits,
     evaluate_optimizer_state,
+    evaluate_skipped,
     find_outliers,
     gradient_health,
 )
@@ -71,6 +72,7 @@ from gradaudit.stats import (
     Placement,
     StatsCollector,
     dtype_name,
+    hides_values,
     merge_rows,
     not_audited_reason,
     read_blocks,
@@ -266,7 +268,7 @@ class PendingStats:
             )
         reason = not_audited_reason(tensor)
         if reason is not None:
-            self._skipped.append(Skipped(name, reason, source))
+            self._skipped.append(Skipped(name, reason, source, hides_values(tensor.dtype)))
             return
         # Per-tensor costs add up with thousands of tiny tensors, hence the
         # device object is made once here and CPU tensors skip the comparison.
@@ -444,7 +446,7 @@ class PendingStats:
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
-                    part.skip(Skipped(item.name, item.reason, path))
+                    part.skip(dataclasses.replace(item, source=path))
                 else:
                     name, tensor = item
                     part.queue_with_hint(name, tensor, path, hints.get(name))
@@ -522,7 +524,9 @@ class PendingStats:
             estimates, negatives, thresholds
         )
         outliers, references = find_outliers(tensors, thresholds, findings)
-        findings = _in_tensor_order(tensors, findings + outliers)
+        findings = _in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
+            self._skipped, thresholds
+        )
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
         files = tuple(self._file_results(host, [self._sources[i] for i in main], tensors, readings))

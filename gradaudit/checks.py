@@ -15,6 +15,7 @@ from gradaudit.results import (
     LimitFinding,
     OutlierReference,
     Report,
+    Skipped,
     TensorStats,
 )
 
@@ -253,6 +254,26 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
     nonfinite = sum(t.nonfinite for t in tensors)
     score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
     return min(1.0, max(0.0, score))
+
+
+def evaluate_skipped(skipped: Iterable[Skipped], thresholds: Thresholds) -> tuple[Finding, ...]:
+    """A ``skipped`` finding for each tensor whose values could hide a NaN but were not read.
+
+    A warning by default and an error with ``--fail-on skipped``: either way an
+    audit that could not see everything does not say a plain "OK".
+    """
+    kind = FindingKind.SKIPPED
+    return tuple(
+        Finding(
+            kind,
+            thresholds.severity(kind, s.name),
+            s.name,
+            s.reason,  # every such reason says "not audited"
+            s.source,
+        )
+        for s in skipped
+        if s.unaudited
+    )
 
 
 def evaluate_limits(

@@ -166,7 +166,7 @@ def _read(
             if side is None:
                 part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
             elif isinstance(item, Skipped):
-                part.skip(Skipped(name, item.reason, side.label))
+                part.skip(dataclasses.replace(item, source=side.label))
             else:
                 part.queue_with_hint(name, item[1], side.label, hints.get(name))
         part.settle()

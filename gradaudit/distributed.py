@@ -47,6 +47,7 @@ from gradaudit.stats import (
     ZEROS,
     StatsCollector,
     dtype_name,
+    hides_values,
     not_audited_reason,
 )
 
@@ -144,9 +145,12 @@ def collect_sharded(
     batches: dict[tuple[object, ...], _Batch] = {}
     for name, grad in gradients:
         local, groups, shape, reason = _local_view(grad, group)
-        reason = reason or not_audited_reason(local)
         if reason is not None:
             plan.append(Skipped(name, reason))
+            continue
+        reason = not_audited_reason(local)
+        if reason is not None:
+            plan.append(Skipped(name, reason, unaudited=hides_values(local.dtype)))
             continue
         with torch.no_grad():
             row = collector.row(local.detach())

@@ -29,6 +29,9 @@ class FindingKind(str, Enum):
     INF = "inf"
     EXPLODING = "exploding"
     VANISHING = "vanishing"
+    #: Floating-point data that could not be audited (a dtype or layout the engine
+    #: cannot reduce): a warning by default, so the verdict says what it did not see.
+    SKIPPED = "skipped"
     #: A tensor's RMS sits many decades away from the other tensors of its role in its file.
     OUTLIER = "outlier"
     #: Negative values in an optimizer's second moment (a sum of squares): corruption.

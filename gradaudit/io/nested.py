@@ -52,6 +52,7 @@ from gradaudit.roles import (
     TensorHint,
     container_hint,
 )
+from gradaudit.stats import hides_values
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
 ROOT_NAME = "<root>"
@@ -477,7 +478,10 @@ def walk_checkpoint(
         elif isinstance(value, torch.Tensor):
             reason = _tensor_skip_reason(node, value, tensors)
             if reason is not None:
-                yield Skipped(shown, reason, source)
+                # A subclass is skipped with its values unread; the others hold no data
+                # of their own (meta, a step counter, a tensor already audited).
+                unread = reason.startswith("tensor subclass") and hides_values(value.dtype)
+                yield Skipped(shown, reason, source, unread)
                 continue
             key = _tensor_key(value)
             if key is not None:

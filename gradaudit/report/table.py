@@ -16,8 +16,16 @@ from rich.text import Text
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Role, Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import (
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_path,
+)
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
     ROLE_LABELS,
@@ -25,12 +33,15 @@ from gradaudit.report.verdict import (
     findings_by_tensor,
     flagged_line,
     reading_lines,
+    skipped_lines,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
 _STATUS_ORDER = tuple(FindingKind)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+#: A file column (several inputs) keeps the end of each path, in at most this many cells.
+_FILE_CELLS = 28
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
     ExitCode.FINDINGS: "bold red",
@@ -51,8 +62,9 @@ def _status(stats: TensorStats, findings: list[Finding]) -> Text:
     return text
 
 
-def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int]:
-    """Rows to show and how many were left out."""
+def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
+    """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
+    without ``--all``) and how many unflagged ones."""
     findings = findings_by_tensor(report)
     flagged_failing, flagged_warning, flagged_ignored, rest = [], [], [], []
     for stats in report.tensors:
@@ -66,31 +78,31 @@ def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], in
         else:
             rest.append(stats)
     if options.quiet:
-        return flagged_failing + flagged_warning, 0
+        flagged = flagged_failing + flagged_warning
+        if options.show_all:
+            return flagged, 0, 0
+        return flagged[:MAX_FLAGGED_ROWS], max(0, len(flagged) - MAX_FLAGGED_ROWS), 0
     flagged = flagged_failing + flagged_warning + flagged_ignored
     rest.sort(key=lambda s: s.norm, reverse=True)
     if not options.show_all:
         shown_rest = rest[: options.top]
-        return flagged + shown_rest, len(rest) - len(shown_rest)
-    return flagged + rest, 0
+        hidden_flagged = max(0, len(flagged) - MAX_FLAGGED_ROWS)
+        return (
+            flagged[:MAX_FLAGGED_ROWS] + shown_rest,
+            hidden_flagged,
+            len(rest) - len(shown_rest),
+        )
+    return flagged + rest, 0, 0
 
 
-def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
+def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
+    """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
     # A gradient dump's table stays as it was; a role column appears once roles differ.
     roles = any(t.role is not Role.GRADIENT for t in report.tensors)
-    table = Table(show_lines=False, header_style="bold")
-    if several_files:
-        table.add_column("file", overflow="fold")
-    table.add_column("name", overflow="fold")
-    if roles:
-        table.add_column("role", no_wrap=True, min_width=6)
-    table.add_column("shape", overflow="fold")
-    table.add_column("dtype", no_wrap=True)
-    for header in ("norm", "rms", "max|g|", "zero %", "NaN", "±Inf"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
+    names: list[Text | str] = []
+    statuses: list[Text | str] = []
     for stats in rows:
         found = findings.get((stats.source, stats.name), [])
         style = ""
@@ -98,25 +110,28 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
             style = "red"
         elif any(f.severity is Severity.WARNING for f in found):
             style = "yellow"
-        cells: list[Text | str] = []
-        if several_files:
-            cells.append(Text(printable(stats.source or "")))
-        cells.append(Text(printable(stats.name), style=style))
-        if roles:
-            cells.append(ROLE_LABELS[stats.role])
-        cells += [
-            "×".join(str(d) for d in stats.shape) or "()",
-            stats.dtype,
-            number(stats.norm),
-            number(stats.rms),
-            number(stats.max_abs),
-            f"{100.0 * stats.zero_fraction:.1f}",
-            count(stats.nan),
-            f"{count(stats.pos_inf)}/{count(stats.neg_inf)}",
-            _status(stats, found),
-        ]
-        table.add_row(*cells)
-    return table
+        names.append(Text(printable(stats.name), style=style))
+        statuses.append(_status(stats, found))
+    columns: list[Column] = []
+    if several_files:
+        files = [shorten_path(printable(s.source or ""), _FILE_CELLS) for s in rows]
+        columns.append(Column("file", files, priority=75))
+    columns += [
+        Column("name", names, kind="name"),
+        *([Column("role", [ROLE_LABELS[s.role] for s in rows], priority=65)] if roles else []),
+        Column("shape", ["×".join(str(d) for d in s.shape) or "()" for s in rows], priority=40),
+        Column("dtype", [s.dtype for s in rows], priority=50),
+        Column("norm", [number(s.norm) for s in rows], justify="right"),
+        Column("rms", [number(s.rms) for s in rows], justify="right", priority=10),
+        Column("max|g|", [number(s.max_abs) for s in rows], justify="right", priority=30),
+        Column("zero %", [f"{100.0 * s.zero_fraction:.1f}" for s in rows], "right", priority=20),
+        Column("NaN", [count(s.nan) for s in rows], justify="right", priority=70),
+        Column(
+            "±Inf", [f"{count(s.pos_inf)}/{count(s.neg_inf)}" for s in rows], "right", priority=60
+        ),
+        Column("status", statuses),
+    ]
+    return fitted_table(columns, width)
 
 
 def _estimates_table(report: Report, options: RenderOptions) -> Table | None:
@@ -131,26 +146,24 @@ def _estimates_table(report: Report, options: RenderOptions) -> Table | None:
     if not options.show_all:
         keep = max(options.top, sum(1 for e in rows if (e.source, e.tensor) in flagged))
         rows = rows[:keep]
-    table = Table(
-        title=f"Gradients estimated from optimizer state ({len(rows)} of "
-        f"{len(report.estimates)} parameters)",
-        title_justify="left",
-        show_lines=False,
-        header_style="bold",
-    )
-    table.add_column("parameter", overflow="fold")
-    table.add_column("grad rms norm", justify="right", no_wrap=True)
-    table.add_column("grad mean norm", justify="right", no_wrap=True)
-    table.add_column("read from", overflow="fold")
-    for estimate in rows:
-        style = "yellow" if (estimate.source, estimate.tensor) in flagged else ""
-        table.add_row(
-            Text(printable(estimate.parameter), style=style),
-            number(estimate.rms_norm),
-            number(estimate.mean_norm),
-            estimate.basis,
+    names = [
+        Text(
+            printable(e.parameter),
+            style="yellow" if (e.source, e.tensor) in flagged else "",
         )
-    return table
+        for e in rows
+    ]
+    columns = [
+        Column("parameter", names, kind="name"),
+        Column("grad rms norm", [number(e.rms_norm) for e in rows], justify="right"),
+        Column("grad mean norm", [number(e.mean_norm) for e in rows], "right", priority=30),
+        Column("read from", [e.basis for e in rows], kind="prose", priority=20),
+    ]
+    title = (
+        f"Gradients estimated from optimizer state ({len(rows)} of "
+        f"{len(report.estimates)} parameters)"
+    )
+    return fitted_table(columns, sane_width(options.width), title=title)[0]
 
 
 def _limit_lines(report: Report) -> list[Text]:
@@ -171,30 +184,23 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
 
-def _files_table(report: Report) -> Table:
+def _files_table(report: Report, width: int) -> Table:
     """Per-input totals, shown when a run has several inputs."""
     excluded = any(f.excluded for f in report.files)
-    table = Table(show_lines=False, header_style="bold")
-    table.add_column("file", overflow="fold")
-    for header in ("tensors", "skipped", *(("excluded",) if excluded else ()), "elements"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("global norm", justify="right", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
-    for result in report.files:
-        cells: list[Text | str] = [
-            Text(printable(result.path)),
-            count(result.tensors),
-            count(result.skipped),
-        ]
-        if excluded:
-            cells.append(count(result.excluded))
-        cells += [
-            count(result.elements),
-            number(result.global_norm),
-            _file_verdict(report, result),
-        ]
-        table.add_row(*cells)
-    return table
+    files = report.files
+    columns = [
+        Column("file", [Text(printable(r.path)) for r in files], kind="name"),
+        Column("tensors", [count(r.tensors) for r in files], "right"),
+        Column("skipped", [count(r.skipped) for r in files], "right", priority=20),
+    ]
+    if excluded:
+        columns.append(Column("excluded", [count(r.excluded) for r in files], "right", priority=10))
+    columns += [
+        Column("elements", [count(r.elements) for r in files], "right", priority=30),
+        Column("global norm", [number(r.global_norm) for r in files], "right", priority=40),
+        Column("verdict", [_file_verdict(report, r) for r in files], kind="prose"),
+    ]
+    return fitted_table(columns, width)[0]
 
 
 def _summary_lines(report: Report, hidden: int) -> list[Text]:
@@ -209,16 +215,11 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
     )
     lines.append(Text(flagged_line(report)))
     lines += [Text(line) for line in reading_lines(report)]
-    several = len(report.files) > 1
-    for skipped in report.skipped[:10]:
-        where = ""
-        if several and skipped.source and not skipped.name.startswith(skipped.source):
-            where = f" in {printable(skipped.source)}"
-        lines.append(
-            Text(f"skipped {printable(skipped.name)}{where}: {skipped.reason}", style="dim")
-        )
-    if len(report.skipped) > 10:
-        lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
+    # Unread floating-point data first and not dimmed: it is a finding (kind skipped).
+    lines += [
+        Text(line, style="yellow" if unaudited else "dim")
+        for line, unaudited in skipped_lines(report)
+    ]
     lines += _limit_lines(report)
     for problem in report.errors:
         text = f"input error: {printable(problem.path)}: {printable(problem.message)}"
@@ -230,18 +231,27 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
 def render_table(report: Report, options: RenderOptions) -> str:
     buffer = io.StringIO()
     console = string_console(buffer, options)
-    rows, hidden = _rank(report, options)
+    rows, hidden_flagged, hidden = _rank(report, options)
     if rows:
-        console.print(_tensor_table(report, rows))
+        table, layout = _tensor_table(report, rows, sane_width(options.width))
+        console.print(table)
+        if (note := dropped_note(layout)) is not None:
+            console.print(note)
+    if hidden_flagged:
+        console.print(Text(more_flagged(hidden_flagged), style="bold"))
     estimates = None if options.quiet else _estimates_table(report, options)
     if estimates is not None:
         console.print(estimates)
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
+    elif not report.tensors and report.errors:
+        # Nothing was audited: the errors are on stderr; a summary of nothing (a global
+        # norm of 0, zero flagged tensors) would only read like a result.
+        console.print(Text(verdict_line(report), style=_VERDICT_STYLE[exit_code(report)]))
     else:
         if len(report.files) > 1:
-            console.print(_files_table(report))
+            console.print(_files_table(report, sane_width(options.width)))
         for line in _summary_lines(report, hidden):
             console.print(line)
     return buffer.getvalue()
