@@ -118,7 +118,7 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
         columns.append(Column("file", files, priority=75))
     columns += [
         Column("name", names, kind="name"),
-        *([Column("role", [ROLE_LABELS[s.role] for s in rows], priority=65)] if roles else []),
+        *([Column("role", [ROLE_LABELS[s.role] for s in rows], priority=72)] if roles else []),
         Column("shape", ["×".join(str(d) for d in s.shape) or "()" for s in rows], priority=40),
         Column("dtype", [s.dtype for s in rows], priority=50),
         Column("norm", [number(s.norm) for s in rows], justify="right"),
