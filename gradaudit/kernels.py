@@ -17,28 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any, Protocol
 
 import torch
 
+from gradaudit.devices import stream_key
+from gradaudit.engine_options import Engine as Engine  # where the torch side finds it
+
 INF = math.inf
-
-
-class Engine(str, Enum):
-    """Which kernel reduces the data (``--engine``).
-
-    ``auto`` takes the native single-pass kernel for CPU tensors when it was
-    built (:mod:`gradaudit.native`), the Triton single-pass kernel for CUDA
-    tensors when Triton is installed (:mod:`gradaudit.triton_kernel`), and the
-    eager kernel for everything else.
-    """
-
-    NATIVE = "native"
-    TRITON = "triton"
-    EAGER = "eager"
-    COMPILED = "compiled"
-    AUTO = "auto"
 
 
 class RowKernel(Protocol):
@@ -60,11 +46,12 @@ class EagerKernel:
     """
 
     def __init__(self) -> None:
-        self._scratch: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
+        self._scratch: dict[tuple[torch.device, torch.dtype, str, int], torch.Tensor] = {}
         self._ones: dict[torch.device, torch.Tensor] = {}
 
     def _buffer(self, like: torch.Tensor, dtype: torch.dtype, role: str) -> torch.Tensor:
-        key = (like.device, dtype, role)
+        # Per stream: blocks reduced on two streams must not share a scratch buffer.
+        key = (like.device, dtype, role, stream_key(like.device))
         buffer = self._scratch.get(key)
         if buffer is None or buffer.numel() < like.numel():
             buffer = torch.empty(like.numel(), dtype=dtype, device=like.device)
