@@ -68,6 +68,11 @@ class SafetensorsSource:
         self.path = path
         self.header: SafetensorsHeader = read_header(path) if header is None else header
 
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The file's ``__metadata__``: it may say what the file holds (:mod:`gradaudit.roles`)."""
+        return self.header.metadata
+
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         mapping = _map(self.path, self.header.file_size)
         data_start = 8 + self.header.header_length

@@ -38,6 +38,7 @@ from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_gl
 from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
+from gradaudit.roles import TensorHint
 
 #: File name endings read by this module (compared in lower case).
 PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
@@ -126,6 +127,8 @@ class TorchPickleSource:
         self.path = path
         sniffed = sniff(path)
         self.archive: TorchZip | None = None
+        #: What the checkpoint's structure says about each tensor (filled by :meth:`items`).
+        self.role_hints: dict[str, TensorHint] = {}
         if sniffed.kind == "zip":
             self.archive = inspect_torch_zip(path)
         elif sniffed.kind != "torch-legacy":
@@ -137,7 +140,7 @@ class TorchPickleSource:
             structure = self._load("meta")
             if structure is not None:
                 check_storages(self.path, self.archive, iter_tensors(structure))
-        yield from walk_checkpoint(self._load("cpu"), self.path, select)
+        yield from walk_checkpoint(self._load("cpu"), self.path, select, self.role_hints)
 
     def _load(self, map_location: str) -> Any:
         """``torch.load`` the weights-only way; every failure becomes an :class:`InputError`.
