@@ -21,21 +21,39 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradaudit.checks import evaluate_all, evaluate_limits, evaluate_skipped
+from gradaudit.checks import (
+    evaluate_all,
+    evaluate_limits,
+    evaluate_optimizer_state,
+    evaluate_skipped,
+    find_outliers,
+    gradient_health,
+)
 from gradaudit.devices import resolve_device
 from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
 from gradaudit.kernels import Engine
-from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import (
     FileResult,
     Finding,
+    GradientEstimate,
     InputProblem,
     LimitFinding,
     Report,
     Skipped,
     Summary,
     TensorStats,
+)
+from gradaudit.roles import (
+    FileEvidence,
+    TensorHint,
+    decide,
+    describe_file,
+    estimate_value,
+    file_evidence_text,
+    metadata_evidence,
+    stats_evidence,
 )
 from gradaudit.selection import NameFilter
 from gradaudit.staging import CudaChannel, HostToDevice
@@ -124,6 +142,8 @@ class PendingEntry:
     shape: tuple[int, ...]
     dtype: str
     source: str | None = None
+    #: What the file's structure says about the tensor (:mod:`gradaudit.roles`).
+    hint: TensorHint | None = None
 
 
 class PendingStats:
@@ -157,6 +177,9 @@ class PendingStats:
         self._dtypes: list[str] = []
         self._sources: list[str | None] = []
         self._tickets: list[int] = []
+        self._hints: list[TensorHint | None] = []
+        #: What each file's metadata says it holds, where it says anything.
+        self._file_evidence: dict[str, FileEvidence] = {}
         self._devices: dict[torch.device, None] = {}
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
@@ -182,7 +205,9 @@ class PendingStats:
         """The host-side facts of the collected tensors, in collection order."""
         return tuple(
             PendingEntry(*facts)
-            for facts in zip(self._names, self._shapes, self._dtypes, self._sources, strict=True)
+            for facts in zip(
+                self._names, self._shapes, self._dtypes, self._sources, self._hints, strict=True
+            )
         )
 
     @property
@@ -212,6 +237,15 @@ class PendingStats:
         """Names left out by ``--include``/``--exclude``, counted per source."""
         return dict(self._excluded)
 
+    @property
+    def file_evidence(self) -> dict[str, FileEvidence]:
+        """What each file's metadata says it holds (see :meth:`read_hints`)."""
+        return dict(self._file_evidence)
+
+    def add_file_evidence(self, evidence: Mapping[str, FileEvidence]) -> None:
+        """Add file evidence gathered elsewhere (another rank's share of the inputs)."""
+        self._file_evidence.update(evidence)
+
     def add_excluded(self, counts: Mapping[str | None, int]) -> None:
         """Add exclusion counts gathered elsewhere (another rank's share of the inputs)."""
         self._excluded.update(counts)
@@ -234,6 +268,7 @@ class PendingStats:
         self._shapes.append(tuple(entry.shape))
         self._dtypes.append(entry.dtype)
         self._sources.append(entry.source)
+        self._hints.append(entry.hint)
         self._tickets.append(self._collector.adopt(row))
         self._devices[row.device] = None
         if self.histograms:
@@ -254,7 +289,13 @@ class PendingStats:
         """Take the values of every tensor queued so far (see :meth:`queue`)."""
         self._collector.settle()
 
-    def queue(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
+    def queue(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        source: str | None = None,
+        hint: TensorHint | None = None,
+    ) -> None:
         """Like :meth:`add`, but a CPU tensor may be read as late as :meth:`settle`.
 
         For tensors nobody modifies meanwhile (a file's data, or a batch that
@@ -287,7 +328,9 @@ class PendingStats:
         if self.histograms:
             from gradaudit.precision_kernel import exponent_histogram
 
-            self._histograms.append(exponent_histogram(tensor))
+            # A derived row (a second moment's sum, a step) is not a tensor of the file.
+            derived = hint is not None and hint.aux is not None
+            self._histograms.append(None if derived else exponent_histogram(tensor))
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(
@@ -295,6 +338,7 @@ class PendingStats:
         )
         self._sources.append(source)
         self._tickets.append(ticket)
+        self._hints.append(hint)
         self._devices[device] = None
 
     def queue_run(self, run: TensorRun, source: str | None = None) -> None:
@@ -321,7 +365,69 @@ class PendingStats:
         self._dtypes += [dtype_name(run.dtype)] * count
         self._sources += [source] * count
         self._tickets += tickets
+        self._hints += [None] * count
         self._devices[run.data.device] = None
+
+    def queue_derived(
+        self, name: str, tensor: torch.Tensor, hint: TensorHint, source: str | None = None
+    ) -> None:
+        """Queue the one-element rows an optimizer state tensor's checks and estimate need.
+
+        Not audited themselves, they ride along with the one host read (and travel with
+        the entries between ranks): a second moment's sum (``sum``, for the gradient
+        estimate) and its minimum clamped to 0 (``neg``: nonzero exactly when an element
+        is negative), and the state's step counter (``step``); each row's max |x| is the
+        value. Reductions, not an element-wise root: a square root of the subnormal
+        values that fill a second moment cost 30x a sum on x86 (measured).
+        """
+        if not_audited_reason(tensor) is not None or tensor.numel() == 0:
+            return
+        basis = hint.basis
+        values: list[tuple[str, torch.Tensor]] = []
+        if hint.role is Role.OPTIMIZER_SECOND_MOMENT:
+            values.append(("neg", _serial_reduce(tensor, "amin").clamp(max=0)))
+        if basis is not None and basis.second_moment:
+            values.append(("sum", _serial_reduce(tensor, "sum")))
+        step = None if basis is None else basis.step_tensor
+        if step is not None and step.dtype is not torch.bool and not step.dtype.is_complex:
+            values.append(("step", step.reshape(()).to(torch.float64)))
+        for kind, value in values:
+            aux = TensorHint(None, "", aux=kind, aux_for=name)
+            self.queue(f"{name}#{kind}", value.reshape(1), source, aux)
+
+    def read_hints(self, reader: object, label: str) -> Mapping[str, TensorHint]:
+        """Note what ``reader``'s file says it holds (under ``label``); return its tensor hints.
+
+        Both are optional reader attributes (see :class:`gradaudit.io.base.TensorSource`):
+        ``metadata`` decides the file's default role, ``role_hints`` (filled while the
+        reader yields) each tensor's.
+        """
+        metadata = getattr(reader, "metadata", None)
+        evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
+        if evidence is not None:
+            self._file_evidence[label] = evidence
+        hints = getattr(reader, "role_hints", None)
+        return hints if isinstance(hints, Mapping) else {}
+
+    def queue_with_hint(
+        self, name: str, tensor: torch.Tensor, source: str | None, hint: TensorHint | None
+    ) -> None:
+        """:meth:`queue` a file's tensor with its hint, and the rows its checks need."""
+        derived = hint is not None and (
+            hint.basis is not None or hint.role is Role.OPTIMIZER_SECOND_MOMENT
+        )
+        if hint is not None and hint.basis is not None and hint.basis.step_tensor is not None:
+            # Entries stay plain data: the step travels as its own row.
+            plain = dataclasses.replace(hint.basis, step_tensor=None)
+            self.queue(name, tensor, source=source, hint=dataclasses.replace(hint, basis=plain))
+        else:
+            self.queue(name, tensor, source=source, hint=hint)
+        if derived:
+            assert hint is not None
+            # The kernel reads a memory-mapped tensor first, on one thread; torch's reductions
+            # then find its pages resident (faulting them in from two threads took 10x longer).
+            self.settle()
+            self.queue_derived(name, tensor, hint, source)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
@@ -373,6 +479,8 @@ class PendingStats:
         self._dtypes += other._dtypes
         self._sources += other._sources
         self._tickets += other._tickets
+        self._hints += other._hints
+        self._file_evidence.update(other._file_evidence)
         self._histograms += other._histograms
         self._devices.update(other._devices)
         self._skipped += other._skipped
@@ -413,9 +521,10 @@ class PendingStats:
         part = self.child()
         try:
             source = open_source(path)
+            hints = part.read_hints(source, path)
             stream: Iterator[RunItem] = (
                 source.runs()
-                if select is None and isinstance(source, RunSource)
+                if select is None and not hints and isinstance(source, RunSource)
                 else source.items(select)
             )
             for item in stream:
@@ -428,9 +537,10 @@ class PendingStats:
                 elif isinstance(item, Skipped):
                     part.skip(dataclasses.replace(item, source=path))
                 else:
-                    part.queue(item[0], item[1], source=path)
+                    name, tensor = item
+                    part.queue_with_hint(name, tensor, path, hints.get(name))
                     if progress is not None:
-                        progress(item[1].numel() * item[1].element_size())
+                        progress(tensor.numel() * tensor.element_size())
             part.settle()
             # Only now has every byte been read: a file that changed meanwhile is an error.
             source.check_unchanged()
@@ -500,14 +610,33 @@ class PendingStats:
         host = self._collector.gather(self._tickets, host_blocks)
         self._resolve_counts(host_blocks)
         with _collection_paused():
-            tensors = tuple(self._tensor_stats(_host_rows(host)))
-            findings = evaluate_all(tensors, thresholds) + evaluate_skipped(
+            values = _host_rows(host)  # bound to every row, before host is narrowed below
+            main = [i for i, hint in enumerate(self._hints) if hint is None or hint.aux is None]
+            if len(main) != host.shape[0]:  # derived rows ride along; not audited tensors
+                host = host[main]
+            raw = list(self._tensor_stats(values))
+            derived = {
+                (stats.source, hint.aux_for, hint.aux): stats
+                for stats, hint in zip(raw, self._hints, strict=True)
+                if hint is not None and hint.aux is not None
+            }
+            hints = [self._hints[i] for i in main]
+            tensors, readings = self._with_roles([raw[i] for i in main], hints, thresholds)
+            estimates, negatives = _estimates(tensors, hints, derived)
+            findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
+                estimates, negatives, thresholds
+            )
+            outliers, references = find_outliers(tensors, thresholds, findings)
+            findings = _in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
                 self._skipped, thresholds
             )
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host))
+        files = tuple(self._file_results(host, [self._sources[i] for i in main], tensors, readings))
         limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
+        histograms = self._read_histograms()
+        if histograms and len(histograms) != len(tensors):
+            histograms = tuple(histograms[i] for i in main)
         return Report(
             tensors=tensors,
             findings=findings,
@@ -527,8 +656,47 @@ class PendingStats:
             errors=tuple(self._errors),
             thresholds=thresholds,
             limit_findings=limit_findings,
-            histograms=self._read_histograms(),
+            estimates=estimates,
+            outlier_references=references,
+            histograms=histograms,
         )
+
+    def _with_roles(
+        self,
+        tensors: list[TensorStats],
+        hints: list[TensorHint | None],
+        thresholds: Thresholds,
+    ) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
+        """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
+
+        Returns the tensors and, per source, ``(read as, evidence, thin)``.
+        """
+        by_source: dict[str | None, list[int]] = {}
+        for index, stats in enumerate(tensors):
+            by_source.setdefault(stats.source, []).append(index)
+        out = list(tensors)
+        readings: dict[str | None, tuple[str, str, bool]] = {}
+        for source, indices in by_source.items():
+            if source is None:
+                file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
+            else:
+                file_role = self._file_evidence.get(source) or stats_evidence(
+                    [tensors[i] for i in indices]
+                )
+            roles, evidences = [], []
+            for i in indices:
+                stats = tensors[i]
+                role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
+                roles.append(role)
+                evidences.append(evidence)
+                out[i] = _with_role(stats, role, evidence)
+            thin = file_role.thin and any(e == file_role.evidence for e in evidences)
+            readings[source] = (
+                describe_file(roles, file_role, evidences),
+                file_evidence_text(roles, evidences, file_role),
+                thin,
+            )
+        return tuple(out), readings
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
         """Shapes of the entries whose element count came with the rows (see :meth:`add_row`)."""
@@ -587,19 +755,29 @@ class PendingStats:
                 source,
             )
 
-    def _file_results(self, host: torch.Tensor) -> Iterator[FileResult]:
+    def _file_results(
+        self,
+        host: torch.Tensor,
+        sources: list[str | None],
+        tensors: Sequence[TensorStats],
+        readings: Mapping[str | None, tuple[str, str, bool]],
+    ) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}
         for path in dict.fromkeys(self._files + list(errors)):
-            indices = [i for i, source in enumerate(self._sources) if source == path]
+            indices = [i for i, source in enumerate(sources) if source == path]
             norm = HostRow.from_values(merge_rows(host[indices]).tolist()).norm if indices else None
+            read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
                 tensors=len(indices),
                 skipped=sum(1 for s in self._skipped if s.source == path),
-                elements=sum(math.prod(self._shapes[i]) for i in indices),
+                elements=sum(tensors[i].numel for i in indices),
                 global_norm=norm,
                 error=errors.get(path),
                 excluded=self._excluded[path],
+                read_as=read_as,
+                read_as_evidence=evidence,
+                evidence_thin=thin,
             )
 
     def _device_label(self) -> str:
@@ -617,6 +795,103 @@ def _host_rows(host: torch.Tensor, step: int = 1 << 16) -> Iterator[list[float]]
     """
     for start in range(0, host.shape[0], step):
         yield from host[start : start + step].tolist()
+
+
+#: CPU reductions for derived rows run in pieces this long, below torch's grain size
+#: (32768), so each runs on the calling thread: with the native kernel's threads busy,
+#: torch's own pool made the same sums 3-10x slower (measured on a 270 MB checkpoint).
+_PIECE = 16384
+
+
+def _pieces(flat: torch.Tensor) -> list[torch.Tensor]:
+    return [flat[start : start + _PIECE] for start in range(0, flat.numel(), _PIECE)]
+
+
+def _serial_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
+    """``sum`` (accumulated in float64) or ``amin`` of ``tensor``, as a float64 0-d tensor.
+
+    On the CPU piece by piece on the calling thread; elsewhere in one call.
+    """
+    flat = tensor.reshape(-1)
+    if how == "sum":
+        if flat.device.type != "cpu" or flat.numel() <= _PIECE:
+            return flat.sum(dtype=torch.float64)
+        return torch.stack([p.sum(dtype=torch.float64) for p in _pieces(flat)]).sum()
+    if flat.device.type != "cpu" or flat.numel() <= _PIECE:
+        return flat.amin().to(torch.float64)
+    return torch.stack([p.amin() for p in _pieces(flat)]).amin().to(torch.float64)
+
+
+def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
+    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
+    copy = object.__new__(TensorStats)
+    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
+    return copy
+
+
+def _in_tensor_order(
+    tensors: Sequence[TensorStats], findings: Sequence[Finding]
+) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
+    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
+
+
+def _estimates(
+    tensors: Sequence[TensorStats],
+    hints: Sequence[TensorHint | None],
+    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
+) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, float]]]:
+    """Per-parameter gradient estimates from optimizer state, and negative second moments.
+
+    One estimate per parameter and file: the RMS norm from its second moment, the mean
+    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
+    """
+    merged: dict[tuple[str | None, str], GradientEstimate] = {}
+    negatives: list[tuple[TensorStats, float]] = []
+    for stats, hint in zip(tensors, hints, strict=True):
+        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
+            continue
+        lowest = derived.get((stats.source, stats.name, "neg"))
+        if lowest is not None and lowest.finite and lowest.max_abs > 0:
+            negatives.append((stats, -lowest.max_abs))
+        total = derived.get((stats.source, stats.name, "sum"))
+        if hint is None or hint.basis is None:
+            continue
+        basis = hint.basis
+        step_row = derived.get((stats.source, stats.name, "step"))
+        step = basis.step if step_row is None else step_row.max_abs
+        rms, mean, corrected = estimate_value(
+            basis, stats.norm, total.max_abs if total is not None and total.finite else None, step
+        )
+        if rms is None and mean is None:
+            continue
+        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
+        parameter = hint.param or key
+        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
+        label = f"from {what}"
+        if corrected and step:
+            label += f", bias-corrected at step {step:g}"
+        previous = merged.get((stats.source, parameter))
+        if previous is None:
+            previous = GradientEstimate(parameter, stats.name, stats.source, label)
+        if rms is not None:
+            previous = dataclasses.replace(
+                previous,
+                tensor=stats.name,
+                basis=label,
+                rms_norm=rms,
+                step=step,
+                bias_corrected=corrected,
+            )
+        else:
+            previous = dataclasses.replace(previous, mean_norm=mean)
+            if previous.rms_norm is None:
+                previous = dataclasses.replace(
+                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
+                )
+        merged[(stats.source, parameter)] = previous
+    return tuple(merged.values()), negatives
 
 
 def _summary(
@@ -639,6 +914,8 @@ def _summary(
         inf_tensors=flagged(FindingKind.INF),
         vanishing_tensors=flagged(FindingKind.VANISHING),
         exploding_tensors=flagged(FindingKind.EXPLODING),
+        outlier_tensors=flagged(FindingKind.OUTLIER),
+        gradient_health=gradient_health(tensors, findings),
         failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
         warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
         ignored_findings=sum(1 for f in findings if f.ignored),

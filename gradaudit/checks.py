@@ -2,34 +2,61 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable, Sequence
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, LimitKind, Thresholds, fraction_exceeds
-from gradaudit.results import FileResult, Finding, LimitFinding, Report, Skipped, TensorStats
+from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds, fraction_exceeds
+from gradaudit.results import (
+    FileResult,
+    Finding,
+    GradientEstimate,
+    LimitFinding,
+    OutlierReference,
+    Report,
+    Skipped,
+    TensorStats,
+)
+
+_OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
 
 
 def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
     """The findings for one tensor, in a fixed order (NaN, Inf, exploding, vanishing).
 
-    Magnitude checks use the norm of the finite elements and are skipped for a
-    tensor with no finite element (its NaN/Inf findings already say everything)
-    and for an empty tensor (there is nothing to vanish). An all-zero tensor
-    has norm 0 and is vanishing. A tensor matched by an ``ignore`` pattern
-    still gets its findings, with severity ``ignored``, so reports can count
-    and show them.
+    What is checked depends on the tensor's role (``docs/roles.md``):
+
+    * ``gradient``: NaN, Inf, and the norm thresholds. Magnitude checks use the
+      norm of the finite elements and are skipped for a tensor with no finite
+      element (its NaN/Inf findings already say everything) and for an empty
+      tensor (there is nothing to vanish). An all-zero tensor has norm 0 and is
+      vanishing.
+    * ``weight``: NaN, Inf, an all-zero tensor (a warning by default), and
+      ``--cast-check``. No norm thresholds: a norm of 190 is a healthy embedding.
+    * optimizer state, buffers, unknown: NaN and Inf only (the optimizer state's
+      gradient estimates and negative second moments are judged by
+      :func:`evaluate_optimizer_state`).
+
+    A tensor matched by an ``ignore`` pattern still gets its findings, with
+    severity ``ignored``, so reports can count and show them.
     """
     found: list[tuple[FindingKind, str]] = []
+    where = ""
+    if stats.role in _OPTIMIZER_STATE and stats.nonfinite:
+        where = " of optimizer state: resuming from this checkpoint would spread it"
     if stats.nan:
-        found.append((FindingKind.NAN, f"{stats.nan} NaN of {stats.numel} elements"))
+        found.append((FindingKind.NAN, f"{stats.nan} NaN of {stats.numel} elements{where}"))
     if stats.pos_inf or stats.neg_inf:
         found.append(
             (
                 FindingKind.INF,
-                f"{stats.pos_inf} +Inf and {stats.neg_inf} -Inf of {stats.numel} elements",
+                f"{stats.pos_inf} +Inf and {stats.neg_inf} -Inf of {stats.numel} elements{where}",
             )
         )
-    if stats.finite:
+    if stats.role is Role.WEIGHT:
+        found.extend(_weight_checks(stats, thresholds))
+    elif stats.role is Role.GRADIENT and stats.finite:
         if stats.norm > thresholds.exploding:
             found.append(
                 (
@@ -54,6 +81,179 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tuple[Finding, ...]:
     return tuple(finding for stats in tensors for finding in evaluate(stats, thresholds))
+
+
+def cast_limits(target: str) -> tuple[float, float]:
+    """``(overflow_from, flush_from)`` for a ``--cast-check`` target, as ``--precision`` uses.
+
+    A finite value with ``|x| >= overflow_from`` leaves the target's range (Inf, or
+    saturated to ±448 by ``fp8_e4m3fn``); a nonzero value with ``|x| < flush_from``
+    becomes zero. One table of rounding boundaries serves both checks
+    (:data:`gradaudit.precision.FORMATS`).
+    """
+    from gradaudit.precision import FORMATS, Precision
+
+    spec = FORMATS[Precision(target)]
+    return spec.overflow_from, spec.flush_from
+
+
+def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[FindingKind, str]]:
+    found: list[tuple[FindingKind, str]] = []
+    if stats.numel and stats.zeros == stats.numel:
+        found.append((FindingKind.ALL_ZERO, f"all {stats.numel} elements are zero"))
+    target = thresholds.cast_check
+    if target is not None and stats.finite:
+        overflow, underflow = cast_limits(target)
+        if stats.max_abs >= overflow:
+            found.append(
+                (
+                    FindingKind.CAST,
+                    f"max |x| {stats.max_abs:.4g} does not fit {target} "
+                    f"(values from {overflow:.4g} up overflow)",
+                )
+            )
+        elif 0 < stats.max_abs < underflow:
+            found.append(
+                (
+                    FindingKind.CAST,
+                    f"every nonzero value flushes to zero in {target} "
+                    f"(max |x| {stats.max_abs:.3g} < {underflow:.3g})",
+                )
+            )
+    return found
+
+
+def evaluate_optimizer_state(
+    estimates: Sequence[GradientEstimate],
+    negatives: Sequence[tuple[TensorStats, float]],
+    thresholds: Thresholds,
+) -> tuple[Finding, ...]:
+    """Findings read from optimizer state: negative second moments, and gradient health.
+
+    A second moment is a running sum or average of squares, so a negative value is
+    corruption. A gradient's RMS norm estimated from a second moment is judged by the
+    same vanishing/exploding thresholds as a gradient in a dump; the finding sits on
+    the state tensor (whose name carries the parameter's) and its message names the
+    parameter.
+    """
+    out: list[Finding] = []
+    for stats, lowest in negatives:
+        message = f"negative values (down to {lowest:.3g}) in a second moment (of squares)"
+        kind = FindingKind.NEGATIVE
+        out.append(
+            Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)
+        )
+    for estimate in estimates:
+        value = estimate.rms_norm
+        if value is None or not math.isfinite(value):
+            continue
+        what = f"{estimate.parameter}: estimated gradient RMS norm {value:.3g} ({estimate.basis})"
+        if value > thresholds.exploding:
+            kind, message = FindingKind.EXPLODING, f"{what} > {thresholds.exploding:.3g}"
+        elif value < thresholds.vanishing:
+            kind, message = FindingKind.VANISHING, f"{what} < {thresholds.vanishing:.3g}"
+        else:
+            continue
+        out.append(
+            Finding(
+                kind,
+                thresholds.severity(kind, estimate.tensor),
+                estimate.tensor,
+                message,
+                estimate.source,
+            )
+        )
+    return tuple(out)
+
+
+#: A role with fewer tensors than this in a file has no outlier reference.
+OUTLIER_MIN_TENSORS = 8
+#: Optimizer state is left out: its moments mirror the gradients, whose health the
+#: per-parameter estimates already judge, and an outlier there would only repeat it.
+_OUTLIER_ROLES = (Role.GRADIENT, Role.WEIGHT)
+
+
+def find_outliers(
+    tensors: Sequence[TensorStats],
+    thresholds: Thresholds,
+    findings_so_far: Sequence[Finding] = (),
+) -> tuple[tuple[Finding, ...], tuple[OutlierReference, ...]]:
+    """Tensors whose RMS sits far from the others of their role in their file.
+
+    Scale-free: on log10 RMS, the reference is the median (robust to the outliers it
+    looks for); the spread shown with it is the median absolute deviation times 1.4826
+    (a standard deviation for normal data). A tensor is an outlier when it lies more
+    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple
+    of the spread: a healthy model's roles mix tensor kinds (LayerNorm scales near 1,
+    matrices near 0.02), so its spread is wide, and a multiple of it would hide a layer
+    scaled by 1e3. Left out: tensors with no finite element or an RMS of 0 (other checks
+    cover them), roles with fewer than 8 tensors in a file, and tensors that already
+    have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
+    the outlier check is for what an absolute threshold cannot see.
+    """
+    magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
+    already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
+    groups: dict[tuple[str | None, Role, str], list[TensorStats]] = {}
+    for stats in tensors:
+        if stats.role in _OUTLIER_ROLES and stats.rms is not None and stats.rms > 0:
+            groups.setdefault((stats.source, stats.role, _shape_class(stats)), []).append(stats)
+    findings: list[Finding] = []
+    references: list[OutlierReference] = []
+    for (source, role, shapes), members in groups.items():
+        if len(members) < OUTLIER_MIN_TENSORS:
+            continue
+        logs = [math.log10(t.rms) for t in members if t.rms is not None]
+        median = statistics.median(logs)
+        spread = 1.4826 * statistics.median(abs(x - median) for x in logs)
+        limit = thresholds.outlier_limit(role)
+        references.append(
+            OutlierReference(role, source, len(members), median, spread, limit, shapes)
+        )
+        for stats, x in zip(members, logs, strict=True):
+            distance = x - median
+            if abs(distance) <= limit:
+                continue
+            direction = "above" if distance > 0 else "below"
+            message = (
+                f"RMS {stats.rms:.3g} is {abs(distance):.1f} decades {direction} the median "
+                f"{10**median:.3g} of {len(members)} {role.value} tensors"
+                f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
+            )
+            kind = FindingKind.OUTLIER
+            if (source, stats.name) in already:
+                continue
+            findings.append(
+                Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, source)
+            )
+    return tuple(findings), tuple(references)
+
+
+def _shape_class(stats: TensorStats) -> str:
+    """The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    and of matrices sit decades apart in healthy models, weights do not (measured)."""
+    if stats.role is not Role.GRADIENT:
+        return "all"
+    return "1-D" if len(stats.shape) <= 1 else "2-D+"
+
+
+def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding]) -> float:
+    """One number in [0, 1] for dashboards and gates: 1 is a clean audit.
+
+    ``health = clean / N * finite / N * (1/2 if any element is NaN or Inf else 1)``,
+    where ``N`` is the number of audited elements, ``clean`` the elements in tensors
+    without a failing or warning finding (ignored findings do not count against it)
+    and ``finite`` the finite elements. A single NaN halves the score however small
+    its tensor, so a non-finite value is never lost in the rounding of a large model.
+    Nothing audited scores 0: no evidence of health.
+    """
+    total = sum(t.numel for t in tensors)
+    if total == 0:
+        return 0.0
+    flagged = {(f.source, f.tensor) for f in findings if f.severity is not Severity.IGNORED}
+    clean = sum(t.numel for t in tensors if (t.source, t.name) not in flagged)
+    nonfinite = sum(t.nonfinite for t in tensors)
+    score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
+    return min(1.0, max(0.0, score))
 
 
 def evaluate_skipped(skipped: Iterable[Skipped], thresholds: Thresholds) -> tuple[Finding, ...]:

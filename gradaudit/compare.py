@@ -13,6 +13,8 @@ prints, never exits.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +32,9 @@ from gradaudit.comparison import (
 )
 from gradaudit.errors import InputError, UsageError
 from gradaudit.kernels import Engine
-from gradaudit.policy import FindingKind, Thresholds
+from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
+from gradaudit.roles import TensorHint
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).
@@ -151,8 +154,11 @@ def _read(
     outside = _outside_reason(sides)
     part = pending.child()
     try:
-        source = open_source(path)
-        for item in source.items():
+        reader = open_source(path)
+        hints: Mapping[str, TensorHint] = {}
+        for route in sides:
+            hints = part.read_hints(reader, route.label)
+        for item in reader.items():
             if isinstance(item, Excluded):  # no selection is passed, so none come
                 continue
             name = item.name if isinstance(item, Skipped) else item[0]
@@ -162,9 +168,9 @@ def _read(
             elif isinstance(item, Skipped):
                 part.skip(dataclasses.replace(item, source=side.label))
             else:
-                part.queue(name, item[1], source=side.label)
+                part.queue_with_hint(name, item[1], side.label, hints.get(name))
         part.settle()
-        source.check_unchanged()  # every byte is read: a file that changed meanwhile is an error
+        reader.check_unchanged()  # every byte is read: a file that changed meanwhile is an error
     except InputError as error:
         errors.append(InputProblem(path, error.cause))
         return
@@ -187,6 +193,7 @@ def _build(
 ) -> Comparison:
     policy = policy or ComparePolicy()
     report = pending.materialize(thresholds)  # the one device->host read
+    _check_same_role(report, sides)
     host, seed = (_side_stats(report, side) for side in sides)
     failed = {problem.path for problem in errors}
     for stats, side in ((host, sides[0]), (seed, sides[1])):
@@ -204,6 +211,31 @@ def _build(
         report=report,
         policy=policy,
     )
+
+
+def _check_same_role(report: Report, sides: tuple[_Side, _Side]) -> None:
+    """Refuse to compare weights with gradients: their ratio means nothing.
+
+    Each side's role is what most of its tensors were read as (optimizer state and
+    buffers aside); ``--kind`` makes both sides one role when the evidence misleads.
+    """
+    main: list[tuple[Role, str]] = []
+    for side in sides:
+        roles = Counter(
+            (t.role, t.role_evidence)
+            for t in report.tensors
+            if t.source == side.label and t.role in (Role.GRADIENT, Role.WEIGHT)
+        )
+        if not roles:
+            return
+        main.append(roles.most_common(1)[0][0])
+    (host_role, host_why), (seed_role, seed_why) = main
+    if host_role is not seed_role:
+        raise UsageError(
+            f"cannot compare {host_role.value}s ({sides[0].label}: {host_why}) with "
+            f"{seed_role.value}s ({sides[1].label}: {seed_why}); compare like with like, "
+            "or say what both hold with --kind"
+        )
 
 
 def _empty_message(side: _Side) -> str:

@@ -54,10 +54,13 @@ from gradaudit.policy import (
     DEFAULT_FAIL_ON,
     DEFAULT_VANISHING_THRESHOLD,
     FindingKind,
+    InputKind,
     PolicyError,
     Thresholds,
+    check_cast_target,
     check_exploding_threshold,
     check_ignore_pattern,
+    check_kind,
     check_max_global_norm,
     check_max_vanishing_fraction,
     check_vanishing_threshold,
@@ -89,6 +92,8 @@ class Settings:
     max_global_norm: float | None = None
     max_vanishing_fraction: float | None = None
     ignore: tuple[str, ...] | None = None
+    kind: InputKind | None = None
+    cast_check: str | None = None
     format: OutputFormat | None = None
     output: Path | None = None
     quiet: bool | None = None
@@ -120,6 +125,8 @@ class Settings:
                 max_global_norm=self.max_global_norm,
                 max_vanishing_fraction=self.max_vanishing_fraction,
                 ignore=self.ignore or (),
+                kind=_default(self.kind, InputKind.AUTO),
+                cast_check=self.cast_check,
             )
         except PolicyError as error:
             raise self._usage_error(error) from None
@@ -235,6 +242,20 @@ def _ignore(raw: object) -> tuple[str, ...]:
         raise ValueError(error.problem) from None
 
 
+def _kind_value(raw: object) -> InputKind:
+    try:
+        return check_kind(_string(raw))
+    except PolicyError as error:
+        raise ValueError(error.problem) from None
+
+
+def _cast_check(raw: object) -> str:
+    try:
+        return check_cast_target(_string(raw))
+    except PolicyError as error:
+        raise ValueError(error.problem) from None
+
+
 def _output(raw: object) -> Path:
     text = str(raw) if isinstance(raw, PurePath) else _string(raw)
     if not text.strip():
@@ -267,6 +288,8 @@ KEYS: Mapping[str, Key] = {
     "max-global-norm": Key("max_global_norm", _checked(check_max_global_norm)),
     "max-vanishing-fraction": Key("max_vanishing_fraction", _checked(check_max_vanishing_fraction)),
     "ignore": Key("ignore", _ignore),
+    "kind": Key("kind", _kind_value),
+    "cast-check": Key("cast_check", _cast_check),
     "format": Key("format", _choice(OutputFormat)),
     "output": Key("output", _output),
     "quiet": Key("quiet", _boolean),

@@ -33,6 +33,7 @@ from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.roles import FileEvidence
 from gradaudit.selection import NameFilter
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
@@ -341,6 +342,8 @@ class _FilePart:
     errors: tuple[InputProblem, ...]
     excluded: dict[str | None, int]
     first_row: int
+    #: What each file's metadata says it holds (:mod:`gradaudit.roles`).
+    file_evidence: dict[str, FileEvidence] = field(default_factory=dict)
 
 
 def scan_paths_distributed(
@@ -400,6 +403,7 @@ def scan_paths_distributed(
                 collected.errors,
                 collected.excluded,
                 len(rows),
+                collected.file_evidence,
             )
         )
         rows.extend(collected.rows)
@@ -419,6 +423,7 @@ def scan_paths_distributed(
         for skipped in part.skipped:
             result.skip(skipped)
         result.add_excluded(part.excluded)
+        result.add_file_evidence(part.file_evidence)
         for offset, entry in enumerate(part.entries):
             result.add_row(entry, gathered[source_rank][part.first_row + offset])
     return result.materialize(thresholds)

@@ -25,7 +25,9 @@ DumpInput: TypeAlias = ParametersInput | Iterable[tuple[str, torch.Tensor]]
 DUMP_SUFFIX = ".safetensors"
 
 #: Metadata keys :func:`save_gradients` writes itself; callers cannot override them.
-RESERVED_METADATA = frozenset({"format", "gradaudit_version", "step", "time", "torch_version"})
+RESERVED_METADATA = frozenset(
+    {"format", "gradaudit_content", "gradaudit_version", "step", "time", "torch_version"}
+)
 
 
 def save_gradients(
@@ -42,7 +44,8 @@ def save_gradients(
       are left out. A mapping or iterable of ``(name, tensor)`` pairs writes the
       tensors as given, except that an ``nn.Parameter`` stands for its gradient.
     * ``__metadata__`` records ``step`` (when given), ``time`` (UTC, ISO 8601),
-      ``torch_version``, ``gradaudit_version`` and ``format: pt``, plus
+      ``torch_version``, ``gradaudit_version``, ``gradaudit_content: gradients``
+      (so ``scan`` reads the dump as gradients) and ``format: pt``, plus
       ``metadata`` (strings to strings; the keys above are reserved).
     * Atomic: a crash never leaves a truncated file under ``path``.
     * Bounded host memory: tensors are moved to the host one at a time, in
@@ -110,6 +113,8 @@ def dump_metadata(step: int | None, extra: Mapping[str, str] | None = None) -> d
 
     meta = {
         "format": "pt",
+        # What the file holds, so `gradaudit scan` reads it as gradients (gradaudit.roles).
+        "gradaudit_content": "gradients",
         "gradaudit_version": __version__,
         "torch_version": torch.__version__,
         "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),

@@ -75,6 +75,11 @@ class MonitorRecord:
         return self.report.summary.global_norm
 
     @property
+    def gradient_health(self) -> float:
+        """One number in [0, 1] for dashboards (:func:`gradaudit.checks.gradient_health`)."""
+        return self.report.summary.gradient_health
+
+    @property
     def norms(self) -> dict[str, float]:
         """Per-parameter (per-layer) gradient norms, by parameter name."""
         return {t.name: t.norm for t in self.report.tensors}

@@ -32,6 +32,47 @@ class FindingKind(str, Enum):
     #: Floating-point data that could not be audited (a dtype or layout the engine
     #: cannot reduce): a warning by default, so the verdict says what it did not see.
     SKIPPED = "skipped"
+    #: A tensor's RMS sits many decades away from the other tensors of its role in its file.
+    OUTLIER = "outlier"
+    #: Negative values in an optimizer's second moment (a sum of squares): corruption.
+    NEGATIVE = "negative"
+    #: Values a narrower dtype cannot hold (``--cast-check``).
+    CAST = "cast"
+    #: A weight tensor that is entirely zero (for gradients that is ``vanishing``).
+    ALL_ZERO = "all-zero"
+
+
+class Role(str, Enum):
+    """What a tensor is, which decides what is checked in it (see ``docs/roles.md``)."""
+
+    GRADIENT = "gradient"
+    WEIGHT = "weight"
+    #: An optimizer's first moment or momentum (``exp_avg``, ``momentum_buffer``).
+    OPTIMIZER_MOMENT = "optimizer_moment"
+    #: An optimizer's second moment (``exp_avg_sq``, ``square_avg``, Adagrad's ``sum``).
+    OPTIMIZER_SECOND_MOMENT = "optimizer_second_moment"
+    #: Module state that is not trained (BatchNorm running statistics, RoPE tables).
+    BUFFER = "buffer"
+    UNKNOWN = "unknown"
+
+
+class InputKind(str, Enum):
+    """``--kind``: what the files hold, or ``auto`` to decide per file from the evidence."""
+
+    AUTO = "auto"
+    GRADIENTS = "gradients"
+    WEIGHTS = "weights"
+
+
+#: ``--cast-check`` targets: dtypes a tensor may be cast to for serving or training (the
+#: ``--precision`` formats of :mod:`gradaudit.precision`, spelled the same).
+CAST_TARGETS = ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
+
+#: A tensor whose log10 RMS lies more than this many decades from the median of its group
+#: (role, and for gradients 1-D or not) in its file is an outlier. Chosen per role from
+#: measurements on healthy models and on the same models with one layer scaled by 1e3 or
+#: 1e-4 (see ``docs/roles.md``); ``Thresholds.outlier_decades`` overrides both.
+DEFAULT_OUTLIER_DECADES: dict[Role, float] = {Role.WEIGHT: 2.0, Role.GRADIENT: 2.5}
 
 
 class LimitKind(str, Enum):
@@ -59,6 +100,12 @@ class Severity(str, Enum):
 DEFAULT_FAIL_ON: frozenset[FindingKind] = frozenset(
     {FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING}
 )
+
+#: Kinds that fail whatever ``fail_on`` says (only ``--ignore`` silences them): a negative
+#: second moment is corruption, and ``--cast-check`` is itself the gate the user asked
+#: for. Outliers and all-zero weights are often legitimate, so they follow ``fail_on``
+#: (and warn by default).
+ALWAYS_FAILING: frozenset[FindingKind] = frozenset({FindingKind.NEGATIVE, FindingKind.CAST})
 
 #: ``--fail-on`` words that stand for several kinds.
 FAIL_ON_ALIASES: dict[str, frozenset[FindingKind]] = {
@@ -101,6 +148,23 @@ def check_max_vanishing_fraction(value: float) -> float:
     return float(value)
 
 
+def check_kind(value: str | InputKind) -> InputKind:
+    try:
+        return InputKind(str(value.value if isinstance(value, InputKind) else value).lower())
+    except ValueError:
+        choices = ", ".join(k.value for k in InputKind)
+        raise PolicyError("kind", f"unknown kind {value!r} (choose from {choices})") from None
+
+
+def check_cast_target(value: str) -> str:
+    text = value.strip().lower()
+    if text not in CAST_TARGETS:
+        raise PolicyError(
+            "cast-check", f"unknown dtype {value!r} (choose from {', '.join(CAST_TARGETS)})"
+        )
+    return text
+
+
 def check_ignore_pattern(pattern: str) -> str:
     if not pattern.strip():
         raise PolicyError("ignore", "a pattern cannot be empty")
@@ -119,6 +183,10 @@ class Thresholds:
       ``fail_on`` names them, because one dead layer is often legitimate.
     * ``ignore``: glob patterns (``fnmatch``, case-sensitive, ``*`` crosses
       dots) on tensor names whose findings are :attr:`Severity.IGNORED`.
+    * ``kind``: what the inputs hold (``--kind``); ``auto`` decides each tensor's
+      :class:`Role` from the evidence (:mod:`gradaudit.roles`), which decides its checks.
+    * ``cast_check``: a narrower dtype weights are checked against (``--cast-check``).
+    * ``outlier_decades``: overrides the per-role outlier limits.
     """
 
     vanishing: float = DEFAULT_VANISHING_THRESHOLD
@@ -127,6 +195,13 @@ class Thresholds:
     max_global_norm: float | None = None
     max_vanishing_fraction: float | None = None
     ignore: tuple[str, ...] = ()
+    #: What the inputs hold (``--kind``); ``auto`` decides per file and per tensor.
+    kind: InputKind = InputKind.AUTO
+    #: ``--cast-check``: the narrower dtype weights are checked against, if any.
+    cast_check: str | None = None
+    #: Decades from the median log10 RMS of a role beyond which a tensor is an outlier;
+    #: ``None``: the measured default of each role (:data:`DEFAULT_OUTLIER_DECADES`).
+    outlier_decades: float | None = None
 
     def __post_init__(self) -> None:
         check_vanishing_threshold(self.vanishing)
@@ -142,14 +217,27 @@ class Thresholds:
             check_max_vanishing_fraction(self.max_vanishing_fraction)
         for pattern in self.ignore:
             check_ignore_pattern(pattern)
+        object.__setattr__(self, "kind", check_kind(self.kind))
+        if self.cast_check is not None:
+            object.__setattr__(self, "cast_check", check_cast_target(self.cast_check))
+        if self.outlier_decades is not None and not self.outlier_decades > 0:
+            raise PolicyError("outlier-decades", f"must be > 0 (got {self.outlier_decades!r})")
 
     def severity(self, kind: FindingKind, tensor: str | None = None) -> Severity:
         """The severity of a ``kind`` finding on ``tensor`` under this policy."""
         if tensor is not None and self.ignored_by(tensor) is not None:
             return Severity.IGNORED
+        if kind in ALWAYS_FAILING:
+            return Severity.ERROR
         if kind is FindingKind.VANISHING and self.max_vanishing_fraction is not None:
             return Severity.WARNING
         return Severity.ERROR if kind in self.fail_on else Severity.WARNING
+
+    def outlier_limit(self, role: Role) -> float:
+        """Decades from the median beyond which a tensor of ``role`` is an outlier."""
+        if self.outlier_decades is not None:
+            return self.outlier_decades
+        return DEFAULT_OUTLIER_DECADES.get(role, DEFAULT_OUTLIER_DECADES[Role.GRADIENT])
 
     def ignored_by(self, tensor: str) -> str | None:
         """The first ``ignore`` pattern that matches ``tensor``, if any."""

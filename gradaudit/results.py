@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gradaudit.policy import FindingKind, LimitKind, Severity, Thresholds
+from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds
 
 if TYPE_CHECKING:
     from gradaudit.precision import ExponentHistogram
@@ -22,6 +22,8 @@ class TensorStats:
 
     ``norm`` and ``max_abs`` cover the finite elements only, so one NaN does not
     hide the magnitude of the rest; ``rms`` is ``None`` when no element is finite.
+    ``role`` is what the tensor was read as (it decides the checks) and
+    ``role_evidence`` why (see :mod:`gradaudit.roles`).
     """
 
     name: str
@@ -36,6 +38,8 @@ class TensorStats:
     norm: float
     rms: float | None
     source: str | None = None
+    role: Role = Role.GRADIENT
+    role_evidence: str = ""
 
     def __init__(
         self,
@@ -51,6 +55,8 @@ class TensorStats:
         norm: float,
         rms: float | None,
         source: str | None = None,
+        role: Role = Role.GRADIENT,
+        role_evidence: str = "",
     ) -> None:
         # One is made per tensor; a frozen dataclass's generated __init__ sets
         # each field through object.__setattr__, 2.4x slower than filling the
@@ -68,6 +74,8 @@ class TensorStats:
             norm=norm,
             rms=rms,
             source=source,
+            role=role,
+            role_evidence=role_evidence,
         )
 
     @property
@@ -128,6 +136,47 @@ class LimitFinding:
 
 
 @dataclass(frozen=True)
+class GradientEstimate:
+    """A parameter's recent gradient size, read from an optimizer state tensor.
+
+    ``rms_norm`` estimates the root of the mean squared gradient norm over the recent
+    steps (from a second moment: ``sqrt(sum(v) / (1 - beta**step))``); ``mean_norm``
+    the norm of the mean gradient (from a first moment). ``basis`` names the state
+    tensor and the formula; ``bias_corrected`` is False when the state had no step.
+    Only ``rms_norm`` is judged vanishing/exploding (a mean of noisy gradients can be
+    near zero in a healthy run).
+    """
+
+    parameter: str
+    tensor: str
+    source: str | None
+    basis: str
+    rms_norm: float | None = None
+    mean_norm: float | None = None
+    step: float | None = None
+    bias_corrected: bool = False
+
+
+@dataclass(frozen=True)
+class OutlierReference:
+    """What the outlier check compared against: one role of one file.
+
+    ``median`` and ``spread`` are of log10 RMS (``spread`` is the MAD scaled to a
+    standard deviation); ``limit`` is the distance in decades beyond which a tensor is
+    an outlier, ``tensors`` how many tensors the reference was taken from.
+    """
+
+    role: Role
+    source: str | None
+    tensors: int
+    median: float
+    spread: float
+    limit: float
+    #: Which tensors of the role: ``all``, or for gradients ``1-D`` / ``2-D+``.
+    shapes: str = "all"
+
+
+@dataclass(frozen=True)
 class Skipped:
     """A tensor that was not numerically audited, and why (e.g. an integer dtype)."""
 
@@ -161,6 +210,12 @@ class FileResult:
     error: str | None = None
     #: Tensors (and other values) left out by ``--include``/``--exclude``: counted, not listed.
     excluded: int = 0
+    #: What the file was read as (``gradients``, ``weights``, ``training checkpoint`` …).
+    read_as: str = "gradients"
+    #: Why; says so when the evidence is thin.
+    read_as_evidence: str = ""
+    #: True when nothing in the file said what it holds and a default or a guess decided.
+    evidence_thin: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +240,9 @@ class Summary:
     excluded: int = 0
     #: Findings on tensors matched by ``--ignore``: not failing, not warnings, still counted.
     ignored_findings: int = 0
+    outlier_tensors: int = 0
+    #: One number in [0, 1]: see :func:`gradaudit.checks.gradient_health`.
+    gradient_health: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -203,6 +261,10 @@ class Report:
     thresholds: Thresholds = field(default_factory=Thresholds)
     #: Run-level limits that were exceeded; every one fails the run.
     limit_findings: tuple[LimitFinding, ...] = ()
+    #: Per-parameter gradient estimates read from optimizer state.
+    estimates: tuple[GradientEstimate, ...] = ()
+    #: The references the outlier check compared each role against.
+    outlier_references: tuple[OutlierReference, ...] = ()
     #: Per tensor (same order as ``tensors``), when asked for (``--precision``): exponent
     #: histograms; ``None`` for a tensor whose stats came from another rank.
     histograms: tuple[ExponentHistogram | None, ...] = ()

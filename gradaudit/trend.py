@@ -42,11 +42,11 @@ from enum import Enum
 from pathlib import Path
 
 from gradaudit.engine_options import Engine
-from gradaudit.errors import ExitCode, InputError
+from gradaudit.errors import ExitCode, InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity, Thresholds
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
-from gradaudit.results import InputProblem, Report
+from gradaudit.results import FileResult, InputProblem, Report
 
 #: A layer's norm above this many times its running median is a spike.
 DEFAULT_SPIKE_FACTOR = 10.0
@@ -110,6 +110,10 @@ class StepResult:
     global_norm: float | None
     #: Tensors holding at least one NaN or ±Inf.
     nonfinite_tensors: int
+    #: :func:`gradaudit.checks.gradient_health` of the dump, judged by the trend's thresholds.
+    gradient_health: float = 1.0
+    #: What the dump was read as (:mod:`gradaudit.roles`).
+    read_as: str = "gradients"
 
 
 @dataclass(frozen=True)
@@ -347,6 +351,8 @@ class TrendBuilder:
                 tensors=report.summary.tensors,
                 global_norm=report.summary.global_norm if _has_finite(report) else None,
                 nonfinite_tensors=len(nonfinite),
+                gradient_health=report.summary.gradient_health,
+                read_as=report.files[0].read_as if report.files else "gradients",
             )
         )
         if self._spec is None:
@@ -499,12 +505,15 @@ def trend_paths(
     device: str | None = "auto",
     engine: Engine | str = Engine.AUTO,
     chunk_elements: int | None = None,
+    kind: InputKind = InputKind.AUTO,
     precision: Precision | None = None,
 ) -> TrendReport:
     """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`.
 
-    ``precision`` also collects exponent histograms and keeps each step's headroom in
-    that format (:mod:`gradaudit.precision`).
+    ``kind`` says what the dumps hold (``--kind``); dumps read as weights and as
+    gradients in one series are a :class:`UsageError`. ``precision`` also collects
+    exponent histograms and keeps each step's headroom in that format
+    (:mod:`gradaudit.precision`).
     """
     # The scan core imports torch; the rest of this module (the report, the
     # policy) is pure Python that the CLI imports at start-up.
@@ -517,7 +526,10 @@ def trend_paths(
     for problem in problems:
         builder.add_error(problem)
     # Findings of the per-dump audit are not used; the thresholds only have to be valid.
-    thresholds = Thresholds(vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset())
+    thresholds = Thresholds(
+        vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset(), kind=kind
+    )
+    first: FileResult | None = None
     headroom: list[tuple[int, Headroom]] = []
     for dump in dumps:
         report = scan_paths(
@@ -532,11 +544,31 @@ def trend_paths(
             for problem in report.errors:
                 builder.add_error(problem)
             continue
+        first = _check_same_reading(first, report)
         builder.add(dump.step, dump.path, report)
         if precision is not None and report.tensors:
             headroom.append((dump.step, precision_report(report, precision).total))
     result = builder.finish(time.perf_counter() - started)
     return dataclasses.replace(result, headroom=tuple(headroom)) if headroom else result
+
+
+def _check_same_reading(first: FileResult | None, report: Report) -> FileResult | None:
+    """A series is one kind of file: norms of weights and of gradients do not make one trend.
+
+    Returns the reading later dumps are held to (the first one with tensors).
+    """
+    if not report.files or not report.tensors:
+        return first
+    here = report.files[0]
+    if first is None:
+        return here
+    if {first.read_as, here.read_as} == {"weights", "gradients"}:
+        raise UsageError(
+            f"{here.path} was read as {here.read_as} ({here.read_as_evidence}) but "
+            f"{first.path} as {first.read_as} ({first.read_as_evidence}): a trend is over "
+            "one kind of file; say what they hold with --kind"
+        )
+    return first
 
 
 def trend_exit_code(report: TrendReport) -> ExitCode:

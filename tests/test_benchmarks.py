@@ -110,3 +110,15 @@ def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> No
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split(" | ")[-1] == "histogram × sum"
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
+
+
+def test_roles_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_roles
+
+    bench_roles.main(["--models", "4", "--seeds", "1", "--hidden", "48", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        "guess from values, 4 random stacks: gradient files read as weights 0/4"
+    )
+    assert [line.split(" | ")[0] for line in lines[2:4]] == ["weights", "gradients"]
+    assert lines[4].startswith("checkpoint of ")

@@ -153,10 +153,13 @@ def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) ->
     args = [a.strip().strip('"') for a in match.group(1).split(",")]
     demo = runner.invoke(app, ["scan", *args, "fixtures/demo_grads.safetensors"])
     assert demo.exit_code == ExitCode.FINDINGS  # the NaN
-    assert "exploding" not in demo.stdout  # magnitudes silenced for weights
+    assert "exploding" not in demo.stdout  # no gradient thresholds for weights
     healthy = runner.invoke(app, ["scan", *args, "fixtures/healthy_grads.safetensors"])
     assert healthy.exit_code == ExitCode.OK
-    assert healthy.stdout == ""
+    # --quiet shows flagged rows only: here the two key biases, 5 decades below their peers.
+    flagged = [line for line in healthy.stdout.splitlines() if line.startswith("│")]
+    assert len(flagged) == 2
+    assert all("outlier" in line for line in flagged)
 
 
 def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from gradaudit.cli.options import (
     FailOnOption,
     FormatOption,
     IgnoreOption,
+    KindOption,
     MaxGlobalNormOption,
     MaxVanishingFractionOption,
     NoConfigOption,
@@ -101,6 +102,7 @@ def compare(
     max_global_norm: MaxGlobalNormOption = None,
     max_vanishing_fraction: MaxVanishingFractionOption = None,
     ignore: IgnoreOption = None,
+    kind: KindOption = None,
     config: ConfigOption = None,
     no_config: NoConfigOption = False,
     show_all: Annotated[
@@ -133,6 +135,7 @@ def compare(
             max_global_norm=max_global_norm,
             max_vanishing_fraction=max_vanishing_fraction,
             ignore=ignore,
+            kind=kind,
             min_ratio=min_ratio,
             max_ratio=max_ratio,
             max_change=max_change,

@@ -111,6 +111,24 @@ IgnoreOption = Annotated[
         metavar="PATTERN",
     ),
 ]
+KindOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kind",
+        help="What the inputs hold: gradients, weights, or auto (decided per file from its "
+        "metadata, structure and names; the summary says how). [default: auto]",
+        metavar="KIND",
+    ),
+]
+CastCheckOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cast-check",
+        help="Check weights against a narrower dtype: fp16, bf16, fp8_e4m3fn, fp8_e5m2 "
+        "(values beyond its range, or tensors that would flush to zero).",
+        metavar="DTYPE",
+    ),
+]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(

@@ -15,6 +15,7 @@ from gradaudit.cli.app import (
     exit_codes,
 )
 from gradaudit.cli.options import (
+    CastCheckOption,
     ConfigOption,
     DeviceOption,
     EngineOption,
@@ -22,6 +23,7 @@ from gradaudit.cli.options import (
     FailOnOption,
     FormatOption,
     IgnoreOption,
+    KindOption,
     MaxGlobalNormOption,
     MaxVanishingFractionOption,
     NoConfigOption,
@@ -64,6 +66,8 @@ def scan(
     max_global_norm: MaxGlobalNormOption = None,
     max_vanishing_fraction: MaxVanishingFractionOption = None,
     ignore: IgnoreOption = None,
+    kind: KindOption = None,
+    cast_check: CastCheckOption = None,
     config: ConfigOption = None,
     no_config: NoConfigOption = False,
     show_all: Annotated[
@@ -158,6 +162,8 @@ def scan(
             max_global_norm=max_global_norm,
             max_vanishing_fraction=max_vanishing_fraction,
             ignore=ignore,
+            kind=kind,
+            cast_check=cast_check,
         )
         thresholds = settings.thresholds()
         check_device_option(settings.device or "auto")

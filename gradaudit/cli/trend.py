@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gradaudit.cli.app import app, check_device_option, exit_codes, output_width, say, use_color
+from gradaudit.cli.options import KindOption
 from gradaudit.cli.output import write_stdout
 from gradaudit.cli.visuals import (
     GroupByOption,
@@ -18,7 +19,7 @@ from gradaudit.cli.visuals import (
 )
 from gradaudit.engine_options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, parse_kinds
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, PolicyError, check_kind, parse_kinds
 from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
@@ -93,6 +94,7 @@ def trend(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    kind: KindOption = None,
     precision: Annotated[
         Precision | None,
         typer.Option(
@@ -108,10 +110,15 @@ def trend(
         spec = group_by_option(group_by)
         check_device_option(device)
         plot_format = check_plot_target(plot, paths)
+        try:
+            input_kind = check_kind(kind or "auto")
+        except PolicyError as error:
+            raise UsageError(f"--{error}") from None
         if precision is not None and output_format is not TrendFormat.TABLE:
             raise UsageError("--precision prints a table: use it with --format table")
         report = trend_paths(
             paths,
+            kind=input_kind,
             policy=policy,
             group_by=spec,
             device=device,

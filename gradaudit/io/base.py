@@ -74,6 +74,13 @@ class TensorSource(Protocol):
     Readers validate their input before yielding anything and raise
     :class:`gradaudit.errors.InputError` for anything they cannot read, so the
     orchestrator can record the problem and carry on with the next input.
+
+    Two optional attributes tell the audit what the tensors are (:mod:`gradaudit.roles`):
+    ``metadata`` (``dict[str, str]``, the file's own metadata, e.g. safetensors'
+    ``__metadata__``) and ``role_hints`` (``dict[str, TensorHint]``, tensor name -> what
+    the structure around it says, filled by :meth:`items` before it yields the tensor;
+    :func:`gradaudit.io.nested.walk_checkpoint` fills one for any nested checkpoint).
+    A reader without them is judged by names and values alone.
     """
 
     path: str

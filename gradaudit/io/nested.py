@@ -44,7 +44,14 @@ import torch
 
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.safetensors_header import show
+from gradaudit.policy import Role
 from gradaudit.results import Skipped
+from gradaudit.roles import (
+    OPTIMIZER_STATE_ROLES,
+    EstimateBasis,
+    TensorHint,
+    container_hint,
+)
 from gradaudit.stats import hides_values
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
@@ -132,6 +139,8 @@ class _Node:
     param: str | None = None
     #: Whether this node sits directly in an optimizer's per-parameter state entry.
     in_optimizer_entry: bool = False
+    #: The id of that state entry (to find its param group and step), when it does.
+    entry: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,10 @@ class _Optimizers:
 
     entry_ids: frozenset[int] = frozenset()
     params: Mapping[int, str] = field(default_factory=dict)
+    #: State entry id -> (its param group, the entry), for roles and gradient estimates.
+    entries: Mapping[int, tuple[dict[object, object], dict[object, object]]] = field(
+        default_factory=dict
+    )
 
 
 def _plan(
@@ -164,10 +177,13 @@ def _plan(
         entered.add(id(value))
         is_entry = id(value) in optimizers.entry_ids
         param = optimizers.params.get(id(value), node.param)
+        entry = id(value) if is_entry else None
         stack.extend(
             reversed(
                 [
-                    _Node(_child_name(node.name, key), child, node.depth + 1, param, is_entry)
+                    _Node(
+                        _child_name(node.name, key), child, node.depth + 1, param, is_entry, entry
+                    )
                     for key, child in _children(value)
                 ]
             )
@@ -266,13 +282,103 @@ def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
     # A flat dict inside an optimizer's state is one parameter's state, not a model.
     models = [(name, floats) for name, ident, floats in flat if ident not in entry_ids]
     params: dict[int, str] = {}
+    entries: dict[int, tuple[dict[object, object], dict[object, object]]] = {}
     for optimizer, groups in optimizers:
         state = _state(optimizer)
         names = _names_from_groups(groups) or _names_by_position(state, groups, models)
+        group_of: dict[object, dict[object, object]] = {}
+        for group in groups:
+            if isinstance(group, dict) and isinstance(group.get("params"), list):
+                for index in group["params"]:
+                    if isinstance(index, int | str):
+                        group_of.setdefault(index, group)
         for index, entry in state.items():
+            if isinstance(entry, dict) and isinstance(index, int | str):
+                entries[id(entry)] = (group_of.get(index, {}), entry)
             if isinstance(entry, dict) and isinstance(index, int | str) and index in names:
                 params[id(entry)] = names[index]
-    return _Optimizers(frozenset(entry_ids), params)
+    return _Optimizers(frozenset(entry_ids), params, entries)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _estimate_basis(
+    key: str, tensor: torch.Tensor, group: dict[object, object], entry: dict[object, object]
+) -> EstimateBasis | None:
+    """How to read a gradient estimate from the state tensor ``entry[key]``, if one can be.
+
+    Hyperparameters come from the parameter's group (plain numbers only: a tensor beta
+    is left alone rather than read); the step from the entry, a number or a 0-d tensor
+    whose value travels with the one host read.
+    """
+    step_value = entry.get("step")
+    step = _number(step_value)
+    step_tensor = (
+        step_value if isinstance(step_value, torch.Tensor) and step_value.numel() == 1 else None
+    )
+    betas = group.get("betas")
+    beta1 = beta2 = None
+    if isinstance(betas, list | tuple) and len(betas) == 2:
+        beta1, beta2 = _number(betas[0]), _number(betas[1])
+    if key == "exp_avg_sq" and beta2 is not None:
+        return EstimateBasis("ema_sq", decay=beta2, step=step, step_tensor=step_tensor)
+    if key == "square_avg":
+        decay = _number(group.get("alpha", group.get("rho")))
+        if decay is not None:
+            return EstimateBasis("ema_sq", decay=decay, step=step, step_tensor=step_tensor)
+    if key == "sum":
+        initial = _number(group.get("initial_accumulator_value")) or 0.0
+        return EstimateBasis(
+            "sum_sq",
+            initial=initial,
+            scale=float(tensor.numel()),
+            step=step,
+            step_tensor=step_tensor,
+        )
+    if key == "row_var":
+        columns = entry.get("col_var")
+        if isinstance(columns, torch.Tensor) and columns.dim() >= 1:
+            return EstimateBasis(
+                "mean_sq", scale=float(columns.shape[-1]), step=step, step_tensor=step_tensor
+            )
+    if key == "variance":
+        return EstimateBasis("mean_sq", step=step, step_tensor=step_tensor)
+    if key == "exp_avg" and beta1 is not None:
+        return EstimateBasis("ema", decay=beta1, step=step, step_tensor=step_tensor)
+    if key == "momentum_buffer" and "alpha" not in group:
+        momentum = _number(group.get("momentum"))
+        if momentum:
+            dampening = _number(group.get("dampening")) or 0.0
+            return EstimateBasis(
+                "momentum", decay=momentum, dampening=dampening, step=step, step_tensor=step_tensor
+            )
+    return None
+
+
+def _role_hint(node: _Node, tensor: torch.Tensor, optimizers: _Optimizers) -> TensorHint | None:
+    """What the structure around a tensor says it is (see :mod:`gradaudit.roles`)."""
+    name = node.name or ""
+    if node.entry is not None:
+        key = name.rsplit(".", 1)[-1]
+        group, entry = optimizers.entries.get(node.entry, ({}, {}))
+        role = OPTIMIZER_STATE_ROLES.get(key, Role.UNKNOWN)
+        what = "a known" if key in OPTIMIZER_STATE_ROLES else "an unknown"
+        return TensorHint(
+            role,
+            f"torch.optim state, {what} key {key!r}",
+            node.param,
+            _estimate_basis(key, tensor, group, entry),
+        )
+    by_container = container_hint(name)
+    if by_container is not None:
+        return by_container
+    if optimizers.entry_ids:
+        return TensorHint(Role.WEIGHT, "beside optimizer state (a training checkpoint's model)")
+    return None
 
 
 def _state(optimizer: dict[object, object]) -> dict[object, object]:
@@ -331,17 +437,25 @@ def _tensor_skip_reason(
     return None
 
 
-def walk_checkpoint(obj: object, source: str, select: Select | None = None) -> Iterator[SourceItem]:
+def walk_checkpoint(
+    obj: object,
+    source: str,
+    select: Select | None = None,
+    hints: dict[str, TensorHint] | None = None,
+) -> Iterator[SourceItem]:
     """Yield every tensor of a loaded checkpoint by path name, and account for the rest.
 
     ``source`` labels the :class:`Skipped` entries; ``select`` sees the path name (without
-    an optimizer annotation) and rejected names come out as :class:`Excluded`.
+    an optimizer annotation) and rejected names come out as :class:`Excluded`. ``hints``,
+    when given, receives what the structure says about each yielded tensor (its role,
+    its parameter, how to read a gradient estimate from it) before the tensor is yielded.
     """
     bearing = _tensor_bearing(obj)
     names = _Names()
     containers: dict[int, str] = {}
     tensors: dict[tuple[object, ...], str] = {}
-    for node in _plan(obj, bearing, _find_optimizers(obj, bearing)):
+    optimizers = _find_optimizers(obj, bearing)
+    for node in _plan(obj, bearing, optimizers):
         value = node.value
         name = ROOT_NAME if node.name is None else node.name
         container_reason = None
@@ -372,6 +486,10 @@ def walk_checkpoint(obj: object, source: str, select: Select | None = None) -> I
             key = _tensor_key(value)
             if key is not None:
                 tensors[key] = shown
+            if hints is not None:
+                hint = _role_hint(node, value, optimizers)
+                if hint is not None:
+                    hints[shown] = hint
             yield shown, value
         else:
             yield Skipped(shown, f"{_describe(value)}, not a tensor; not audited", source)

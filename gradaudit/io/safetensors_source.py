@@ -98,6 +98,11 @@ class SafetensorsSource:
         if handle is not None:
             handle.close()
 
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The file's ``__metadata__``: it may say what the file holds (:mod:`gradaudit.roles`)."""
+        return self.header.metadata
+
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         mapping = self._map()
         each = _Each(self.path, mapping, self.header)

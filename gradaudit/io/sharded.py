@@ -179,6 +179,11 @@ class ShardedSource:
             _compare(path, shard, header, names, owner)
             self.shards.append((shard, SafetensorsSource(shard_path, header)))
 
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The first shard's ``__metadata__`` (``transformers`` writes the same to each)."""
+        return self.shards[0][1].metadata if self.shards else {}
+
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         for shard, source in self.shards:
             try:

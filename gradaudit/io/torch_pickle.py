@@ -40,6 +40,7 @@ from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_gl
 from gradaudit.io.safetensors_header import FileIdentity, describe_os_error, open_checked, show
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
+from gradaudit.roles import TensorHint
 
 #: File name endings read by this module (compared in lower case).
 PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
@@ -134,6 +135,8 @@ class TorchPickleSource:
         self._guard: MapGuard | None = None
         sniffed = sniff(path)
         self.archive: TorchZip | None = None
+        #: What the checkpoint's structure says about each tensor (filled by :meth:`items`).
+        self.role_hints: dict[str, TensorHint] = {}
         if sniffed.kind == "zip":
             self.archive = inspect_torch_zip(path)
         elif sniffed.kind != "torch-legacy":
@@ -148,7 +151,7 @@ class TorchPickleSource:
         loaded = self._load("cpu")
         if self.archive is not None:
             self._guard_storages(loaded)
-        yield from walk_checkpoint(loaded, self.path, select)
+        yield from walk_checkpoint(loaded, self.path, select, self.role_hints)
 
     def _guard_storages(self, loaded: Any) -> None:
         """Guard the pages torch mapped (``mmap=True``): one map of the whole file.

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from gradaudit.grouping import GroupBy, Layer, group_layers, resolve
-from gradaudit.policy import Severity, Thresholds
+from gradaudit.policy import Role, Severity, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
 from gradaudit.report.fit import shorten_left
 from gradaudit.report.text import number, plural, printable
-from gradaudit.results import Report
+from gradaudit.results import Report, TensorStats
 
 #: ``--chart`` is on by default only on a terminal at least this wide.
 MIN_AUTO_CHART_WIDTH = 80
@@ -263,10 +263,24 @@ def chart_title(layers: Sequence[Layer], spec: GroupBy) -> str:
     )
 
 
+def charted_tensors(report: Report) -> tuple[TensorStats, ...]:
+    """The tensors a chart shows: one role only, gradients first, else weights.
+
+    A layer's bar is a norm over its tensors; a norm over a weight, its Adam moments and
+    a buffer together means nothing, so a checkpoint's chart shows its weights.
+    """
+    for role in (Role.GRADIENT, Role.WEIGHT):
+        chosen = tuple(t for t in report.tensors if t.role is role)
+        if chosen:
+            return chosen
+    return report.tensors
+
+
 def report_layers(report: Report, group_by: GroupBy) -> tuple[GroupBy, tuple[Layer, ...]]:
-    """Resolve ``group_by`` over every audited name and group the report's tensors."""
-    spec = resolve(group_by, (t.name for t in report.tensors))
-    return spec, group_layers(report.tensors, report.findings, spec)
+    """Resolve ``group_by`` over the charted names and group those tensors."""
+    tensors = charted_tensors(report)
+    spec = resolve(group_by, (t.name for t in tensors))
+    return spec, group_layers(tensors, report.findings, spec)
 
 
 def render_chart(report: Report, options: RenderOptions, group_by: GroupBy) -> str:

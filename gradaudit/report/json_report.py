@@ -15,14 +15,22 @@ from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
-from gradaudit.policy import FindingKind, Thresholds
+from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.verdict import findings_by_tensor
-from gradaudit.results import Finding, LimitFinding, Report, TensorStats
+from gradaudit.results import (
+    Finding,
+    GradientEstimate,
+    LimitFinding,
+    OutlierReference,
+    Report,
+    TensorStats,
+)
 
 #: Bumped whenever a field changes meaning or disappears; adding a field keeps it.
 #: The document is described by ``gradaudit/schema/report.schema.json``.
-SCHEMA_VERSION = 1
+#: 2: tensors have roles, and findings depend on them (a weight has no norm thresholds).
+SCHEMA_VERSION = 2
 
 
 def json_schema() -> dict[str, Any]:
@@ -94,6 +102,33 @@ def _tensor(stats: TensorStats, findings: list[Finding], ignored_by: str | None)
         "rms": encode_float(stats.rms),
         "findings": [_finding(f) for f in findings],
         "ignored_by": ignored_by,
+        "role": stats.role.value,
+        "role_evidence": stats.role_evidence,
+    }
+
+
+def _estimate(estimate: GradientEstimate) -> dict[str, Any]:
+    return {
+        "parameter": estimate.parameter,
+        "tensor": estimate.tensor,
+        "file": estimate.source,
+        "basis": estimate.basis,
+        "rms_norm": encode_float(estimate.rms_norm),
+        "mean_norm": encode_float(estimate.mean_norm),
+        "step": encode_float(estimate.step),
+        "bias_corrected": estimate.bias_corrected,
+    }
+
+
+def _reference(reference: OutlierReference) -> dict[str, Any]:
+    return {
+        "role": reference.role.value,
+        "shapes": reference.shapes,
+        "file": reference.source,
+        "tensors": reference.tensors,
+        "median_log10_rms": encode_float(reference.median),
+        "spread_decades": encode_float(reference.spread),
+        "limit_decades": encode_float(reference.limit),
     }
 
 
@@ -105,6 +140,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
     """
     summary = report.summary
     by_tensor = findings_by_tensor(report)
+    policy = report.thresholds
     return {
         "schema_version": SCHEMA_VERSION,
         "gradaudit_version": __version__,
@@ -121,11 +157,24 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
                 "global_norm": encode_float(f.global_norm),
                 "error": f.error,
                 "excluded": f.excluded,
+                "read_as": f.read_as,
+                "read_as_evidence": f.read_as_evidence,
+                "evidence_thin": f.evidence_thin,
             }
             for f in report.files
         ],
         "tensors": list(_tensors(report)) if tensors else [],
         "limits": [_limit(f) for f in report.limit_findings],
+        "roles": {
+            "kind": policy.kind.value,
+            "cast_check": policy.cast_check,
+            "outlier_decades": encode_float(policy.outlier_decades),
+            "default_outlier_decades": {
+                role.value: limit for role, limit in DEFAULT_OUTLIER_DECADES.items()
+            },
+        },
+        "gradient_estimates": [_estimate(e) for e in report.estimates],
+        "outlier_references": [_reference(r) for r in report.outlier_references],
         "skipped": [
             {
                 "name": s.name,
@@ -155,6 +204,8 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             "ignored_findings": summary.ignored_findings,
             "input_errors": len(report.errors),
             "excluded": summary.excluded,
+            "outlier_tensors": summary.outlier_tensors,
+            "gradient_health": encode_float(summary.gradient_health),
         },
         "exit_code": int(exit_code(report)),
     }

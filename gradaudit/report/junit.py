@@ -48,11 +48,12 @@ def _finding_line(finding: Finding) -> str:
 
 def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
-    # A "skipped" check (data that could not be read) appears only where there was
-    # some, like a limit's check only where the limit is set.
-    checks: dict[FindingKind, Case] = {
-        kind: Case(kind.value) for kind in FindingKind if kind is not FindingKind.SKIPPED
-    }
+    # The four gradient checks always run; the role checks appear when they applied.
+    kinds = [FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING]
+    if report.thresholds.cast_check is not None:
+        kinds.append(FindingKind.CAST)
+    kinds += [f.kind for f in report.findings if f.source == source]
+    checks = {kind: Case(kind.value) for kind in dict.fromkeys(kinds)}
     for finding in report.findings:
         if finding.source != source:
             continue

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, Severity
+from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.console import string_console
 from gradaudit.report.fit import (
@@ -28,15 +28,17 @@ from gradaudit.report.fit import (
 )
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
+    ROLE_LABELS,
     audited_line,
     findings_by_tensor,
     flagged_line,
+    reading_lines,
     skipped_lines,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
-_STATUS_ORDER = tuple(FindingKind)  # nan, inf, exploding, vanishing, skipped
+_STATUS_ORDER = tuple(FindingKind)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
 #: A file column (several inputs) keeps the end of each path, in at most this many cells.
 _FILE_CELLS = 28
@@ -97,6 +99,8 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
+    # A gradient dump's table stays as it was; a role column appears once roles differ.
+    roles = any(t.role is not Role.GRADIENT for t in report.tensors)
     names: list[Text | str] = []
     statuses: list[Text | str] = []
     for stats in rows:
@@ -114,6 +118,7 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
         columns.append(Column("file", files, priority=75))
     columns += [
         Column("name", names, kind="name"),
+        *([Column("role", [ROLE_LABELS[s.role] for s in rows], priority=72)] if roles else []),
         Column("shape", ["×".join(str(d) for d in s.shape) or "()" for s in rows], priority=40),
         Column("dtype", [s.dtype for s in rows], priority=50),
         Column("norm", [number(s.norm) for s in rows], justify="right"),
@@ -127,6 +132,38 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
         Column("status", statuses),
     ]
     return fitted_table(columns, width)
+
+
+def _estimates_table(report: Report, options: RenderOptions) -> Table | None:
+    """Per-parameter gradient estimates read from optimizer state: flagged, then the largest."""
+    if not report.estimates:
+        return None
+    flagged = {(f.source, f.tensor) for f in report.findings if not f.ignored}
+    rows = sorted(
+        report.estimates,
+        key=lambda e: ((e.source, e.tensor) not in flagged, -(e.rms_norm or e.mean_norm or 0.0)),
+    )
+    if not options.show_all:
+        keep = max(options.top, sum(1 for e in rows if (e.source, e.tensor) in flagged))
+        rows = rows[:keep]
+    names = [
+        Text(
+            printable(e.parameter),
+            style="yellow" if (e.source, e.tensor) in flagged else "",
+        )
+        for e in rows
+    ]
+    columns = [
+        Column("parameter", names, kind="name"),
+        Column("grad rms norm", [number(e.rms_norm) for e in rows], justify="right"),
+        Column("grad mean norm", [number(e.mean_norm) for e in rows], "right", priority=30),
+        Column("read from", [e.basis for e in rows], kind="prose", priority=20),
+    ]
+    title = (
+        f"Gradients estimated from optimizer state ({len(rows)} of "
+        f"{len(report.estimates)} parameters)"
+    )
+    return fitted_table(columns, sane_width(options.width), title=title)[0]
 
 
 def _limit_lines(report: Report) -> list[Text]:
@@ -177,6 +214,7 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         )
     )
     lines.append(Text(flagged_line(report)))
+    lines += [Text(line) for line in reading_lines(report)]
     # Unread floating-point data first and not dimmed: it is a finding (kind skipped).
     lines += [
         Text(line, style="yellow" if unaudited else "dim")
@@ -201,6 +239,9 @@ def render_table(report: Report, options: RenderOptions) -> str:
             console.print(note)
     if hidden_flagged:
         console.print(Text(more_flagged(hidden_flagged), style="bold"))
+    estimates = None if options.quiet else _estimates_table(report, options)
+    if estimates is not None:
+        console.print(estimates)
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)

@@ -332,6 +332,8 @@ def trend_document(report: TrendReport) -> dict[str, Any]:
                 "tensors": s.tensors,
                 "global_norm": encode_float(s.global_norm),
                 "nonfinite_tensors": s.nonfinite_tensors,
+                "gradient_health": encode_float(s.gradient_health),
+                "read_as": s.read_as,
             }
             for s in report.steps
         ],

@@ -10,9 +10,19 @@ import os
 
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind
+from gradaudit.policy import FindingKind, Role
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, TensorStats
+
+#: Short role names for table cells.
+ROLE_LABELS: dict[Role, str] = {
+    Role.GRADIENT: "grad",
+    Role.WEIGHT: "weight",
+    Role.OPTIMIZER_MOMENT: "opt m",
+    Role.OPTIMIZER_SECOND_MOMENT: "opt v",
+    Role.BUFFER: "buffer",
+    Role.UNKNOWN: "?",
+}
 
 TensorKey = tuple[str | None, str]
 
@@ -115,11 +125,45 @@ def flagged_line(report: Report) -> str:
     s = report.summary
     t = report.thresholds
     ignored = f" · ignored findings {s.ignored_findings}" if s.ignored_findings else ""
+    outliers = f" · outlier {s.outlier_tensors}" if s.outlier_tensors else ""
     return (
         f"Flagged tensors: NaN {s.nan_tensors} · Inf {s.inf_tensors} · "
-        f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}{ignored}"
+        f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}{outliers}{ignored}"
+        f" · gradient health {s.gradient_health:.3f}"
         f"   (thresholds: vanishing < {number(t.vanishing)}, exploding > {number(t.exploding)})"
     )
+
+
+def reading_lines(report: Report) -> list[str]:
+    """What each file was read as and why, when that is not plainly a gradient dump.
+
+    A file read as gradients on firm evidence (gradaudit's own dump metadata, or
+    ``--kind gradients``) needs no line; any other reading, and every thin one, gets one,
+    so a user sees how the verdict was reached and how to change it. The outlier
+    references follow: the median RMS each role was compared against.
+    """
+    lines = []
+    for result in report.files:
+        if not result.tensors:
+            continue
+        plain = result.read_as == "gradients" and not result.evidence_thin
+        if plain:
+            continue
+        thin = " (thin evidence)" if result.evidence_thin else ""
+        lines.append(
+            f"Read {printable(result.path)} as {result.read_as}{thin}: "
+            f"{printable(result.read_as_evidence)}"
+        )
+    several = len(report.files) > 1
+    for ref in report.outlier_references:
+        where = f" in {printable(ref.source)}" if several and ref.source else ""
+        lines.append(
+            f"Outlier reference{where}: {ref.role.value}"
+            f"{'' if ref.shapes == 'all' else f' {ref.shapes}'} median RMS {10**ref.median:.3g}, "
+            f"spread {ref.spread:.2f} decades, limit {ref.limit:.1f} decades "
+            f"({ref.tensors} tensors)"
+        )
+    return lines
 
 
 def verdict_line(report: Report) -> str:

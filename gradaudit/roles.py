@@ -1,0 +1,335 @@
+"""What each audited tensor *is* (its :class:`~gradaudit.policy.Role`), and why we think so.
+
+A norm of 190 is an exploding gradient and a perfectly healthy embedding matrix; a second
+moment of 1e-8 is a healthy Adam state and a vanishing gradient. The checks that apply
+depend on the role, so the role is decided first, from the strongest evidence there is,
+and the evidence is recorded with it (``role_evidence`` in every output):
+
+1. ``--kind gradients|weights`` (:class:`~gradaudit.policy.InputKind`): the user says what
+   the files hold. Optimizer state and buffers found by structure or name keep their role.
+2. The structure of a checkpoint, seen by the reader that walked it (a
+   :class:`TensorHint` per tensor): a ``torch.optim`` state dict's per-parameter keys
+   (``exp_avg`` …, see :data:`OPTIMIZER_STATE_ROLES`), the model or EMA state dict beside
+   it, containers named like ``model`` / ``state_dict`` / ``ema`` / ``grads``.
+3. Names: ``….grad``, BatchNorm's ``running_mean`` and the like (:func:`role_from_name`).
+4. The file's metadata (:func:`metadata_evidence`): gradaudit's own dumps say they hold
+   gradients; ``format: pt`` without that is what ``transformers`` writes for weights.
+5. For a flat file with nothing else, the stats themselves (:func:`stats_evidence`):
+   normalisation-layer weights have an RMS near 1, no zeros and no spikes, which gradients
+   almost never have. Measured reliability is in ``docs/roles.md``; the summary says when
+   this (or the plain default, gradients) decided, so a thin call is never silent.
+
+Readers pass what they know through two optional attributes (see
+:class:`gradaudit.io.base.TensorSource`): ``role_hints`` (tensor name -> :class:`TensorHint`,
+filled while :meth:`items` runs) and ``metadata`` (the file's string metadata).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gradaudit.policy import InputKind, Role
+from gradaudit.results import TensorStats
+
+#: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
+OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
+    "exp_avg": Role.OPTIMIZER_MOMENT,  # Adam, AdamW, NAdam, RAdam, Lion
+    "momentum_buffer": Role.OPTIMIZER_MOMENT,  # SGD, RMSprop(momentum)
+    "grad_avg": Role.OPTIMIZER_MOMENT,  # RMSprop(centered)
+    "exp_avg_sq": Role.OPTIMIZER_SECOND_MOMENT,  # Adam family
+    "max_exp_avg_sq": Role.OPTIMIZER_SECOND_MOMENT,  # amsgrad
+    "square_avg": Role.OPTIMIZER_SECOND_MOMENT,  # RMSprop, Adadelta
+    "acc_delta": Role.OPTIMIZER_SECOND_MOMENT,  # Adadelta
+    "sum": Role.OPTIMIZER_SECOND_MOMENT,  # Adagrad
+    "exp_inf": Role.OPTIMIZER_SECOND_MOMENT,  # Adamax (max of |g|, never negative)
+    "row_var": Role.OPTIMIZER_SECOND_MOMENT,  # torch.optim.Adafactor, factored
+    "col_var": Role.OPTIMIZER_SECOND_MOMENT,
+    "variance": Role.OPTIMIZER_SECOND_MOMENT,
+    "exp_avg_sq_row": Role.OPTIMIZER_SECOND_MOMENT,  # transformers/timm Adafactor
+    "exp_avg_sq_col": Role.OPTIMIZER_SECOND_MOMENT,
+    "prev": Role.GRADIENT,  # Rprop: the previous gradient
+    "ax": Role.WEIGHT,  # ASGD: the averaged parameters
+}
+
+#: Containers whose tensors are model weights (a path component, compared in lower case).
+WEIGHT_CONTAINERS = frozenset(
+    {
+        "model",
+        "models",
+        "state_dict",
+        "model_state_dict",
+        "module",
+        "net",
+        "network",
+        "ema",
+        "model_ema",
+        "ema_model",
+        "ema_state_dict",
+        "shadow",
+        "shadow_params",
+        "averaged_model",
+        "params",
+        "weights",
+    }
+)
+#: Containers whose tensors are gradients.
+GRADIENT_CONTAINERS = frozenset({"grad", "grads", "gradients"})
+
+#: Last name components of module buffers: state, not trained weights.
+BUFFER_NAMES = frozenset(
+    {
+        "running_mean",
+        "running_var",
+        "num_batches_tracked",
+        "inv_freq",
+        "position_ids",
+        "token_type_ids",
+        "relative_position_index",
+        "masked_bias",
+        "cos_cached",
+        "sin_cached",
+    }
+)
+
+_COMPONENTS = re.compile(r"[./]")
+
+
+@dataclass(frozen=True)
+class EstimateBasis:
+    """How a gradient estimate is read from one optimizer state tensor.
+
+    ``formula``: ``ema_sq`` (an EMA of g², decay ``decay``: Adam's ``exp_avg_sq`` with
+    beta2, RMSprop's ``square_avg`` with alpha), ``sum_sq`` (Adagrad's running sum of g²,
+    started at ``initial``), ``mean_sq`` (an unbiased average of g² over ``scale`` columns:
+    Adafactor's row factor), ``ema`` (an EMA of g: Adam's ``exp_avg`` with beta1),
+    ``momentum`` (SGD's buffer with ``decay`` = momentum and ``dampening``).
+    ``step`` is the state's step when the file stores it as a number; when it is a tensor,
+    ``step_tensor`` holds it and its value comes back with the one host read.
+    """
+
+    formula: str
+    decay: float | None = None
+    step: float | None = None
+    dampening: float = 0.0
+    initial: float = 0.0
+    scale: float = 1.0
+    step_tensor: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def second_moment(self) -> bool:
+        return self.formula in ("ema_sq", "sum_sq", "mean_sq")
+
+
+@dataclass(frozen=True)
+class TensorHint:
+    """What a reader knows about one tensor from the structure around it.
+
+    ``role`` None means the structure says nothing (the file-level evidence decides).
+    ``param`` is the parameter an optimizer state tensor belongs to, when known.
+    ``aux``/``aux_for`` mark a row that is not audited itself but serves a derived
+    value of the tensor named ``aux_for``: ``sqrt`` (the root of a second moment, whose
+    squared norm is the moment's exact sum) or ``step`` (the optimizer step counter).
+    """
+
+    role: Role | None
+    evidence: str
+    param: str | None = None
+    basis: EstimateBasis | None = None
+    aux: str | None = None
+    aux_for: str | None = None
+
+
+@dataclass(frozen=True)
+class FileEvidence:
+    """What a whole file holds, and why; ``thin`` when nothing in the file said so."""
+
+    role: Role
+    evidence: str
+    thin: bool = False
+
+
+def _components(name: str) -> list[str]:
+    # A parenthesised parameter (``optimizer.state.3.exp_avg (encoder.weight)``) is not
+    # part of the path.
+    path = name.split(" (", 1)[0]
+    return [c.lower() for c in _COMPONENTS.split(path) if c]
+
+
+def role_from_name(name: str) -> tuple[Role, str] | None:
+    """The role a tensor's name alone gives (buffers, ``.grad``), or None."""
+    parts = _components(name)
+    if not parts:
+        return None
+    if parts[-1] in BUFFER_NAMES:
+        return Role.BUFFER, f"name ends in {parts[-1]!r}, a module buffer"
+    if parts[-1] == "grad" or any(p in GRADIENT_CONTAINERS for p in parts[:-1]):
+        return Role.GRADIENT, "name says gradient (.grad / grads)"
+    return None
+
+
+def container_hint(name: str) -> TensorHint | None:
+    """A role from a container the tensor sits in (``model.…``, ``ema.…``, ``grads.…``)."""
+    parts = _components(name)[:-1]
+    for part in parts:
+        if part in GRADIENT_CONTAINERS:
+            return TensorHint(Role.GRADIENT, f"under {part!r}")
+        if part in WEIGHT_CONTAINERS or part.endswith("_ema") or part.startswith("ema_"):
+            return TensorHint(Role.WEIGHT, f"under {part!r}, a model state dict")
+    return None
+
+
+#: The ``__metadata__`` key gradaudit's own dumps write to say what they hold.
+CONTENT_KEY = "gradaudit_content"
+
+
+def metadata_evidence(metadata: Mapping[str, str] | None) -> FileEvidence | None:
+    """What a file's string metadata says it holds, or None."""
+    if not metadata:
+        return None
+    content = metadata.get(CONTENT_KEY)
+    if content == "gradients" or (content is None and "gradaudit_version" in metadata):
+        return FileEvidence(Role.GRADIENT, "gradaudit dump metadata")
+    if content == "weights":
+        return FileEvidence(Role.WEIGHT, f"metadata {CONTENT_KEY}: weights")
+    fmt = metadata.get("format")
+    if fmt in ("pt", "tf", "flax", "np", "mlx"):
+        return FileEvidence(
+            Role.WEIGHT, f"metadata format: {fmt}, as transformers writes for model weights"
+        )
+    return None
+
+
+#: A 1-D tensor of at least this many elements may count as a normalisation weight.
+NORM_LIKE_MIN_ELEMENTS = 16
+NORM_LIKE_RMS = (0.25, 4.0)
+#: max|x| / RMS at most this: values of one size, as a LayerNorm scale's are.
+NORM_LIKE_PEAK = 1.3
+
+
+def norm_like(shape: tuple[int, ...], zeros: int, rms: float | None, max_abs: float) -> bool:
+    """Whether a tensor looks like a normalisation layer's scale (weights, not gradients)."""
+    return (
+        len(shape) == 1
+        and shape[0] >= NORM_LIKE_MIN_ELEMENTS
+        and zeros == 0
+        and rms is not None
+        and NORM_LIKE_RMS[0] <= rms <= NORM_LIKE_RMS[1]
+        and max_abs <= NORM_LIKE_PEAK * rms
+    )
+
+
+def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
+    """A flat file with no metadata and no structure: weights if it holds norm-like scales.
+
+    Gradients are the default (today's behaviour, and what gradaudit is for); a file
+    that looks like a model — a matrix, and 1-D tensors of which some, but at most half,
+    look like a normalisation layer's scale (the others are biases) — is read as weights.
+    A dump of hand-made vectors of ones is not a model. Both calls are marked thin, so
+    the summary says how the file was read and how to say otherwise.
+    """
+    vectors = [t for t in tensors if len(t.shape) == 1]
+    hits = [t for t in vectors if norm_like(t.shape, t.zeros, t.rms, t.max_abs)]
+    has_matrix = any(len(t.shape) >= 2 and t.numel >= NORM_LIKE_MIN_ELEMENTS for t in tensors)
+    if hits and has_matrix and 2 * len(hits) <= len(vectors):
+        return FileEvidence(
+            Role.WEIGHT,
+            f"guessed from the values: {len(hits)} 1-D tensor(s) with RMS near 1 and no "
+            "zeros, like normalisation weights; --kind gradients if these are gradients",
+            thin=True,
+        )
+    return FileEvidence(
+        Role.GRADIENT,
+        "no metadata or structure says otherwise; --kind weights for a model checkpoint",
+        thin=True,
+    )
+
+
+_OPTIMIZER_ROLES = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+
+def decide(
+    name: str,
+    hint: TensorHint | None,
+    kind: InputKind,
+    file_role: FileEvidence,
+) -> tuple[Role, str]:
+    """The role of one tensor and its evidence, strongest evidence first (module docstring)."""
+    by_name = role_from_name(name)
+    if hint is not None and hint.role in _OPTIMIZER_ROLES:
+        return hint.role, hint.evidence
+    if by_name is not None and by_name[0] is Role.BUFFER:
+        return by_name
+    if hint is not None and hint.role is Role.BUFFER:
+        return hint.role, hint.evidence
+    if kind is InputKind.GRADIENTS:
+        return Role.GRADIENT, "--kind gradients"
+    if kind is InputKind.WEIGHTS:
+        return Role.WEIGHT, "--kind weights"
+    if hint is not None and hint.role is not None:
+        return hint.role, hint.evidence
+    if by_name is not None:
+        return by_name
+    return file_role.role, file_role.evidence
+
+
+def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Sequence[str]) -> str:
+    """What a file was read as, in a few words: ``training checkpoint``, ``weights`` …"""
+    counts = Counter(roles)
+    if counts[Role.OPTIMIZER_MOMENT] or counts[Role.OPTIMIZER_SECOND_MOMENT]:
+        return "training checkpoint" if counts[Role.WEIGHT] else "optimizer state"
+    main = [r for r in counts if r not in (Role.BUFFER, Role.UNKNOWN)]
+    if len(main) > 1:
+        return "mixed"
+    role = main[0] if main else file_role.role
+    return {Role.WEIGHT: "weights", Role.GRADIENT: "gradients"}.get(role, role.value)
+
+
+def file_evidence_text(
+    roles: Sequence[Role], evidences: Sequence[str], file_role: FileEvidence
+) -> str:
+    """The evidence shown for a file: the most common reason among its tensors.
+
+    A file with optimizer state says so first, then why the rest was read as it was.
+    """
+    rest = [e for r, e in zip(roles, evidences, strict=True) if r not in _OPTIMIZER_ROLES]
+    common = Counter(rest).most_common(1)[0][0] if rest else None
+    if len(rest) < len(evidences):
+        return "a torch.optim state dict" + (f"; the rest {common}" if common else "")
+    return common or file_role.evidence
+
+
+def estimate_value(
+    basis: EstimateBasis, norm: float, total: float | None, step: float | None
+) -> tuple[float | None, float | None, bool]:
+    """``(rms_norm, mean_norm, bias_corrected)`` of the gradient, from one state tensor.
+
+    ``norm`` is the state tensor's L2 norm (first moments); ``total`` the sum of a
+    second moment's elements.
+    """
+    t = step if step is not None and step > 0 else None
+    total = None if total is None else max(total, 0.0)
+    if basis.formula == "ema_sq" and total is not None:
+        if basis.decay is None or t is None:
+            return math.sqrt(total), None, basis.decay is None
+        correction = 1.0 - basis.decay**t
+        return (math.sqrt(total / correction) if correction > 0 else None), None, True
+    if basis.formula == "mean_sq" and total is not None:
+        return math.sqrt(total * basis.scale), None, True
+    if basis.formula == "sum_sq" and total is not None and t is not None:
+        # The accumulator started at ``initial`` per element; what the steps added is the rest.
+        return math.sqrt(max(total - basis.initial * basis.scale, 0.0) / t), None, True
+    if basis.formula == "ema" and basis.decay is not None:
+        if t is None:
+            return None, norm, False
+        correction = 1.0 - basis.decay**t
+        return None, (norm / correction if correction > 0 else None), True
+    if basis.formula == "momentum" and basis.decay is not None and basis.dampening < 1.0:
+        # Steady state of b = m*b + (1-d)*g for a constant g is (1-d)/(1-m) * g.
+        return None, norm * (1.0 - basis.decay) / (1.0 - basis.dampening), False
+    return None, None, False
