@@ -52,6 +52,8 @@ from gradaudit.stats import (
     Placement,
     StatsCollector,
     dtype_name,
+    dtype_skip_reason,
+    empty_row,
     merge_rows,
     not_audited_reason,
     read_blocks,
@@ -235,6 +237,35 @@ class PendingStats:
         self._tickets.append(ticket)
         self._devices[device] = None
 
+    def add_pieces(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        pieces: Iterable[torch.Tensor],
+        source: str | None = None,
+    ) -> None:
+        """Queue one tensor given as disjoint pieces that tile it (a distributed checkpoint's
+        chunks): one stats row per piece, merged by the engine's rule, never a whole copy.
+
+        Each piece is reduced before the next is taken, so only one is held at a time.
+        """
+        reason = dtype_skip_reason(dtype)
+        if reason is not None:
+            self._skipped.append(Skipped(name, reason, source))
+            return
+        rows = []
+        device = self.device
+        for piece in pieces:
+            if device is not None and piece.device != device:
+                piece = self._to_device(piece)
+            rows.append(self._collector.row(piece))
+        if not rows:
+            row = empty_row(device or "cpu")
+        else:
+            row = rows[0] if len(rows) == 1 else merge_rows(torch.stack(rows))
+        self.add_row(PendingEntry(name, shape, dtype_name(dtype), source), row)
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
         assert self.device is not None
@@ -314,6 +345,7 @@ class PendingStats:
         ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
         """
         from gradaudit.io import Excluded, open_source
+        from gradaudit.io.base import Pieces
 
         self.add_file(path)
         part = self.child()
@@ -323,6 +355,10 @@ class PendingStats:
                     part.exclude(path)
                 elif isinstance(item, Skipped):
                     part.skip(Skipped(item.name, item.reason, path))
+                elif isinstance(item, Pieces):
+                    part.add_pieces(item.name, item.shape, item.dtype, item.load(), source=path)
+                    if progress is not None:
+                        progress(math.prod(item.shape) * item.dtype.itemsize)
                 else:
                     part.queue(item[0], item[1], source=path)
                     if progress is not None:

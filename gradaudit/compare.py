@@ -144,6 +144,7 @@ def _read(
 ) -> None:
     """Collect one file into its side(s); a file that fails half-way contributes nothing."""
     from gradaudit.io import Excluded, open_source
+    from gradaudit.io.base import Pieces
 
     path = sides[0].path
     assert path is not None
@@ -154,12 +155,14 @@ def _read(
         for item in open_source(path).items():
             if isinstance(item, Excluded):  # no selection is passed, so none come
                 continue
-            name = item.name if isinstance(item, Skipped) else item[0]
+            name = item.name if isinstance(item, Skipped | Pieces) else item[0]
             side = next((s for s in routes if name.startswith(s.prefix or "")), None)
             if side is None:
                 part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
             elif isinstance(item, Skipped):
                 part.skip(Skipped(name, item.reason, side.label))
+            elif isinstance(item, Pieces):
+                part.add_pieces(name, item.shape, item.dtype, item.load(), source=side.label)
             else:
                 part.queue(name, item[1], source=side.label)
         part.settle()

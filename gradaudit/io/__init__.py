@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
+from gradaudit.io.dcp import DcpSource, is_dcp_directory
 from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
 from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
@@ -32,11 +33,14 @@ __all__ = [
 def open_source(path: str | Path) -> TensorSource:
     """The reader for the file ``path``, chosen by its name; raises :class:`InputError`.
 
-    ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint) and the PyTorch
-    pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` are read. Directories are
+    ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint), the PyTorch
+    pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` and ``torch.distributed.checkpoint``
+    directories (a ``.metadata`` file and ``*.distcp`` data) are read. Directories are
     expanded by :func:`expand_inputs` first.
     """
     text = str(path)
+    if is_dcp_directory(text):
+        return DcpSource(text)
     check_regular_file(text)
     kind = input_kind(text)
     if kind == "index":
