@@ -23,6 +23,9 @@ from gradaudit.monitor import MonitorRecord
 
 __all__ = ["ScalarLogger", "TensorBoardLogger", "WandbLogger", "log_record"]
 
+#: The W&B metric that holds the step (see :class:`WandbLogger`).
+STEP_KEY = f"{PREFIX}/step"
+
 
 @runtime_checkable
 class ScalarLogger(Protocol):
@@ -91,7 +94,10 @@ class TensorBoardLogger:
 class WandbLogger:
     """Scalars and the norm histogram into a Weights & Biases run (``[wandb]`` extra).
 
-    ``run`` defaults to the active ``wandb.run``. Works the same in offline mode
+    ``run`` defaults to the active ``wandb.run``. The step goes into a metric of its own,
+    ``gradaudit/step``, declared as the x-axis of every ``gradaudit/*`` key, rather than
+    into W&B's global step: W&B drops a row whose step is below one already logged, which
+    a Trainer logging on its own would otherwise cause. Works the same offline
     (``WANDB_MODE=offline``): nothing here needs the network.
     """
 
@@ -103,9 +109,11 @@ class WandbLogger:
         if active is None:
             raise ValueError("no W&B run: call wandb.init(...) first or pass run=")
         self.run: Any = active
+        self.run.define_metric(STEP_KEY)
+        self.run.define_metric(f"{PREFIX}/*", step_metric=STEP_KEY)
 
     def log_scalars(self, values: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(values), step=step)
+        self.run.log({**values, STEP_KEY: step})
 
     def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
-        self.run.log({name: self._wandb.Histogram(list(values))}, step=step)
+        self.run.log({name: self._wandb.Histogram(list(values)), STEP_KEY: step})
