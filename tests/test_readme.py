@@ -1,24 +1,17 @@
-"""The README's examples run as written."""
+"""The README's and the docs' examples run as written; the README is a front door."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from tests.docs import PAGES, README, blocks
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def test_docs_have_python_examples() -> None:
+    assert blocks("python")
 
 
-def test_readme_has_python_examples() -> None:
-    assert python_blocks()
-
-
-def test_readme_python_examples_run() -> None:
-    for block in python_blocks():
-        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+def test_python_examples_run() -> None:
+    for page, block in blocks("python"):
+        exec(compile(block, str(page), "exec"), {"__name__": "readme"})
 
 
 def test_readme_documents_every_exit_code() -> None:
@@ -27,3 +20,20 @@ def test_readme_documents_every_exit_code() -> None:
     text = README.read_text(encoding="utf-8")
     for code in ExitCode:
         assert f"| `{int(code)}` |" in text
+
+
+def test_readme_is_a_front_door() -> None:
+    """Short, and every docs page is reachable from it."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    for page in PAGES[1:]:
+        assert f"](docs/{page.name})" in text, f"README does not link {page.name}"
+
+
+def test_relative_links_resolve() -> None:
+    import re
+
+    for page in PAGES:
+        prose = re.sub(r"```.*?```", "", page.read_text("utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", prose):
+            assert (page.parent / target).exists(), f"{page.name}: broken link {target}"

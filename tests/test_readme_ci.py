@@ -1,4 +1,5 @@
-"""The README's CI-gating examples run as written: console output, CI jobs, pre-commit hooks."""
+"""The CI-gating examples of the README and docs/ run as written: console output, CI jobs,
+pre-commit hooks, configuration."""
 
 from __future__ import annotations
 
@@ -16,22 +17,21 @@ from typer.testing import CliRunner
 
 from gradaudit import ExitCode
 from gradaudit.cli import app
+from tests.docs import REPO, blocks, text
 
-REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text(encoding="utf-8")
+DOCS = text()
 HOOKS = (REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8")
 runner = CliRunner()
 
 
 def console_blocks() -> list[tuple[str, str]]:
     """``(command, output)`` of every ```console block that runs gradaudit."""
-    return re.findall(r"```console\n\$ (gradaudit [^\n]*)\n(.*?)```", README, flags=re.S)
+    return re.findall(r"```console\n\$ (gradaudit [^\n]*)\n(.*?)```", DOCS, flags=re.S)
 
 
 def ci_jobs() -> list[str]:
     """The ```yaml blocks that train a model and run gradaudit."""
-    blocks = re.findall(r"```yaml\n(.*?)```", README, flags=re.S)
-    return [block for block in blocks if "python - <<'EOF'" in block]
+    return [block for _, block in blocks("yaml") if "python - <<'EOF'" in block]
 
 
 def normalise(text: str) -> str:
@@ -148,7 +148,7 @@ def test_pre_commit_hooks_run_on_the_fixtures(monkeypatch: pytest.MonkeyPatch) -
 
 def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    match = re.search(r"- id: gradaudit\n(?:\s*#.*\n)*\s*args: \[(.*)\]", README)
+    match = re.search(r"- id: gradaudit\n(?:\s*#.*\n)*\s*args: \[(.*)\]", DOCS)
     assert match is not None
     args = [a.strip().strip('"') for a in match.group(1).split(",")]
     demo = runner.invoke(app, ["scan", *args, "fixtures/demo_grads.safetensors"])
@@ -162,9 +162,9 @@ def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) ->
 def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> None:
     from gradaudit.config import COMMANDS, load_config
 
-    blocks = re.findall(r"```toml\n(.*?)```", README, flags=re.S)
-    assert len(blocks) >= 2
-    for index, block in enumerate(blocks):
+    tomls = [block for _, block in blocks("toml")]
+    assert len(tomls) >= 2
+    for index, block in enumerate(tomls):
         path = tmp_path / str(index) / "pyproject.toml"
         path.parent.mkdir()
         path.write_text(block, encoding="utf-8")
