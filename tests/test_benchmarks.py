@@ -29,3 +29,16 @@ def test_gpu_benchmark_refuses_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device here"):
         bench_gpu.main(["--device", "cuda"])
+
+
+def test_dcp_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two gloo ranks save a tiny DCP checkpoint; the scan row is printed."""
+    from benchmarks import bench_dcp
+
+    bench_dcp.main(["--gib", "0.01", "--ranks", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[:3] == ["ranks", "tensors", "MiB"]
+    row = lines[2].split(" | ")
+    assert row[0] == "2"
+    assert int(row[1]) == 10  # one transformer layer
+    assert float(row[4]) > 0
