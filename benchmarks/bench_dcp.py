@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         directory = Path(tmp)
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "benchmarks.bench_dcp", "--gib", str(args.gib)]
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.bench_dcp", "--gib", str(args.gib)]
-                + ["--worker", str(rank), str(args.ranks), "--into", str(directory)],
+                [*command, "--worker", str(rank), str(args.ranks), "--into", str(directory)],
                 cwd=root,
                 env=env,
             )
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sum_pass()
         t_sum = best_of(3, sum_pass)
-        del values
+        values.clear()  # free them before the scan's memory is measured
         report = gradaudit.scan_paths([ckpt], device="cpu")  # warms the page cache
         with PeakAnon() as memory:
             t_scan = best_of(3, lambda: gradaudit.scan_paths([ckpt], device="cpu"))
