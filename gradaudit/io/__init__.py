@@ -13,6 +13,7 @@ from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
 from gradaudit.io.dcp import DcpSource, is_dcp_directory
 from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
+from gradaudit.io.hf_checkpoint import TrainerCheckpointSource, is_trainer_checkpoint
 from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
@@ -35,12 +36,15 @@ def open_source(path: str | Path) -> TensorSource:
 
     ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint), the PyTorch
     pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` and ``torch.distributed.checkpoint``
-    directories (a ``.metadata`` file and ``*.distcp`` data) are read. Directories are
+    directories (a ``.metadata`` file and ``*.distcp`` data) and ``transformers`` Trainer
+    checkpoint directories (``trainer_state.json`` beside the model) are read. Directories are
     expanded by :func:`expand_inputs` first.
     """
     text = str(path)
     if is_dcp_directory(text):
         return DcpSource(text)
+    if is_trainer_checkpoint(text):
+        return TrainerCheckpointSource(text)
     check_regular_file(text)
     kind = input_kind(text)
     if kind == "index":
