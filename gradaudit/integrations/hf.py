@@ -13,7 +13,7 @@ Trainer's model when training begins and calls ``monitor.step()`` from the Train
 * before ``optimizer.step()``: with ``sync=True`` and ``on_nonfinite="raise"`` the
   exception stops training before a NaN gradient is applied.
 
-The event exists since ``transformers`` 4.47; on older versions it is never called, so
+The event exists since ``transformers`` 4.45; on older versions it is never called, so
 the callback refuses to start rather than silently collect nothing.
 
 Steps are numbered like the Trainer's logs: the optimizer step being taken is
@@ -64,7 +64,7 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
 
             raise RuntimeError(
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step event "
-                "(added in 4.47): upgrade it, or call GradientMonitor.step() yourself"
+                "(added in 4.45): upgrade it, or call GradientMonitor.step() yourself"
             )
         self._options: dict[str, Any] = {
             "every": every,
