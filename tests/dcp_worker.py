@@ -12,10 +12,12 @@ Assertions live in ``tests/test_dcp.py``; this process only has to finish.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +39,29 @@ def planted() -> dict[str, torch.Tensor]:
         "tiny64_cols": tiny,
         "bf16": (torch.randn(33, 3, generator=gen) * 1e30).to(torch.bfloat16),
     }
+
+
+def scan_split(out: Path) -> dict[str, Any]:
+    """``scan_paths_distributed`` over the DCP directory and the gathered file, chunks counted."""
+    from gradaudit import scan_paths_distributed
+    from gradaudit.io import dcp as dcp_reader
+    from gradaudit.report.json_report import to_document
+
+    loads = [0]
+    real = dcp_reader.load_chunk
+
+    def counted(*args: Any) -> torch.Tensor:
+        loads[0] += 1
+        return real(*args)
+
+    dcp_reader.load_chunk = counted  # type: ignore[assignment]
+    try:
+        report = scan_paths_distributed([out / "sharded", out / "gathered.pt"], device="cpu")
+    finally:
+        dcp_reader.load_chunk = real  # type: ignore[assignment]
+    document = to_document(report)
+    document.pop("elapsed_s")
+    return {"document": document, "chunks_read": loads[0]}
 
 
 def main() -> None:
@@ -82,8 +107,10 @@ def main() -> None:
                 out / "gathered.pt",
             )
         dist.barrier()
+        result = scan_split(out)
     finally:
         dist.destroy_process_group()
+    (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     # As in tests/distributed_worker.py: skip interpreter finalisation (a gloo thread race).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -445,14 +445,19 @@ class DcpSource:
             else:
                 yield from self.tensor_items(entry)
 
-    def tensor_items(self, tensor: DcpTensor) -> Iterator[SourceItem]:
-        """What one tensor yields: skipped, one whole tensor, or its chunks as pieces."""
+    def skip_reason(self, tensor: DcpTensor) -> str | None:
+        """Why ``tensor`` is listed as skipped instead of read, or None (dtype: the engine's)."""
         if _is_step_counter(tensor):
-            yield Skipped(tensor.name, "optimizer step counter; not audited", self.path)
-            return
+            return "optimizer step counter; not audited"
         transformed = next((c for c in tensor.chunks if c.transforms), None)
         if transformed is not None:
-            reason = f"stored through storage extensions {list(transformed.transforms)}; not read"
+            return f"stored through storage extensions {list(transformed.transforms)}; not read"
+        return None
+
+    def tensor_items(self, tensor: DcpTensor) -> Iterator[SourceItem]:
+        """What one tensor yields: skipped, one whole tensor, or its chunks as pieces."""
+        reason = self.skip_reason(tensor)
+        if reason is not None:
             yield Skipped(tensor.name, reason, self.path)
             return
         if len(tensor.chunks) == 1:

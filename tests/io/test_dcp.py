@@ -280,3 +280,36 @@ def test_a_chunk_of_the_wrong_shape_is_refused(plain: tuple[Path, Path], tmp_pat
     (problem,) = result.errors
     assert "extra.huge64" in problem.message
     assert "metadata says float64 [7, 10]" in problem.message
+
+
+def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_process_one(
+    sharded: tuple[Path, Path],
+) -> None:
+    """Each rank loads only its share of the chunks; every rank reports what one process would."""
+    from gradaudit.report.json_report import to_document
+
+    directory, gathered = sharded
+    results = [
+        json.loads((directory.parent / f"rank{rank}.json").read_text(encoding="utf-8"))
+        for rank in range(2)
+    ]
+    assert results[0]["document"] == results[1]["document"]
+    source = DcpSource(str(directory))
+    audited = [t for t in source.tensors if source.skip_reason(t) is None]
+    reads = [r["chunks_read"] for r in results]
+    assert sum(reads) == sum(len(t.chunks) for t in audited)  # each chunk read once
+    assert min(reads) > 0  # by both ranks
+    single = to_document(scan_paths([directory, gathered], device="cpu"))
+    got = results[0]["document"]
+    assert len(got["files"]) == len(single["files"]) == 2
+    for mine, theirs in zip(got["files"], single["files"], strict=True):
+        assert mine["global_norm"] == pytest.approx(theirs["global_norm"], rel=1e-12)
+        mine.pop("global_norm")
+        theirs.pop("global_norm")
+        assert mine == theirs
+    assert [t["name"] for t in got["tensors"]] == [t["name"] for t in single["tensors"]]
+    for mine, theirs in zip(got["tensors"], single["tensors"], strict=True):
+        for key in ("shape", "numel", "nan", "pos_inf", "neg_inf", "zeros", "max_abs", "file"):
+            assert mine[key] == theirs[key], (mine["name"], key)
+        assert mine["norm"] == pytest.approx(theirs["norm"], rel=1e-12), mine["name"]
+    assert [s["name"] for s in got["skipped"]] == [s["name"] for s in single["skipped"]]
