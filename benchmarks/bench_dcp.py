@@ -12,6 +12,10 @@ whole), giving one chunk per rank per tensor. Then, in this process, with a warm
 * peak extra anonymous memory (``RssAnon``) during the scan, next to the largest chunk and
   the largest ``.distcp`` file.
 
+With ``--split 1 2`` it then times ``scan_paths_distributed`` over the same directory
+under 1 and 2 gloo ranks of one thread each (the chunks divided between them, as under
+``torchrun``), best of 3 after a warm-up, as measured by rank 0.
+
 Machines are noisy: compare the ratios, not the seconds.
 """
 
@@ -57,17 +61,66 @@ def _worker(rank: int, world: int, directory: Path, gib: float) -> None:
     os._exit(0)
 
 
+def _scan_worker(rank: int, world: int, directory: Path) -> None:
+    """One rank of the split scan: time ``scan_paths_distributed``; rank 0 writes the time."""
+    import time
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rendezvous = directory / f"rendezvous-scan-{world}"
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    ckpt = [directory / "ckpt"]
+    gradaudit.scan_paths_distributed(ckpt, device="cpu")  # warm-up
+    times = []
+    for _ in range(3):
+        dist.barrier()
+        start = time.perf_counter()
+        gradaudit.scan_paths_distributed(ckpt, device="cpu")
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        (directory / f"split-{world}.txt").write_text(str(min(times)), encoding="ascii")
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _split(
+    directory: Path, counts: list[int], root: Path, env: dict[str, str]
+) -> list[dict[str, object]]:
+    seconds: list[float] = []
+    for world in counts:
+        command = [sys.executable, "-m", "benchmarks.bench_dcp", "--scan-worker"]
+        workers = [
+            subprocess.Popen(
+                [*command, str(rank), str(world), "--into", str(directory)], cwd=root, env=env
+            )
+            for rank in range(world)
+        ]
+        if any(worker.wait() for worker in workers):
+            raise SystemExit("a scanning rank failed")
+        seconds.append(float((directory / f"split-{world}.txt").read_text(encoding="ascii")))
+    return [
+        {"scan ranks": world, "scan s": s, "× first": s / seconds[0]}
+        for world, s in zip(counts, seconds, strict=True)
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=0.5, help="size of the fp32 state dict")
     parser.add_argument("--ranks", type=int, default=2, help="gloo processes that save it")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", nargs="*", type=int, default=[], help="rank counts to time")
     parser.add_argument("--worker", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--scan-worker", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--into", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(args.worker[0], args.worker[1], args.into, args.gib)
+    if args.scan_worker:
+        _scan_worker(args.scan_worker[0], args.scan_worker[1], args.into)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)
@@ -115,7 +168,11 @@ def main(argv: list[str] | None = None) -> None:
             "largest chunk MiB": largest_chunk / MIB,
             "largest .distcp MiB": max(f.stat().st_size for f in files) / MIB,
         }
+        split = _split(directory, args.split, root, env) if args.split else []
     print(table([row], digits=1))
+    if split:
+        print()
+        print(table(split, digits=2))
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, engine {report.engine}")
 
 
