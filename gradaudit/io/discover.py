@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gradaudit.io.dcp import DATA_SUFFIX, METADATA_NAME, is_dcp_directory
+from gradaudit.io.deepspeed import is_deepspeed_checkpoint
 from gradaudit.io.hf_checkpoint import is_trainer_checkpoint
 from gradaudit.io.safetensors_header import describe_os_error, show
 from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
@@ -156,7 +157,7 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
             else:
                 yield SkippedPath(folder, _duplicate(folder, first), root)
             covered.update(os.path.normpath(e.path) for e in entries if _is_dcp_part(e.name))
-        elif is_trainer_checkpoint(folder):
+        elif is_trainer_checkpoint(folder) or is_deepspeed_checkpoint(folder):
             # One checkpoint: its reader accounts for the model, optimizer and bookkeeping.
             found += 1
             first = seen.first_path(folder)
