@@ -7,6 +7,8 @@ never before: ``import gradaudit`` (and this package) pull in none of them.
   (``pip install 'gradaudit[transformers]'``);
 * :mod:`gradaudit.integrations.lightning`: a Lightning ``Callback``
   (``pip install 'gradaudit[lightning]'``);
+* :mod:`gradaudit.integrations.accelerate`: :func:`accelerate_step` for Accelerate loops
+  (synchronised steps only, fp16 gradients unscaled first; imports nothing);
 * :mod:`gradaudit.integrations.loggers`: monitor records to TensorBoard
   (``[tensorboard]``) or Weights & Biases (``[wandb]``) through one small interface;
 * :mod:`gradaudit.integrations.scalars`: the one place that turns a record into the
