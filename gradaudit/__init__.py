@@ -39,8 +39,9 @@ from gradaudit.errors import (
     NonFiniteGradientWarning,
     UsageError,
 )
+from gradaudit.locate import Location, NanLocator
 from gradaudit.module import collect_module, named_gradients
-from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+from gradaudit.monitor import GradientMonitor, LocateMode, MonitorRecord, NonFiniteAction
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,
@@ -82,8 +83,11 @@ __all__ = [
     "InputProblem",
     "LimitFinding",
     "LimitKind",
+    "LocateMode",
+    "Location",
     "Mismatch",
     "MonitorRecord",
+    "NanLocator",
     "NonFiniteAction",
     "NonFiniteGradientError",
     "NonFiniteGradientWarning",

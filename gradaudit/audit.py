@@ -39,6 +39,7 @@ from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
     from gradaudit.io.discover import Expanded
+    from gradaudit.precision import ExponentHistogram
 
 from gradaudit.stats import (
     DEFAULT_MEMORY_BUDGET,
@@ -104,8 +105,12 @@ class PendingStats:
         engine: Engine | str = Engine.AUTO,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         collector: StatsCollector | None = None,
+        histograms: bool = False,
     ) -> None:
         self.device = None if device is None else resolve_device(device)
+        #: Also queue each tensor's exponent histogram (``--precision``): one extra pass.
+        self.histograms = histograms
+        self._histograms: list[torch.Tensor | None] = []
         self._collector = collector or StatsCollector(
             chunk_elements, engine=engine, memory_budget=memory_budget
         )
@@ -190,6 +195,8 @@ class PendingStats:
         self._sources.append(entry.source)
         self._tickets.append(self._collector.adopt(row))
         self._devices[row.device] = None
+        if self.histograms:
+            self._histograms.append(None)  # rows from elsewhere come without one
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped.
@@ -230,6 +237,10 @@ class PendingStats:
             device = self.device
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
+        if self.histograms:
+            from gradaudit.precision_kernel import exponent_histogram
+
+            self._histograms.append(exponent_histogram(tensor))
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
         self._dtypes.append(dtype_name(tensor.dtype))
@@ -304,6 +315,7 @@ class PendingStats:
         child = PendingStats(collector=self._collector)
         child.device = self.device
         child._uploads = self._uploads
+        child.histograms = self.histograms
         return child
 
     def absorb(self, other: PendingStats) -> None:
@@ -312,6 +324,7 @@ class PendingStats:
         self._dtypes += other._dtypes
         self._sources += other._sources
         self._tickets += other._tickets
+        self._histograms += other._histograms
         self._devices.update(other._devices)
         self._skipped += other._skipped
         self._excluded += other._excluded
@@ -443,7 +456,25 @@ class PendingStats:
             errors=tuple(self._errors),
             thresholds=thresholds,
             limit_findings=limit_findings,
+            histograms=self._read_histograms(),
         )
+
+    def _read_histograms(self) -> tuple[ExponentHistogram | None, ...]:
+        """The exponent histograms, read right after the stats rows (one copy per device)."""
+        if not self.histograms:
+            return ()
+        from gradaudit.precision import ExponentHistogram
+
+        by_device: dict[torch.device, list[int]] = {}
+        for index, histogram in enumerate(self._histograms):
+            if histogram is not None:
+                by_device.setdefault(histogram.device, []).append(index)
+        out: list[ExponentHistogram | None] = [None] * len(self._histograms)
+        for device_indices in by_device.values():
+            stacked = torch.stack([self._histograms[i] for i in device_indices])  # type: ignore[misc]
+            for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
+                out[i] = ExponentHistogram(tuple(counts))
+        return tuple(out)
 
     def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
         """Host rows to TensorStats, in submission order.
@@ -566,19 +597,25 @@ def scan_paths(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     recursive: bool = False,
+    histograms: bool = False,
 ) -> Report:
     """Audit files and directories one tensor at a time.
 
     A bad input is recorded and the others are still audited. Directories are searched for
     checkpoint files (``recursive`` descends); ``include``/``exclude`` are glob patterns on
     tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
-    the byte size of each tensor once it is queued.
+    the byte size of each tensor once it is queued. ``histograms`` also collects each
+    tensor's exponent histogram (:mod:`gradaudit.precision`; one extra pass per tensor).
     """
     from gradaudit.io import expand_inputs
 
     selection = NameFilter(tuple(include), tuple(exclude))
     pending = PendingStats(
-        device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
+        device=device,
+        chunk_elements=chunk_elements,
+        engine=engine,
+        memory_budget=memory_budget,
+        histograms=histograms,
     )
     for entry in expand_inputs(paths, recursive=recursive):
         pending.add_input(entry, selection if selection.active else None, progress)

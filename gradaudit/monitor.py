@@ -30,6 +30,7 @@ import torch
 from gradaudit.dtensor import is_dtensor
 from gradaudit.dump import save_gradients
 from gradaudit.errors import NonFiniteGradientError, NonFiniteGradientWarning
+from gradaudit.locate import Location, NanLocator
 from gradaudit.module import ParametersInput, collect_gradients, named_gradients
 from gradaudit.policy import Thresholds
 from gradaudit.results import Report
@@ -47,6 +48,10 @@ __all__ = ["GradientMonitor", "MonitorRecord", "NonFiniteAction"]
 #: :class:`~gradaudit.NonFiniteGradientError`; ``warn`` only warns; ``ignore``
 #: only records it in the history.
 NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
+#: When a monitor arms a :class:`~gradaudit.NanLocator` (see ``docs/locate.md``):
+#: never, from the first collected NaN/Inf until a step is located, or every
+#: ``locate_every`` steps.
+LocateMode = Literal["off", "on_nonfinite", "always"]
 
 #: Names listed in a warning or error message before "and N more".
 _NAMES_SHOWN = 5
@@ -120,7 +125,16 @@ class GradientMonitor:
         thresholds: Thresholds | None = None,
         prefix: str | None = None,
         group: ProcessGroup | None = None,
+        locate: LocateMode = "off",
+        locate_every: int = 1,
     ) -> None:
+        if locate not in get_args(LocateMode):
+            choices = ", ".join(repr(a) for a in get_args(LocateMode))
+            raise ValueError(f"locate must be one of {choices}; got {locate!r}")
+        if locate != "off" and not isinstance(model, torch.nn.Module):
+            raise ValueError("locate needs the model itself (an nn.Module) to hook its modules")
+        if locate_every < 1:
+            raise ValueError("locate_every must be >= 1")
         if every < 1:
             raise ValueError("every must be >= 1")
         if history < 1:
@@ -147,6 +161,20 @@ class GradientMonitor:
         self._collector = StatsCollector()
         self._pending: tuple[int, PendingStats] | None = None
         self._next_step = 0
+        self.locate: LocateMode = locate
+        self.locate_every = locate_every
+        self._locator = (
+            NanLocator(model) if locate != "off" and isinstance(model, torch.nn.Module) else None
+        )
+        self._locate_next = False  # a NaN/Inf was seen and not located yet
+        self._locations: deque[tuple[int, Location]] = deque(maxlen=history)
+        if locate == "always":
+            self._arm_for(0)
+
+    @property
+    def locations(self) -> tuple[tuple[int, Location], ...]:
+        """``(step, Location)`` of the recent located steps (``locate=...``), oldest first."""
+        return tuple(self._locations)
 
     @property
     def history(self) -> tuple[MonitorRecord, ...]:
@@ -183,13 +211,50 @@ class GradientMonitor:
             else:
                 pending.prefetch()
                 self._pending = (current, pending)
+        # With this step's own stats at hand (sync), they name the poisoned gradients.
+        same_step = record is not None and record.step == current
+        self._read_location(current, record.report if same_step and record else None)
+        if record is not None and record.nonfinite and self.locate == "on_nonfinite":
+            # A step already located needs no second look; the next occurrence does.
+            located = any(s == record.step and loc.found for s, loc in self._locations)
+            self._locate_next = self._locate_next or not located
+        self._arm_for(current + 1)
         if record is not None:
             self._act(record, current)
         return record
 
+    def _arm_for(self, step: int) -> None:
+        """Arm the locator for ``step`` (hooks must be in place before its forward), or not."""
+        if self._locator is None or self.locate == "off":
+            return
+        if self._locate_next or (self.locate == "always" and step % self.locate_every == 0):
+            self._locator.arm()
+        else:
+            self._locator.disarm()
+
+    def _read_location(self, step: int, report: Report | None) -> None:
+        """The one read of an armed step's hook counts; a found NaN/Inf is warned about."""
+        if self._locator is None or not self._locator.armed:
+            return
+        location = self._locator.read(report)
+        self._locations.append((step, location))
+        if location.found:
+            self._locate_next = False
+            if self.on_nonfinite != "ignore":
+                warnings.warn(
+                    f"step {step}: NaN/Inf located: " + location.describe().replace("\n", "; "),
+                    NonFiniteGradientWarning,
+                    stacklevel=4,
+                )
+
     def flush(self) -> MonitorRecord | None:
-        """Complete the stats still pending (call after the loop); ``None`` if there are none."""
+        """Complete the stats still pending (call after the loop); ``None`` if there are none.
+
+        Also removes a locator's hooks.
+        """
         now = self._next_step - 1
+        if self._locator is not None:
+            self._locator.disarm()
         record = self._complete(now)
         if record is not None:
             self._act(record, now)

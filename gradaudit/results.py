@@ -8,8 +8,12 @@ audited is a :class:`Skipped` with a reason, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gradaudit.policy import FindingKind, LimitKind, Severity, Thresholds
+
+if TYPE_CHECKING:
+    from gradaudit.precision import ExponentHistogram
 
 
 @dataclass(frozen=True, init=False)
@@ -194,3 +198,6 @@ class Report:
     thresholds: Thresholds = field(default_factory=Thresholds)
     #: Run-level limits that were exceeded; every one fails the run.
     limit_findings: tuple[LimitFinding, ...] = ()
+    #: Per tensor (same order as ``tensors``), when asked for (``--precision``): exponent
+    #: histograms; ``None`` for a tensor whose stats came from another rank.
+    histograms: tuple[ExponentHistogram | None, ...] = ()

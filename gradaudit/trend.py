@@ -32,6 +32,7 @@ warning (like vanishing in ``scan``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import re
 import time
@@ -45,6 +46,7 @@ from gradaudit.errors import ExitCode, InputError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity, Thresholds
+from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import InputProblem, Report
 
 #: A layer's norm above this many times its running median is a spike.
@@ -179,6 +181,8 @@ class TrendReport:
     device: str = "none"
     engine: str = Engine.EAGER.value
     elapsed_s: float = 0.0
+    #: With ``precision``: the whole dump's headroom in that format, per audited step.
+    headroom: tuple[tuple[int, Headroom], ...] = ()
 
 
 # -- ordering -------------------------------------------------------------------------------
@@ -478,8 +482,13 @@ def trend_paths(
     device: str | None = "auto",
     engine: Engine | str = Engine.AUTO,
     chunk_elements: int | None = None,
+    precision: Precision | None = None,
 ) -> TrendReport:
-    """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`."""
+    """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`.
+
+    ``precision`` also collects exponent histograms and keeps each step's headroom in
+    that format (:mod:`gradaudit.precision`).
+    """
     started = time.perf_counter()
     policy = policy or TrendPolicy()
     dumps, problems = order_dumps(paths)
@@ -488,6 +497,7 @@ def trend_paths(
         builder.add_error(problem)
     # Findings of the per-dump audit are not used; the thresholds only have to be valid.
     thresholds = Thresholds(vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset())
+    headroom: list[tuple[int, Headroom]] = []
     for dump in dumps:
         report = scan_paths(
             [dump.path],
@@ -495,13 +505,17 @@ def trend_paths(
             device=device,
             chunk_elements=chunk_elements,
             engine=engine,
+            histograms=precision is not None,
         )
         if report.errors:
             for problem in report.errors:
                 builder.add_error(problem)
             continue
         builder.add(dump.step, dump.path, report)
-    return builder.finish(time.perf_counter() - started)
+        if precision is not None and report.tensors:
+            headroom.append((dump.step, precision_report(report, precision).total))
+    result = builder.finish(time.perf_counter() - started)
+    return dataclasses.replace(result, headroom=tuple(headroom)) if headroom else result
 
 
 def trend_exit_code(report: TrendReport) -> ExitCode:

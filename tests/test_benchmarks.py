@@ -46,3 +46,12 @@ def test_dcp_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert split[0] == ["scan ranks", "scan s", "× first"]
     assert [r[0] for r in split[2:]] == ["2"]
     assert split[2][2] == "1.00"
+
+
+def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_precision
+
+    bench_precision.main(["--mib", "0.01", "--repeats", "1", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[-1] == "histogram × sum"
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]

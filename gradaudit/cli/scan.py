@@ -35,10 +35,12 @@ from gradaudit.cli.output import check_output_path, emit_report, render_options,
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
 from gradaudit.distributed import scan_under_torchrun, torchrun_env
-from gradaudit.errors import UsageError
+from gradaudit.errors import ExitCode, UsageError
 from gradaudit.kernels import Engine
+from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
 from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.results import Report
 from gradaudit.stats import DEFAULT_MEMORY_BUDGET
 
 
@@ -117,6 +119,24 @@ def scan(
     chart: ChartOption = None,
     group_by: GroupByOption = "auto",
     plot: PlotOption = None,
+    precision: Annotated[
+        Precision | None,
+        typer.Option(
+            help="Also report the headroom in a narrower format: the fraction of each "
+            "tensor's values that would flush to zero, turn subnormal or overflow, and the "
+            "power-of-two scale that fits them (one extra pass per tensor). With --plot, "
+            "draws the log2 magnitude histogram against the format's range instead.",
+        ),
+    ] = None,
+    max_underflow: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="With --precision: a tensor in which more than this fraction of the "
+            "non-zero values would flush to zero is a failing finding (any overflow is one).",
+        ),
+    ] = DEFAULT_MAX_UNDERFLOW,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
@@ -147,6 +167,8 @@ def scan(
             inputs=paths,
             table=(settings.format or OutputFormat.TABLE) is OutputFormat.TABLE,
         )
+        if precision is not None:
+            _check_precision_options(settings.format, settings.output, distributed)
         total = input_bytes(paths, recursive=recursive)
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
@@ -164,6 +186,8 @@ def scan(
             "exclude": exclude or (),
             "recursive": recursive,
         }
+        if precision is not None:
+            options["histograms"] = True
         if job is not None:
             report = scan_under_torchrun(paths, job, device=settings.device or "auto", **options)
             if job.rank != 0:  # every rank has the report; rank 0 alone prints it
@@ -176,5 +200,54 @@ def scan(
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
         verdict = emit_report(report, settings, show_all=show_all, top=top)
-        visuals.write_plot(report)
+        if precision is None:
+            visuals.write_plot(report)
+        else:
+            verdict = _emit_precision(
+                report, precision, max_underflow, visuals, verdict, show_all=show_all, top=top
+            )
         raise typer.Exit(int(verdict))
+
+
+def _check_precision_options(
+    output_format: OutputFormat | None, output: Path | None, distributed: bool | None
+) -> None:
+    """``--precision`` prints its own table to stdout; refuse what it cannot honour yet."""
+    if (output_format or OutputFormat.TABLE) is not OutputFormat.TABLE:
+        raise UsageError("--precision prints a table: use it with --format table (the default)")
+    if output is not None:
+        raise UsageError("--precision writes its table to stdout: leave out --output")
+    if distributed:
+        raise UsageError("--precision is not supported with --distributed yet")
+
+
+def _emit_precision(
+    report: Report,
+    precision: Precision,
+    max_underflow: float,
+    visuals: ScanVisuals,
+    verdict: ExitCode,
+    *,
+    show_all: bool,
+    top: int,
+) -> ExitCode:
+    """The headroom table after the report (and its figure); findings fail a passing run."""
+    from gradaudit.cli.app import output_width
+    from gradaudit.cli.visuals import write_plot
+    from gradaudit.precision import precision_report
+    from gradaudit.report.precision_table import render_precision
+    from gradaudit.report.text import plural
+
+    if not report.tensors:
+        return verdict
+    headroom = precision_report(report, precision, max_underflow)
+    text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
+    write_stdout("\n" + text)
+    if visuals.plot is not None and visuals.plot_format is not None:
+        from gradaudit.report.precision_plot import precision_plot
+
+        title = f"Headroom in {precision.value}: {plural(len(headroom.tensors), 'tensor')}"
+        write_plot(visuals.plot, precision_plot(headroom, visuals.plot_format, title=title))
+    if headroom.findings and verdict is ExitCode.OK:
+        return ExitCode.FINDINGS
+    return verdict

@@ -19,6 +19,7 @@ from gradaudit.cli.visuals import (
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, parse_kinds
+from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
 from gradaudit.report.trend_report import TrendFormat
@@ -91,6 +92,13 @@ def trend(
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
+    precision: Annotated[
+        Precision | None,
+        typer.Option(
+            help="Also show how the headroom in this format (flushed, subnormal, overflowing "
+            "values; the scale that fits them) moves over the steps. Informational.",
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit a series of dumps: per-layer norm over steps, spikes, first NaN/Inf, collapse."""
@@ -99,6 +107,8 @@ def trend(
         spec = group_by_option(group_by)
         check_device_option(device)
         plot_format = check_plot_target(plot, paths)
+        if precision is not None and output_format is not TrendFormat.TABLE:
+            raise UsageError("--precision prints a table: use it with --format table")
         report = trend_paths(
             paths,
             policy=policy,
@@ -106,6 +116,7 @@ def trend(
             device=device,
             engine=engine,
             chunk_elements=chunk_elements,
+            precision=precision,
         )
         for problem in report.errors:
             say(f"error: {printable(problem.path)}: {printable(problem.message)}")
@@ -113,5 +124,9 @@ def trend(
             say("error: nothing to audit: no floating-point tensor in the dumps")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all)
         sys.stdout.write(output_format.formatter()(report, options))
+        if precision is not None and report.headroom:
+            from gradaudit.report.precision_table import render_headroom_trend
+
+            sys.stdout.write("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)
         raise typer.Exit(int(trend_exit_code(report)))

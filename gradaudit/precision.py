@@ -1,0 +1,438 @@
+"""Low-precision headroom: will these values survive fp16, bf16 or fp8?
+
+Mixed Precision Training (Micikevicius et al., 2018) argued loss scaling with a
+histogram of log2 gradient magnitudes drawn against fp16's range. This module
+is the host side of that figure: the bin layout of an *exponent histogram*
+(counts per binary exponent of |x|), the formats, and what a histogram says
+about each format. The counting itself is device work in
+:mod:`gradaudit.precision_kernel`; nothing here needs torch.
+
+Why a histogram by exponent alone is not enough
+-----------------------------------------------
+Converting to a narrower format rounds to nearest, ties to even. Whether a
+value flushes to zero, becomes subnormal or overflows is decided at points
+*inside* a binade: fp16 flushes ``|x| <= 2**-25`` (the tie at half the
+smallest subnormal goes to the even zero) but not the next float up, becomes
+normal from ``2**-14 - 2**-25`` (the tie goes up to ``2**-14``), and
+overflows from ``65520`` (``65504`` plus half an ulp; the tie goes to the even
+``2**16``). So the layout splits the binades that hold one of these twelve
+points (three per format), and every count below is a sum of whole bins:
+exact, and mergeable by addition like every other statistic.
+
+The layout is defined on float32 values: half, bfloat16 and fp8 tensors are
+exactly float32 values, and float64 tensors are binned after rounding to
+float32, which is what ``tensor.to(fp16/bf16/fp8)`` does on the CPU (it goes
+through float32: a double rounding, checked by the tests). Non-zero float64
+values below float32's range count in its lowest binade (``2**-149``): they
+flush in every format.
+
+torch's CPU cast to ``float8_e4m3fn`` saturates: values beyond the largest
+finite 448 (and ±Inf) become ±448 rather than NaN. Overflow for that format
+means "would round above 448", i.e. ``|x| > 464``; the value is clamped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradaudit.results import Report
+
+#: Bit pattern of float32 +Inf; NaN patterns are above it.
+INF_BITS = 0x7F800000
+#: Lowest and highest binary exponent of a non-zero finite float32.
+MIN_EXPONENT = -149
+MAX_EXPONENT = 127
+
+
+def float32_bits(value: float) -> int:
+    """The bit pattern of ``value`` as a float32 (``value`` must be exactly representable)."""
+    bits: int = struct.unpack("<I", struct.pack("<f", value))[0]
+    if struct.unpack("<f", struct.pack("<I", bits))[0] != value:
+        raise ValueError(f"{value!r} is not a float32")
+    return bits
+
+
+def bits_value(bits: int) -> float:
+    value: float = struct.unpack("<f", struct.pack("<I", bits))[0]
+    return value
+
+
+class Precision(str, Enum):
+    """A target format; the values are the ``--precision`` spellings."""
+
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8_E4M3FN = "fp8_e4m3fn"
+    FP8_E5M2 = "fp8_e5m2"
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """A format's range and its three rounding boundaries, as float32 values of |x|.
+
+    ``|x| < flush_from`` rounds to zero; ``|x| < normal_from`` rounds to a
+    subnormal (or zero); ``|x| >= overflow_from`` overflows (Inf, or the
+    saturated maximum for e4m3fn).
+    """
+
+    precision: Precision
+    #: The torch dtype's name (``float16``); torch itself is not imported here.
+    dtype: str
+    min_subnormal: float
+    min_normal: float
+    max: float
+    flush_from: float
+    normal_from: float
+    overflow_from: float
+    overflow_result: str
+
+    @property
+    def label(self) -> str:
+        return self.precision.value
+
+
+def _spec(
+    precision: Precision,
+    dtype: str,
+    *,
+    mantissa: int,
+    min_exponent: int,
+    max_value: float,
+    saturates: bool = False,
+) -> FormatSpec:
+    min_normal = 2.0**min_exponent
+    min_subnormal = 2.0 ** (min_exponent - mantissa)
+    half_ulp_at_max = 2.0 ** (math.frexp(max_value)[1] - 1 - mantissa) / 2
+    # Ties at half the smallest subnormal go to the even zero: that point still flushes.
+    flush_from = bits_value(float32_bits(min_subnormal / 2) + 1)
+    # The largest subnormal is odd, so the tie below min_normal rounds up to it.
+    normal_from = min_normal - min_subnormal / 2
+    if saturates:
+        # The largest finite value is even (e4m3fn's 448 = 1.75 * 2**8): the tie stays.
+        overflow_from = bits_value(float32_bits(max_value + half_ulp_at_max) + 1)
+        result = f"saturates to ±{max_value:g}"
+    else:
+        overflow_from = max_value + half_ulp_at_max  # odd maximum: the tie goes up
+        result = "Inf"
+    return FormatSpec(
+        precision,
+        dtype,
+        min_subnormal,
+        min_normal,
+        max_value,
+        flush_from,
+        normal_from,
+        overflow_from,
+        result,
+    )
+
+
+FORMATS: dict[Precision, FormatSpec] = {
+    Precision.FP16: _spec(
+        Precision.FP16, "float16", mantissa=10, min_exponent=-14, max_value=65504.0
+    ),
+    Precision.BF16: _spec(
+        Precision.BF16,
+        "bfloat16",
+        mantissa=7,
+        min_exponent=-126,
+        max_value=(2 - 2**-7) * 2.0**127,
+    ),
+    Precision.FP8_E4M3FN: _spec(
+        Precision.FP8_E4M3FN,
+        "float8_e4m3fn",
+        mantissa=3,
+        min_exponent=-6,
+        max_value=448.0,
+        saturates=True,
+    ),
+    Precision.FP8_E5M2: _spec(
+        Precision.FP8_E5M2, "float8_e5m2", mantissa=2, min_exponent=-14, max_value=57344.0
+    ),
+}
+
+
+def _edge_bits(exponent: int) -> int:
+    """Bit pattern of the float32 ``2**exponent`` (subnormal below -126)."""
+    if exponent >= -126:
+        return (exponent + 127) << 23
+    return 1 << (exponent - MIN_EXPONENT)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The bins: bin ``i`` holds ``|x|`` with ``boundaries[i-1] <= bits(|x|) < boundaries[i]``.
+
+    Bin 0 is exact zero; the last bin is NaN and ±Inf; each bin in between lies
+    in one binade (``exponents[i]``).
+    """
+
+    boundaries: tuple[int, ...]
+    exponents: tuple[int | None, ...]
+
+    @property
+    def bins(self) -> int:
+        return len(self.boundaries) + 1
+
+    def start(self, value: float) -> int:
+        """The first bin whose values are ``>= value`` (``value`` a boundary)."""
+        return self.boundaries.index(float32_bits(value)) + 1
+
+
+@functools.lru_cache(maxsize=1)
+def layout() -> Layout:
+    edges = {_edge_bits(e) for e in range(MIN_EXPONENT, MAX_EXPONENT + 1)}
+    for spec in FORMATS.values():
+        edges |= {float32_bits(v) for v in (spec.flush_from, spec.normal_from, spec.overflow_from)}
+    edges.add(INF_BITS)
+    boundaries = tuple(sorted(edges))
+    exponents: list[int | None] = [None]
+    for low in boundaries[:-1]:
+        exponents.append(math.frexp(bits_value(low))[1] - 1)
+    exponents.append(None)
+    return Layout(boundaries, tuple(exponents))
+
+
+@dataclass(frozen=True)
+class ExponentHistogram:
+    """Exact counts per bin of :func:`layout` for one tensor (or a merge of several)."""
+
+    counts: tuple[int, ...]
+
+    def __add__(self, other: ExponentHistogram) -> ExponentHistogram:
+        return ExponentHistogram(
+            tuple(a + b for a, b in zip(self.counts, other.counts, strict=True))
+        )
+
+    @classmethod
+    def merge(cls, histograms: Iterable[ExponentHistogram]) -> ExponentHistogram:
+        total = [0] * layout().bins
+        for histogram in histograms:
+            for i, count in enumerate(histogram.counts):
+                total[i] += count
+        return cls(tuple(total))
+
+    @property
+    def zeros(self) -> int:
+        return self.counts[0]
+
+    @property
+    def nonfinite(self) -> int:
+        return self.counts[-1]
+
+    @property
+    def nonzero(self) -> int:
+        """Finite non-zero values: the denominator of every fraction."""
+        return sum(self.counts[1:-1])
+
+    def exponents(self) -> dict[int, int]:
+        """Count of finite non-zero values per binary exponent ``floor(log2|x|)``."""
+        out: dict[int, int] = {}
+        for exponent, count in zip(layout().exponents, self.counts, strict=True):
+            if exponent is not None and count:
+                out[exponent] = out.get(exponent, 0) + count
+        return out
+
+    def count_between(self, low: float | None, high: float | None) -> int:
+        """Finite non-zero values with ``low <= |x| < high`` (both boundaries of the layout)."""
+        grid = layout()
+        first = 1 if low is None else grid.start(low)
+        last = grid.bins - 1 if high is None else grid.start(high)
+        return sum(self.counts[first:last])
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """What converting one tensor (or layer, or model) to one format would do."""
+
+    name: str
+    precision: Precision
+    nonzero: int
+    #: Non-zero values that would round to zero.
+    flushed: int
+    #: Non-zero values that would become subnormal (reduced precision).
+    subnormal: int
+    #: Values that would overflow (Inf; e4m3fn saturates).
+    overflowed: int
+    #: floor(log2) of the smallest and largest non-zero |x|; ``None`` when all are zero.
+    min_exponent: int | None
+    max_exponent: int | None
+    #: The power of two (log2) that brings the most values into range without
+    #: overflow (``GradScaler(init_scale=2**scale_log2)``); ``None`` without max |x|.
+    scale_log2: int | None
+    source: str | None = None
+
+    def fraction(self, count: int) -> float:
+        return count / self.nonzero if self.nonzero else 0.0
+
+    @property
+    def flushed_fraction(self) -> float:
+        return self.fraction(self.flushed)
+
+    @property
+    def subnormal_fraction(self) -> float:
+        return self.fraction(self.subnormal)
+
+    @property
+    def overflowed_fraction(self) -> float:
+        return self.fraction(self.overflowed)
+
+    @property
+    def dynamic_range(self) -> int | None:
+        """Binades spanned by the non-zero values (max exponent - min exponent + 1)."""
+        if self.min_exponent is None or self.max_exponent is None:
+            return None
+        return self.max_exponent - self.min_exponent + 1
+
+
+def scale_log2(max_abs: float, spec: FormatSpec) -> int | None:
+    """The largest ``s`` with ``max_abs * 2**s`` below the overflow boundary; exact."""
+    if not (max_abs > 0 and math.isfinite(max_abs)):
+        return None
+    s = math.frexp(spec.overflow_from)[1] - math.frexp(max_abs)[1]
+    while math.ldexp(max_abs, s) >= spec.overflow_from:
+        s -= 1
+    while math.ldexp(max_abs, s + 1) < spec.overflow_from:
+        s += 1
+    return s
+
+
+def headroom(
+    name: str,
+    histogram: ExponentHistogram,
+    precision: Precision,
+    *,
+    max_abs: float | None = None,
+    source: str | None = None,
+) -> Headroom:
+    """The flush/subnormal/overflow counts of ``histogram`` for one format."""
+    spec = FORMATS[precision]
+    exponents = histogram.exponents()
+    return Headroom(
+        name=name,
+        precision=precision,
+        nonzero=histogram.nonzero,
+        flushed=histogram.count_between(None, spec.flush_from),
+        subnormal=histogram.count_between(spec.flush_from, spec.normal_from),
+        overflowed=histogram.count_between(spec.overflow_from, None),
+        min_exponent=min(exponents) if exponents else None,
+        max_exponent=max(exponents) if exponents else None,
+        scale_log2=None if max_abs is None else scale_log2(max_abs, spec),
+        source=source,
+    )
+
+
+#: A tensor in which more than this fraction of the non-zero values would flush to zero
+#: (``--max-underflow``) gets a finding.
+DEFAULT_MAX_UNDERFLOW = 0.01
+
+
+@dataclass(frozen=True)
+class PrecisionFinding:
+    """A tensor that would lose values in the target format: underflow or overflow."""
+
+    kind: str  # "underflow" or "overflow"
+    tensor: str
+    precision: Precision
+    fraction: float
+    message: str
+    source: str | None = None
+
+
+def judge(
+    rows: Sequence[Headroom], max_underflow: float = DEFAULT_MAX_UNDERFLOW
+) -> tuple[PrecisionFinding, ...]:
+    """Findings: more than ``max_underflow`` of a tensor's values flush, or any overflows."""
+    from gradaudit.policy import fraction_exceeds
+
+    out: list[PrecisionFinding] = []
+    for row in rows:
+        label = row.precision.value
+        if fraction_exceeds(row.flushed, row.nonzero, max_underflow):
+            out.append(
+                PrecisionFinding(
+                    "underflow",
+                    row.name,
+                    row.precision,
+                    row.flushed_fraction,
+                    f"{row.flushed_fraction:.1%} of {row.nonzero} non-zero values flush to "
+                    f"zero in {label} (> {max_underflow:g})"
+                    + ("" if row.scale_log2 is None else f"; scale by 2**{row.scale_log2}"),
+                    row.source,
+                )
+            )
+        if row.overflowed:
+            spec = FORMATS[row.precision]
+            out.append(
+                PrecisionFinding(
+                    "overflow",
+                    row.name,
+                    row.precision,
+                    row.overflowed_fraction,
+                    f"{row.overflowed} values overflow {label} ({spec.overflow_result})"
+                    + ("" if row.scale_log2 is None else f"; scale by 2**{row.scale_log2}"),
+                    row.source,
+                )
+            )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PrecisionReport:
+    """Headroom of every audited tensor, layer and the whole model for one format."""
+
+    precision: Precision
+    max_underflow: float
+    tensors: tuple[Headroom, ...]
+    #: Tensors grouped by owning module (``a.b.weight`` -> ``a.b``), in model order.
+    layers: tuple[Headroom, ...]
+    total: Headroom
+    #: The whole model's histogram (what ``--plot`` draws).
+    histogram: ExponentHistogram
+    findings: tuple[PrecisionFinding, ...]
+
+
+def precision_report(
+    report: Report, precision: Precision, max_underflow: float = DEFAULT_MAX_UNDERFLOW
+) -> PrecisionReport:
+    """Judge a report collected with histograms (``scan_paths(..., histograms=True)``)."""
+    from gradaudit.grouping import model_order
+
+    if len(report.histograms) != len(report.tensors):
+        raise ValueError("the report was collected without exponent histograms")
+    rows: list[Headroom] = []
+    groups: dict[str, list[tuple[ExponentHistogram, float]]] = {}
+    kept: list[ExponentHistogram] = []
+    for stats, histogram in zip(report.tensors, report.histograms, strict=True):
+        if histogram is None:
+            continue
+        kept.append(histogram)
+        rows.append(
+            headroom(stats.name, histogram, precision, max_abs=stats.max_abs, source=stats.source)
+        )
+        layer = stats.name.rsplit(".", 1)[0] if "." in stats.name else stats.name
+        groups.setdefault(layer, []).append((histogram, stats.max_abs))
+    layers = []
+    for name in model_order(groups):
+        members = groups[name]
+        merged = ExponentHistogram.merge(h for h, _ in members)
+        layers.append(headroom(name, merged, precision, max_abs=max(m for _, m in members)))
+    total_histogram = ExponentHistogram.merge(kept)
+    top = max((t.max_abs for t in report.tensors), default=0.0)
+    total = headroom("(all tensors)", total_histogram, precision, max_abs=top)
+    return PrecisionReport(
+        precision,
+        max_underflow,
+        tuple(rows),
+        tuple(layers),
+        total,
+        total_histogram,
+        judge(rows, max_underflow),
+    )

@@ -1,0 +1,97 @@
+"""``scan --precision``: the headroom table, as plain text of a given width.
+
+One row per tensor (flagged ones, marked ``!``, and the worst ``top`` by
+flushed fraction, or all), the whole run last, then the findings. Columns: non-zero values, the
+fractions that would flush to zero, turn subnormal and overflow, the span of
+binary exponents ``floor(log2|x|)``, and the power-of-two scale that brings
+the most values into range without overflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gradaudit.precision import FORMATS, Headroom, Precision, PrecisionReport
+from gradaudit.report.text import count, printable
+
+_NUMBERS = ("values", "flush", "subnorm", "overflow", "log2|x|", "scale")
+_WIDTHS = (11, 7, 8, 8, 10, 6)
+
+
+def _percent(part: int, whole: int) -> str:
+    if not part:
+        return "0"
+    share = part / whole
+    return f"{share:.1%}" if share >= 0.001 else "<0.1%"
+
+
+def _cells(row: Headroom) -> tuple[str, ...]:
+    span = (
+        "-"
+        if row.min_exponent is None or row.max_exponent is None
+        else f"{row.min_exponent}..{row.max_exponent}"
+    )
+    return (
+        count(row.nonzero),
+        _percent(row.flushed, row.nonzero),
+        _percent(row.subnormal, row.nonzero),
+        _percent(row.overflowed, row.nonzero),
+        span,
+        "-" if row.scale_log2 is None else f"2^{row.scale_log2}",
+    )
+
+
+def _line(name: str, cells: tuple[str, ...], name_width: int, mark: str = " ") -> str:
+    if len(name) > name_width - 1:
+        name = "…" + name[len(name) - name_width + 2 :]
+    parts = [(mark + name).ljust(name_width)]
+    parts += [cell.rjust(width) for cell, width in zip(cells, _WIDTHS, strict=True)]
+    return " ".join(parts).rstrip()
+
+
+def render_precision(
+    report: PrecisionReport, *, width: int = 100, top: int = 10, show_all: bool = False
+) -> str:
+    """The headroom table for a terminal or a log, ``width`` columns at most."""
+    spec = FORMATS[report.precision]
+    flagged = {f.tensor for f in report.findings}
+    rows = list(report.tensors)
+    if not show_all:
+        worst = sorted(rows, key=lambda r: (-r.flushed_fraction, -r.subnormal_fraction))[:top]
+        keep = {id(r) for r in worst} | {id(r) for r in rows if r.name in flagged}
+        rows = [r for r in rows if id(r) in keep]
+    numbers_width = sum(_WIDTHS) + len(_WIDTHS)
+    name_width = max(12, min(48, width - numbers_width))
+    out = [
+        f"Headroom in {spec.label}: normal from {spec.min_normal:.3g}, subnormal from "
+        f"{spec.min_subnormal:.3g},",
+        f"largest {spec.max:.5g} (beyond: {spec.overflow_result}); values = non-zero finite",
+        _line("tensor", _NUMBERS, name_width, mark=""),
+    ]
+    for row in rows:
+        mark = "!" if row.name in flagged else " "
+        out.append(_line(printable(row.name), _cells(row), name_width, mark))
+    hidden = len(report.tensors) - len(rows)
+    if hidden:
+        out.append(f" … {hidden} more tensors (--all shows them)")
+    out.append(_line(report.total.name, _cells(report.total), name_width))
+    for finding in report.findings:
+        out.append(f"{finding.kind}: {printable(finding.tensor)}: {finding.message}")
+    if not report.findings:
+        out.append(
+            f"no tensor loses more than {report.max_underflow:g} of its values to underflow "
+            f"in {spec.label}, none overflows"
+        )
+    return "\n".join(out) + "\n"
+
+
+def render_headroom_trend(rows: Sequence[tuple[int, Headroom]], precision: Precision) -> str:
+    """``trend --precision``: the whole dump's headroom at each step, one line per step."""
+    spec = FORMATS[precision]
+    out = [
+        f"Headroom in {spec.label} over {len(rows)} steps (all tensors of each dump)",
+        _line("step", _NUMBERS, 10, mark=""),
+    ]
+    for step, row in rows:
+        out.append(_line(str(step), _cells(row), 10))
+    return "\n".join(out) + "\n"
