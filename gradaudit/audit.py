@@ -8,6 +8,7 @@ terminal and the process. Collection (device work only) and materialisation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradaudit.checks import evaluate_all, evaluate_limits
+from gradaudit.checks import evaluate_all, evaluate_limits, evaluate_skipped
 from gradaudit.devices import resolve_device
 from gradaudit.dtensor import is_dtensor
 from gradaudit.errors import InputError
@@ -55,6 +56,7 @@ from gradaudit.stats import (
     dtype_name,
     dtype_skip_reason,
     empty_row,
+    hides_values,
     merge_rows,
     not_audited_reason,
     read_blocks,
@@ -227,7 +229,7 @@ class PendingStats:
             )
         reason = not_audited_reason(tensor)
         if reason is not None:
-            self._skipped.append(Skipped(name, reason, source))
+            self._skipped.append(Skipped(name, reason, source, hides_values(tensor.dtype)))
             return
         # Per-tensor costs add up with thousands of tiny tensors, hence the
         # device object is made once here and CPU tensors skip the comparison.
@@ -263,7 +265,7 @@ class PendingStats:
         """
         reason = dtype_skip_reason(dtype)
         if reason is not None:
-            self._skipped.append(Skipped(name, reason, source))
+            self._skipped.append(Skipped(name, reason, source, hides_values(dtype)))
             return
         rows = []
         device = self.device
@@ -367,7 +369,7 @@ class PendingStats:
                 if isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
-                    part.skip(Skipped(item.name, item.reason, path))
+                    part.skip(dataclasses.replace(item, source=path))
                 elif isinstance(item, Pieces):
                     part.add_pieces(item.name, item.shape, item.dtype, item.load(), source=path)
                     if progress is not None:
@@ -432,7 +434,7 @@ class PendingStats:
             host = torch.cat(host_blocks)[rows]
             host[:, ZEROS] -= torch.tensor([p.padding for p in mine], dtype=torch.float64)
         tensors = tuple(self._tensor_stats(host.tolist()))
-        findings = evaluate_all(tensors, thresholds)
+        findings = evaluate_all(tensors, thresholds) + evaluate_skipped(self._skipped, thresholds)
         global_row = merge_rows(host) if len(tensors) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
         files = tuple(self._file_results(host))

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Thresholds, fraction_exceeds
-from gradaudit.results import FileResult, Finding, LimitFinding, Report, TensorStats
+from gradaudit.results import FileResult, Finding, LimitFinding, Report, Skipped, TensorStats
 
 
 def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
@@ -54,6 +54,26 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tuple[Finding, ...]:
     return tuple(finding for stats in tensors for finding in evaluate(stats, thresholds))
+
+
+def evaluate_skipped(skipped: Iterable[Skipped], thresholds: Thresholds) -> tuple[Finding, ...]:
+    """A ``skipped`` finding for each tensor whose values could hide a NaN but were not read.
+
+    A warning by default and an error with ``--fail-on skipped``: either way an
+    audit that could not see everything does not say a plain "OK".
+    """
+    kind = FindingKind.SKIPPED
+    return tuple(
+        Finding(
+            kind,
+            thresholds.severity(kind, s.name),
+            s.name,
+            s.reason,  # every such reason says "not audited"
+            s.source,
+        )
+        for s in skipped
+        if s.unaudited
+    )
 
 
 def evaluate_limits(

@@ -160,7 +160,7 @@ def _read(
             if side is None:
                 part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
             elif isinstance(item, Skipped):
-                part.skip(Skipped(name, item.reason, side.label))
+                part.skip(dataclasses.replace(item, source=side.label))
             elif isinstance(item, Pieces):
                 part.add_pieces(name, item.shape, item.dtype, item.load(), source=side.label)
             else:

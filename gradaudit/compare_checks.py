@@ -149,12 +149,14 @@ def _parameter_findings(
             f"{flagged} shared {'tensor' if flagged == 1 else 'tensors'} changed by more than "
             f"{k:g}× (norm ratio B/A outside [1/{k:g}, {k:g}])",
         )
-    if parameters.mismatches:
-        count = len(parameters.mismatches)
+    # A dtype difference alone is compared all the same (a norm does not depend on the
+    # storage dtype), so only names whose shapes differ, which are not compared, warn.
+    if count := sum(1 for m in parameters.mismatches if m.shape_differs):
         yield CompareFinding(
             CompareFindingKind.MISMATCH,
             Severity.WARNING,
-            f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape or dtype",
+            f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape "
+            "(not compared)",
         )
 
 

@@ -48,6 +48,7 @@ from gradaudit.stats import (
     dtype_name,
     dtype_skip_reason,
     empty_row,
+    hides_values,
     merge_rows,
     not_audited_reason,
 )
@@ -146,9 +147,12 @@ def collect_sharded(
     batches: dict[tuple[object, ...], _Batch] = {}
     for name, grad in gradients:
         local, groups, shape, reason = _local_view(grad, group)
-        reason = reason or not_audited_reason(local)
         if reason is not None:
             plan.append(Skipped(name, reason))
+            continue
+        reason = not_audited_reason(local)
+        if reason is not None:
+            plan.append(Skipped(name, reason, unaudited=hides_values(local.dtype)))
             continue
         with torch.no_grad():
             row = collector.row(local.detach())
@@ -461,9 +465,12 @@ def _collect_dcp(
         elif isinstance(entry, Skipped):
             part.skip(entry)
         else:
-            reason = source.skip_reason(entry) or dtype_skip_reason(entry.dtype)
-            if reason is not None:
-                part.skip(Skipped(entry.name, reason, path))
+            skipped = source.skipped(entry)
+            reason = dtype_skip_reason(entry.dtype)
+            if skipped is not None:
+                part.skip(skipped)
+            elif reason is not None:
+                part.skip(Skipped(entry.name, reason, path, hides_values(entry.dtype)))
             else:
                 tensors.append(entry)
     units = [(t, c) for t, tensor in enumerate(tensors) for c in range(len(tensor.chunks))]

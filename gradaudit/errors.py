@@ -26,6 +26,11 @@ class ExitCode(IntEnum):
     INPUT_ERROR = 3
     #: A bug in gradaudit. The CLI prints one line and suggests ``--debug``.
     INTERNAL_ERROR = 4
+    #: The report or a message could not be written: stdout or stderr closed, full
+    #: or failing. Beats every verdict (a lost report must not read as a pass, nor
+    #: as findings); a reader that stopped early (``| head``) is not a failure.
+    #: Click and Typer use 1, 2 and 130; 5 is free.
+    OUTPUT_ERROR = 5
 
 
 class GradauditError(Exception):
@@ -49,6 +54,12 @@ class InputError(GradauditError):
         self.path = None if path is None else str(path)
         self.cause = cause
         super().__init__(cause if self.path is None else f"{self.path}: {cause}")
+
+
+class OutputError(GradauditError):
+    """The report could not be written where it was going (stdout closed or full)."""
+
+    exit_code = ExitCode.OUTPUT_ERROR
 
 
 class NothingToAuditError(InputError):

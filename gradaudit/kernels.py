@@ -129,6 +129,24 @@ def _power_of_two_above(max_abs: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(max_abs), exponent - 1)
 
 
+def complex_magnitudes(values: torch.Tensor) -> torch.Tensor:
+    """The float64 modulus |z| of every element of a complex tensor, NaN where a part is NaN.
+
+    The stats of the result are the complex tensor's, so every kernel audits
+    complex data without knowing about it: an element counts as NaN when
+    either part is NaN, as +Inf when a part is infinite and none is NaN (a
+    complex infinity has no sign), as zero when both parts are zero;
+    ``max_abs`` is the largest modulus and the sum of squares is that of both
+    parts, sum(re² + im²). ``hypot`` in float64 cannot overflow for complex32
+    or complex64 parts; a complex128 modulus above float64's range (~1.8e308,
+    which takes a part within a factor √2 of it) comes out as +Inf.
+    """
+    parts = torch.view_as_real(values.resolve_conj()).to(torch.float64)
+    modulus = torch.hypot(parts[..., 0], parts[..., 1])
+    # hypot(inf, nan) is inf (IEEE 754); a NaN in either part must count as NaN.
+    return torch.where(torch.isnan(parts).any(dim=-1), math.nan, modulus)
+
+
 def fused_rows(block: torch.Tensor) -> torch.Tensor:
     """Every statistic of every row in one pass; written for ``torch.compile``.
 
@@ -205,5 +223,8 @@ def collect_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             empty[0, 5] = 1.0  # scale slot: the identity of the merge
             rows.append(empty)
             continue
-        rows.append(fused_rows(tensor.detach().reshape(1, -1)))
+        values = tensor.detach()
+        if values.is_complex():
+            values = complex_magnitudes(values)
+        rows.append(fused_rows(values.reshape(1, -1)))
     return torch.cat(rows)

@@ -29,6 +29,9 @@ class FindingKind(str, Enum):
     INF = "inf"
     EXPLODING = "exploding"
     VANISHING = "vanishing"
+    #: Floating-point data that could not be audited (a dtype or layout the engine
+    #: cannot reduce): a warning by default, so the verdict says what it did not see.
+    SKIPPED = "skipped"
 
 
 class LimitKind(str, Enum):

@@ -134,6 +134,11 @@ class Skipped:
     name: str
     reason: str
     source: str | None = None
+    #: True when the tensor holds floating-point or complex values nobody read (a
+    #: dtype or layout the engine cannot reduce): a NaN in it would go unseen, so
+    #: the policy makes it a ``skipped`` finding. False for what cannot hide a NaN
+    #: (integers, a tensor audited under another name, a value that is no tensor).
+    unaudited: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ import torch
 
 from gradaudit import native, triton_kernel
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine, RowKernel, make_kernel
+from gradaudit.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 
 NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
 ROW_WIDTH = 7
@@ -84,6 +84,27 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
 
+#: Every fp8 variant this torch has. The native and Triton kernels know e4m3fn and e5m2;
+#: the others (NaN-only "fnuz" encodings, the exponent-only e8m0 scales of MX formats)
+#: reach the eager kernel through an exact float32 copy, which keeps NaN as NaN.
+FLOAT8_DTYPES: frozenset[torch.dtype] = frozenset(
+    getattr(torch, name)
+    for name in (
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    )
+    if hasattr(torch, name)
+)
+
+#: Complex dtypes: audited through the float64 modulus of each element
+#: (:func:`~gradaudit.kernels.complex_magnitudes`), NaN/Inf in either part counting.
+COMPLEX_DTYPES: frozenset[torch.dtype] = frozenset(
+    {torch.complex32, torch.complex64, torch.complex128}
+)
+
 #: Dtypes that are audited numerically; everything else is reported as skipped.
 AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
     {
@@ -91,8 +112,8 @@ AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
         torch.float32,
         torch.float16,
         torch.bfloat16,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
+        *FLOAT8_DTYPES,
+        *COMPLEX_DTYPES,
     }
 )
 
@@ -107,9 +128,20 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a tensor is reduced in: float64 stays, everything else becomes float32.
 
     A float32 copy of half, bfloat16 or fp8 values is exact, and CPU kernels for
-    isinf/max/norm are missing for fp8.
+    isinf/max/norm are missing for fp8. Complex tensors are reduced as their
+    float64 moduli.
     """
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.float64 if dtype == torch.float64 or dtype.is_complex else torch.float32
+
+
+def hides_values(dtype: torch.dtype) -> bool:
+    """Whether a tensor of ``dtype`` that is not audited could hide a NaN or an Inf.
+
+    Integer and boolean tensors cannot hold either; a floating-point or complex
+    one the engine did not read could, and the verdict must say so (a
+    ``skipped`` finding) instead of passing silently.
+    """
+    return dtype.is_floating_point or dtype.is_complex
 
 
 def not_audited_reason(tensor: torch.Tensor) -> str | None:
@@ -295,7 +327,10 @@ class StatsCollector:
             tensor.is_contiguous() and self._takes_triton(tensor)
         ):
             return self._chunk_row(tensor)[0]  # whole: single-pass kernels need no chunks
-        rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
+        if tensor.is_complex():  # a chunk at a time: the moduli are a float64 copy
+            rows = [self._chunk_row(complex_magnitudes(c)) for c in self._chunks(tensor)]
+        else:
+            rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
@@ -370,6 +405,8 @@ class StatsCollector:
         """
         ticket = len(self._placements)
         numel = tensor.numel()
+        if tensor.is_complex() and numel <= BUCKET_MAX_ELEMENTS:
+            tensor = complex_magnitudes(tensor)  # small: its float64 moduli, reduced as such
         if self._native and native.supports(tensor) and numel <= BUCKET_MAX_ELEMENTS:
             tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
         if self._native and native.handles(tensor):

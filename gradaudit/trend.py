@@ -106,7 +106,9 @@ class StepResult:
     step: int
     path: str
     tensors: int
-    global_norm: float
+    #: Norm of the dump's finite elements; ``None`` when it has none (nothing audited, or
+    #: every element NaN/Inf): a norm of 0 would claim gradients that were all zero.
+    global_norm: float | None
     #: Tensors holding at least one NaN or ±Inf.
     nonfinite_tensors: int
 
@@ -140,7 +142,8 @@ class LayerTrend:
     """One layer over the series; per-step tuples align with :attr:`TrendReport.steps`."""
 
     name: str
-    #: Norm of the layer's finite elements; ``None`` at steps where it was absent.
+    #: Norm of the layer's finite elements; ``None`` at steps where it was absent or had
+    #: no finite element (all NaN/Inf).
     norms: tuple[float | None, ...]
     max_abs: tuple[float | None, ...]
     #: NaN and ±Inf elements per step (0 where absent).
@@ -249,6 +252,16 @@ def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProb
     for path in files:
         try:
             source = open_source(path)
+            if not isinstance(source, SafetensorsSource) and step_from_name(path) is None:
+                # Only safetensors headers carry metadata; a 'step' entry inside a torch.save
+                # dict is data, and trend orders dumps before reading any data.
+                raise InputError(
+                    path,
+                    "cannot tell the step of this dump: trend reads the step from .safetensors "
+                    "metadata or from a number in the file name, and this torch.save file's "
+                    "name has none (rename it, e.g. step_100.pt, or dump with "
+                    "gradaudit.save_gradients)",
+                )
             metadata = source.header.metadata if isinstance(source, SafetensorsSource) else {}
             step = dump_step(path, metadata)
         except InputError as error:
@@ -267,6 +280,11 @@ def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProb
 
 
 # -- the streaming pass ---------------------------------------------------------------------
+
+
+def _has_finite(report: Report) -> bool:
+    """Whether any audited element of ``report`` is finite (its global norm means something)."""
+    return any(t.numel > t.nan + t.pos_inf + t.neg_inf for t in report.tensors)
 
 
 def _median(ordered: Sequence[float]) -> float:
@@ -328,7 +346,7 @@ class TrendBuilder:
                 step=step,
                 path=path,
                 tensors=report.summary.tensors,
-                global_norm=report.summary.global_norm,
+                global_norm=report.summary.global_norm if _has_finite(report) else None,
                 nonfinite_tensors=len(nonfinite),
             )
         )
@@ -352,7 +370,7 @@ class TrendBuilder:
                 state = self._layers[layer.name] = _LayerState(
                     norms=[None] * index, max_abs=[None] * index, nonfinite=[0] * index
                 )
-            state.norms.append(layer.norm)
+            state.norms.append(layer.norm if layer.nonfinite < layer.numel else None)
             state.max_abs.append(layer.max_abs)
             state.nonfinite.append(layer.nonfinite)
             if layer.nonfinite:

@@ -97,8 +97,8 @@ def test_group_rows_are_coloured_by_status_and_named_with_counts() -> None:
     text = render_chart(report, RenderOptions(width=100), GroupBy(GroupMode.MODULE))
     rows = {line.split()[0]: line for line in text.splitlines() if "│" in line}
     assert list(rows) == ["enc.0", "enc.1", "dec"]
-    assert rows["enc.0"].endswith("nan, vanishing")
-    assert rows["enc.1"].endswith("vanishing ×2")
+    assert rows["enc.0"].endswith("1 of 2 nan, 1 of 2 vanishing")  # which share of the group
+    assert rows["enc.1"].endswith("2 of 2 vanishing")
     assert rows["dec"].endswith("exploding")
     assert "group-by module · 3 rows" in text
     assert "\x1b" not in text

@@ -66,6 +66,8 @@ def test_demo_fixture_names_nan_exploding_and_vanishing() -> None:
             "name": "step",
             "file": str(FIXTURES / "demo_grads.safetensors"),
             "reason": "dtype int64 is not floating-point; not audited",
+            "unaudited": False,  # an integer cannot hide a NaN: no finding
+            "findings": [],
         }
     ]
 

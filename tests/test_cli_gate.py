@@ -237,7 +237,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
 
     monkeypatch.setattr("gradaudit.cli.output.os.replace", refuse)
     result = scan(str(vanishing_dump), "-f", "json", "-o", str(target))
-    assert result.exit_code == ExitCode.USAGE_ERROR
+    assert result.exit_code == ExitCode.OUTPUT_ERROR  # after the audit: not a usage error
     assert "cannot write: No space left on device" in result.stderr
     assert target.read_text() == "previous report"
     assert sorted(p.name for p in project.iterdir()) == [

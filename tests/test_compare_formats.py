@@ -14,9 +14,9 @@ import torch
 from gradaudit import ComparePolicy, Comparison, compare
 from gradaudit.comparison import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.compare_junit import CHECKS, check_name, render_comparison_junit
 from gradaudit.report.compare_markdown import render_comparison_markdown
-from gradaudit.report.markdown import MAX_FLAGGED_ROWS
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 
 Golden = Callable[[str, str], None]
@@ -196,7 +196,7 @@ def test_hostile_names_cannot_forge_github_commands(hostile: Comparison) -> None
         "::warning",
         "gradaudit",
     ]
-    assert "title=gradaudit%3A nan in a|b::a|b (seed): 1 NaN" in lines[1]
+    assert "title=gradaudit%3A nan in a|b::a|b (B): 1 NaN" in lines[1]  # two dumps: A and B
     assert "100%25: B/A 50" in lines[0]  # % escaped as GitHub decodes it
     assert "\x1b" not in "".join(lines)
 

@@ -15,9 +15,10 @@ import torch
 from gradaudit import Report, Thresholds, audit
 from gradaudit.policy import parse_fail_on
 from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.github import command, escape_data, escape_property, render_github
 from gradaudit.report.junit import render_junit
-from gradaudit.report.markdown import MAX_FLAGGED_ROWS, code, escape, render_markdown
+from gradaudit.report.markdown import code, escape, render_markdown
 from gradaudit.report.table import render_table
 from tests.samples import sample_report, two_file_report
 
@@ -119,7 +120,7 @@ def test_markdown_caps_flagged_rows_unless_all() -> None:
     report = audit(grads)
     capped = render_markdown(report, RenderOptions())
     assert len(table_rows(capped)) == 2 + MAX_FLAGGED_ROWS
-    assert "… and 7 more flagged tensors (--all)" in capped
+    assert "… 7 more flagged tensors not shown (--all or --format json lists every one)" in capped
     everything = render_markdown(report, RenderOptions(show_all=True))
     assert len(table_rows(everything)) == 2 + MAX_FLAGGED_ROWS + 7
 

@@ -127,7 +127,7 @@ def test_missing_matplotlib_is_a_usage_error_before_any_work(
     [
         ("flow.pdf", "must end in .png or .svg"),
         ("missing/flow.png", "does not exist"),
-        ("grads.safetensors.png", "is one of the inputs"),
+        ("grads.safetensors.png", "is an input"),
         ("a_dir.png", "not a regular file"),
     ],
 )

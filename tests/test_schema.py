@@ -29,6 +29,8 @@ def reports(tmp_path: Path) -> list[Report]:
         files,
         audit({}),
         audit({"huge": huge, "all_nan": torch.full((3,), math.nan)}),
+        # A tensor that cannot be read is a skipped entry with its finding.
+        audit({"w": torch.ones(2), "sparse": torch.ones(2).to_sparse(), "step": torch.tensor(1)}),
     ]
 
 

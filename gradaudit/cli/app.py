@@ -16,14 +16,18 @@ from typing import Annotated
 import typer
 
 from gradaudit import __version__
+from gradaudit.cli import streams
+from gradaudit.cli.style import GradauditGroup
 from gradaudit.errors import ExitCode, GradauditError, UsageError
+from gradaudit.report.fit import DEFAULT_WIDTH, sane_width
 from gradaudit.report.text import printable
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 audited, no failing finding; 1 failing findings (NaN, Inf, exploding by "
     "default); 2 usage error; 3 an input could not be audited (missing, unreadable, corrupt, "
     "refused as unsafe, unsupported, or nothing to audit) - beats 1; 4 internal error (rerun "
-    "with --debug)."
+    "with --debug); 5 the report or a message could not be written (stdout/stderr closed or "
+    "full) - beats all."
 )
 
 app = typer.Typer(
@@ -35,12 +39,22 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=GradauditGroup,
 )
 
 
 def say(message: str) -> None:
-    """One line for people, on stderr."""
-    sys.stderr.write(f"gradaudit: {message}\n")
+    """One line for people, on stderr.
+
+    A stderr that cannot take it (closed, full) does not stop the run: the
+    failure is noted and the run ends with ExitCode.OUTPUT_ERROR (see
+    :mod:`gradaudit.cli.streams`, which normally catches it first).
+    """
+    try:
+        sys.stderr.write(f"gradaudit: {message}\n")
+    except (OSError, AttributeError) as error:
+        cause = str(error.strerror or error) if isinstance(error, OSError) else "it is closed"
+        streams.note("stderr", cause)
 
 
 @contextmanager
@@ -68,14 +82,19 @@ def exit_codes(debug: bool) -> Iterator[None]:
 def output_width(terminal: bool = True) -> int:
     """``COLUMNS`` if set, else the terminal's width, else 120 (pipes, CI logs, files).
 
-    ``terminal=False`` (output going to a file) skips the terminal's width.
+    ``terminal=False`` (output going to a file) skips the terminal's width. A
+    width of 0 (a pseudo-terminal that reports none, ``script -qc … /dev/null``)
+    or an absurd one falls back to the default: Rich prints nothing at width 0.
     """
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+        return sane_width(int(columns))
     if terminal and sys.stdout.isatty():
-        return os.get_terminal_size(sys.stdout.fileno()).columns
-    return 120
+        try:
+            return sane_width(os.get_terminal_size(sys.stdout.fileno()).columns)
+        except OSError:
+            return DEFAULT_WIDTH
+    return DEFAULT_WIDTH
 
 
 def use_color() -> bool:

@@ -142,7 +142,7 @@ def compare(
         thresholds = settings.thresholds()
         policy = settings.compare_policy()
         check_device_option(settings.device or "auto")
-        check_output_path(settings.output, paths)
+        check_output_path(settings.output, paths, config=settings.source)
         comparison = compare_paths(
             paths[0],
             paths[1] if len(paths) == 2 else None,

@@ -20,7 +20,8 @@ from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison
 from gradaudit.config import Settings
-from gradaudit.errors import ExitCode, UsageError
+from gradaudit.errors import ExitCode, OutputError, UsageError
+from gradaudit.io.discover import files_read
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
@@ -28,14 +29,20 @@ from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
 
 
-def check_output_path(output: Path | None, inputs: Sequence[str | Path] = ()) -> None:
+def check_output_path(
+    output: Path | None,
+    inputs: Sequence[str | Path] = (),
+    *,
+    recursive: bool = False,
+    config: Path | None = None,
+) -> None:
     """Refuse an ``--output`` that cannot work, before spending time on the audit.
 
     The directory must exist. The target, if it exists, must be a regular file
     and not a symbolic link: the atomic rename replaces the path itself, so
     ``--output /dev/stdout`` (a link to wherever stdout goes) would replace the
-    shell's redirection target behind its back. And it must not be one of the
-    inputs, which gradaudit never writes to.
+    shell's redirection target behind its back. And it must not be any file the
+    run reads (:func:`check_not_read`), which gradaudit never writes to.
     """
     if output is None:
         return
@@ -55,9 +62,49 @@ def check_output_path(output: Path | None, inputs: Sequence[str | Path] = ()) ->
         raise UsageError(
             f"--output {output}: not a regular file (leave out --output to write to stdout)"
         )
-    for raw in inputs:
-        if os.path.realpath(raw) == str(target):
-            raise UsageError(f"--output {output}: is an input; gradaudit never writes to inputs")
+    check_not_read("--output", output, inputs, recursive=recursive, config=config)
+
+
+def check_not_read(
+    option: str,
+    target: Path,
+    inputs: Sequence[str | Path],
+    *,
+    recursive: bool = False,
+    config: Path | None = None,
+) -> None:
+    """Refuse to write ``target`` when it is a file this run reads; a usage error (exit 2).
+
+    "Reads" is after expansion (:func:`~gradaudit.io.discover.files_read`: files found
+    in directories, the shards of a sharded index) plus the config file. "Is" means the
+    same path once links are resolved, or the same file under another name (a hard link:
+    same device and inode), since a report written there would destroy the input.
+    """
+    read: list[str | Path] = [*files_read(inputs, recursive=recursive)]
+    if config is not None:
+        read.append(config)
+    if not read:
+        return
+    where = _target(target)
+    try:
+        info = os.stat(where)
+        identity = (info.st_dev, info.st_ino)
+    except (OSError, ValueError):
+        identity = None
+    for path in read:
+        same = os.path.realpath(path) == str(where)
+        if not same and identity is not None:
+            try:
+                other = os.stat(path)
+            except (OSError, ValueError):
+                continue
+            same = (other.st_dev, other.st_ino) == identity
+        if same:
+            shown = printable(str(target))
+            alias = "" if str(path) == str(target) else f" ({printable(str(path))})"
+            raise UsageError(
+                f"{option} {shown}: is an input{alias}; gradaudit never writes to inputs"
+            )
 
 
 def _target(path: Path) -> Path:
@@ -80,12 +127,15 @@ def write_atomic(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
+    # A write that fails now, after the audit (disk full, permission, I/O error), is an
+    # output failure like a full stdout (exit 5); what could be checked before the
+    # audit (check_output_path) was a usage error.
     try:
         fd, temporary = tempfile.mkstemp(
             dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
         )
     except OSError as error:
-        raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+        raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
@@ -97,7 +147,7 @@ def write_atomic(path: Path, text: str) -> None:
         with suppress(OSError):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise UsageError(f"--output {path}: cannot write: {error.strerror}") from None
+            raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
         raise
 
 
@@ -115,6 +165,11 @@ def write_stdout(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+    except (OSError, AttributeError) as error:
+        # Only without the console entry's guarded streams (gradaudit.cli.streams),
+        # e.g. from a test runner: stdout closed (None) or failing.
+        cause = error.strerror if isinstance(error, OSError) else "it is closed"
+        raise OutputError(f"cannot write the report to stdout: {cause}") from None
 
 
 def announce_problems(report: Report) -> None:

@@ -159,13 +159,15 @@ def scan(
         )
         thresholds = settings.thresholds()
         check_device_option(settings.device or "auto")
-        check_output_path(settings.output, paths)
+        check_output_path(settings.output, paths, recursive=recursive, config=settings.source)
         visuals = ScanVisuals.prepare(
             chart=chart,
             group_by=group_by,
             plot=plot,
             inputs=paths,
             table=(settings.format or OutputFormat.TABLE) is OutputFormat.TABLE,
+            recursive=recursive,
+            config=settings.source,
         )
         if precision is not None:
             _check_precision_options(settings.format, settings.output, distributed)

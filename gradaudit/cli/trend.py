@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gradaudit.cli.app import app, check_device_option, exit_codes, output_width, say, use_color
+from gradaudit.cli.output import write_stdout
 from gradaudit.cli.visuals import (
     GroupByOption,
     PlotOption,
@@ -36,7 +36,8 @@ TREND_EXIT_CODES_HELP = (
     "Exit codes: 0 every dump audited, no failing finding; 1 failing findings (nonfinite and "
     "spike by default); 2 usage error; 3 a dump could not be audited (missing, unreadable, "
     "corrupt, step unknown or taken twice) or nothing to audit - beats 1; 4 internal error "
-    "(rerun with --debug)."
+    "(rerun with --debug); 5 the report or a message could not be written (stdout/stderr "
+    "closed or full) - beats all."
 )
 
 
@@ -123,10 +124,10 @@ def trend(
         if not report.errors and not any(step.tensors for step in report.steps):
             say("error: nothing to audit: no floating-point tensor in the dumps")
         options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all)
-        sys.stdout.write(output_format.formatter()(report, options))
+        write_stdout(output_format.formatter()(report, options))
         if precision is not None and report.headroom:
             from gradaudit.report.precision_table import render_headroom_trend
 
-            sys.stdout.write("\n" + render_headroom_trend(report.headroom, precision))
+            write_stdout("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)
         raise typer.Exit(int(trend_exit_code(report)))

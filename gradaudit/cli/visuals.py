@@ -17,7 +17,8 @@ from typing import Annotated
 
 import typer
 
-from gradaudit.errors import UsageError
+from gradaudit.cli.output import check_not_read
+from gradaudit.errors import OutputError, UsageError
 from gradaudit.grouping import GroupBy, parse_group_by
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.chart import MIN_AUTO_CHART_WIDTH, chart_title, render_chart, report_layers
@@ -30,8 +31,9 @@ GroupByOption = Annotated[
     typer.Option(
         "--group-by",
         metavar="auto|module|'depth N'|none",
-        help="Rows of the chart: parameters grouped by owning module, by the first N name "
-        "components, or not at all; auto = module, or the deepest depth that fits 40 rows.",
+        help="Rows of scan's chart and of trend's table: parameters grouped by owning module, "
+        "by the first N name components, or not at all; auto = module, or the deepest depth "
+        "that fits 40 rows.",
     ),
 ]
 ChartOption = Annotated[
@@ -60,7 +62,13 @@ def group_by_option(spec: str) -> GroupBy:
         raise UsageError(str(error)) from None
 
 
-def check_plot_target(plot: Path | None, inputs: Sequence[Path]) -> PlotFormat | None:
+def check_plot_target(
+    plot: Path | None,
+    inputs: Sequence[Path],
+    *,
+    recursive: bool = False,
+    config: Path | None = None,
+) -> PlotFormat | None:
     """Validate ``--plot`` before the audit: format, matplotlib, a writable place, not an input."""
     if plot is None:
         return None
@@ -78,9 +86,7 @@ def check_plot_target(plot: Path | None, inputs: Sequence[Path]) -> PlotFormat |
         raise UsageError(f"--plot {shown!r}: {error.strerror or error}") from None
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise UsageError(f"--plot {shown!r}: exists and is not a regular file")
-    for source in inputs:
-        if info is not None and source.exists() and os.path.samefile(plot, source):
-            raise UsageError(f"--plot {shown!r} is one of the inputs; gradaudit never writes them")
+    check_not_read("--plot", plot, inputs, recursive=recursive, config=config)
     return fmt
 
 
@@ -88,7 +94,8 @@ def write_plot(plot: Path, data: bytes) -> None:
     try:
         plot.write_bytes(data)
     except OSError as error:
-        raise UsageError(f"cannot write --plot {str(plot)!r}: {error.strerror or error}") from None
+        # After the audit: an output failure (exit 5), like a report that cannot be written.
+        raise OutputError(f"cannot write --plot {str(plot)!r}: {error.strerror or error}") from None
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,14 @@ class ScanVisuals:
         plot: Path | None,
         inputs: Sequence[Path],
         table: bool,
+        recursive: bool = False,
+        config: Path | None = None,
     ) -> ScanVisuals:
         if chart and not table:
             raise UsageError("--chart goes with --format table (use --plot for an image)")
         spec = group_by_option(group_by)
-        return cls(chart, spec, plot, check_plot_target(plot, inputs), table)
+        target = check_plot_target(plot, inputs, recursive=recursive, config=config)
+        return cls(chart, spec, plot, target, table)
 
     def chart_text(self, report: Report, options: RenderOptions) -> str:
         """The chart for stdout, or "" when it is off."""

@@ -445,20 +445,26 @@ class DcpSource:
             else:
                 yield from self.tensor_items(entry)
 
-    def skip_reason(self, tensor: DcpTensor) -> str | None:
-        """Why ``tensor`` is listed as skipped instead of read, or None (dtype: the engine's)."""
+    def skipped(self, tensor: DcpTensor) -> Skipped | None:
+        """``tensor`` as skipped instead of read, or None (its dtype is left to the engine).
+
+        Chunks behind storage extensions are floating-point values nobody read, so they
+        are ``unaudited`` (a NaN there would go unseen); a step counter is a count.
+        """
         if _is_step_counter(tensor):
-            return "optimizer step counter; not audited"
+            return Skipped(tensor.name, "optimizer step counter; not audited", self.path)
         transformed = next((c for c in tensor.chunks if c.transforms), None)
         if transformed is not None:
-            return f"stored through storage extensions {list(transformed.transforms)}; not read"
+            reason = f"stored through storage extensions {list(transformed.transforms)}; not read"
+            unaudited = tensor.dtype.is_floating_point or tensor.dtype.is_complex
+            return Skipped(tensor.name, reason, self.path, unaudited)
         return None
 
     def tensor_items(self, tensor: DcpTensor) -> Iterator[SourceItem]:
         """What one tensor yields: skipped, one whole tensor, or its chunks as pieces."""
-        reason = self.skip_reason(tensor)
-        if reason is not None:
-            yield Skipped(tensor.name, reason, self.path)
+        skipped = self.skipped(tensor)
+        if skipped is not None:
+            yield skipped
             return
         if len(tensor.chunks) == 1:
             yield tensor.name, load_chunk(self.path, tensor, tensor.chunks[0])

@@ -105,6 +105,44 @@ def _is_directory(path: str) -> bool:
         return False
 
 
+#: Why a known companion file of a model directory is skipped. Renderers count these in one
+#: line instead of one line each: a Hugging Face model directory always has them.
+COMPANION_REASON = "model companion file (config, tokenizer, docs); not audited"
+
+#: Files that sit next to the weights in a model directory (Hugging Face Hub layouts).
+_COMPANION_NAMES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "chat_template.json",
+        "chat_template.jinja",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "readme.md",
+        "license",
+        "license.txt",
+        ".gitattributes",
+        "trainer_state.json",
+        "adapter_config.json",
+    }
+)
+
+
+def is_companion(path: str) -> bool:
+    """Whether ``path`` names a known non-weight file of a model directory."""
+    return os.path.basename(path).lower() in _COMPANION_NAMES
+
+
 def _not_a_checkpoint(path: str) -> str:
     """Why a file found in a directory, with a name gradaudit does not read, is skipped."""
     try:
@@ -117,6 +155,8 @@ def _not_a_checkpoint(path: str) -> str:
         return "not a regular file; not audited"
     if path.lower().endswith(".index.json"):
         return "index of non-safetensors shards: the shards themselves are audited as files"
+    if is_companion(path):
+        return COMPANION_REASON
     return "not a checkpoint file (unknown extension); not audited"
 
 
@@ -221,3 +261,22 @@ def expand_inputs(
             yield FileInput(path)
         else:
             yield SkippedPath(path, _duplicate(path, first), path)
+
+
+def files_read(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[str]:
+    """Every file a run over ``paths`` would open: inputs after expansion, and the shards
+    each sharded index names.
+
+    For refusing an output path that would replace one of them (``--output``, ``--plot``):
+    a report written over a checkpoint found in a directory, or over a shard reached
+    through its index, destroys data the user asked to have read. Paths that do not
+    exist are listed too (as given), so an output cannot take their place either.
+    """
+    found: list[str] = []
+    for entry in expand_inputs(paths, recursive=recursive):
+        if not isinstance(entry, FileInput):
+            continue
+        found.append(entry.path)
+        if input_kind(entry.path) == "index":
+            found += referenced_shards(entry.path)
+    return found

@@ -22,6 +22,7 @@ checkpoint:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -161,7 +162,7 @@ class TrainerCheckpointSource:
                 if isinstance(item, Excluded):
                     yield Excluded(prefix + item.name)
                 elif isinstance(item, Skipped):
-                    yield Skipped(prefix + item.name, item.reason, self.path)
+                    yield dataclasses.replace(item, name=prefix + item.name, source=self.path)
                 elif isinstance(item, Pieces):
                     yield Pieces(prefix + item.name, item.shape, item.dtype, item.load)
                 else:

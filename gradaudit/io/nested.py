@@ -45,6 +45,7 @@ import torch
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.safetensors_header import show
 from gradaudit.results import Skipped
+from gradaudit.stats import hides_values
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
 ROOT_NAME = "<root>"
@@ -363,7 +364,10 @@ def walk_checkpoint(obj: object, source: str, select: Select | None = None) -> I
         elif isinstance(value, torch.Tensor):
             reason = _tensor_skip_reason(node, value, tensors)
             if reason is not None:
-                yield Skipped(shown, reason, source)
+                # A subclass is skipped with its values unread; the others hold no data
+                # of their own (meta, a step counter, a tensor already audited).
+                unread = reason.startswith("tensor subclass") and hides_values(value.dtype)
+                yield Skipped(shown, reason, source, unread)
                 continue
             key = _tensor_key(value)
             if key is not None:

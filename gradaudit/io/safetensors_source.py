@@ -13,7 +13,7 @@ from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.safetensors_header import SafetensorsHeader, describe_os_error, read_header
 from gradaudit.results import Skipped
-from gradaudit.stats import dtype_skip_reason
+from gradaudit.stats import dtype_skip_reason, hides_values
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -33,7 +33,20 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
     "C64": torch.complex64,
+    **{
+        name: getattr(torch, attribute)
+        for name, attribute in (
+            ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+            ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+            ("F8_E8M0", "float8_e8m0fnu"),
+        )
+        if hasattr(torch, attribute)
+    },
 }
+
+#: Header dtypes that hold floating-point or complex values (a tensor of one of them
+#: that cannot be read could hide a NaN).
+_FLOATING_CODES = ("F", "BF", "C")
 
 
 class SafetensorsSource:
@@ -70,7 +83,12 @@ class SafetensorsSource:
                 else dtype_skip_reason(dtype)
             )
             if dtype is None or reason is not None:
-                yield Skipped(entry.name, reason or "not audited", self.path)
+                unread = (
+                    entry.dtype.startswith(_FLOATING_CODES)
+                    if dtype is None
+                    else hides_values(dtype)
+                )
+                yield Skipped(entry.name, reason or "not audited", self.path, unread)
                 continue
             read_ahead.next_after(index)
             tensor = _view(mapping, data_start + entry.begin, entry.end - entry.begin, dtype)

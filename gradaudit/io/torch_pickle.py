@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -90,12 +91,17 @@ def _without_advice(text: str) -> str:
     return ". ".join(s.strip() for s in sentences if s.strip()).strip()
 
 
+#: printf placeholders torch leaves unformatted in some messages ("expected %ld got %ld"):
+#: they say nothing to a reader, so they are dropped with the words that frame them.
+_unformatted = re.compile(r"[:,]?\s*(expected|got)?\s*%l?[dus]\b(\s*got\s*%l?[dus]\b)?")
+
+
 def _load_failure(error: Exception) -> str:
     """One line for a ``torch.load`` failure that is not a weights-only refusal."""
     if isinstance(error, MemoryError):
         return "not enough memory to load it"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = lines[0] if lines else ""
+    text = _unformatted.sub("", lines[0]) if lines else ""
     if isinstance(error, UnicodeDecodeError):
         return "corrupt pickle data (a string in it is not valid UTF-8)"
     ends_early = ("truncated", "Ran out of input", "unexpected EOF")
@@ -103,6 +109,8 @@ def _load_failure(error: Exception) -> str:
         return "file is truncated or corrupt (the pickle ends early)"
     if "Invalid magic number" in text:
         return "corrupt legacy PyTorch checkpoint (invalid magic number)"
+    if "storage has wrong byte size" in text:
+        return "corrupt checkpoint: a tensor's storage holds fewer or more bytes than declared"
     if "legacy .tar format" in text:
         return "is in PyTorch's pre-1.6 .tar format, which cannot be loaded safely"
     if "PytorchStreamReader" in text:

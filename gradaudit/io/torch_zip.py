@@ -104,6 +104,8 @@ def _locate(path: str, view: mmap.mmap, info: zipfile.ZipInfo) -> Member:
     """Find a member's data from its local header, checked against the central directory."""
     name = show(info.filename)
     start = info.header_offset
+    if start < 0:  # zipfile adds a damaged directory's offsets up into a negative one
+        raise InputError(path, f"corrupt zip archive: member {name} has a damaged offset")
     if start + _LOCAL_HEADER.size > len(view):
         raise InputError(path, f"zip member {name} runs past the end of the file (truncated?)")
     fields = _LOCAL_HEADER.unpack_from(view, start)

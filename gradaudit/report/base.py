@@ -14,8 +14,21 @@ from typing import Protocol
 from gradaudit.comparison import Comparison
 from gradaudit.results import Report
 
-#: Rows shown by default in the table: every flagged tensor plus this many of the largest norms.
+#: Rows shown by default in the table: the flagged tensors plus this many of the largest norms.
 DEFAULT_TOP_ROWS = 20
+#: Flagged tensors (or findings) listed one by one in every human format without ``--all``.
+#: A dump taken after ``zero_grad(set_to_none=False)`` flags every tensor as vanishing;
+#: a million table rows or annotations help nobody. The rest is counted, and
+#: ``--all`` or ``--format json`` shows every one.
+MAX_FLAGGED_ROWS = 50
+
+
+def more_flagged(hidden: int, what: str = "flagged tensor") -> str:
+    """``… 999,950 more flagged tensors not shown (--all or --format json lists every one)``."""
+    return (
+        f"… {hidden:,} more {what}{'' if hidden == 1 else 's'} not shown "
+        "(--all or --format json lists every one)"
+    )
 
 
 @dataclass(frozen=True)

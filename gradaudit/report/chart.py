@@ -36,6 +36,7 @@ from gradaudit.grouping import GroupBy, Layer, group_layers, resolve
 from gradaudit.policy import Severity, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import shorten_left
 from gradaudit.report.text import number, plural, printable
 from gradaudit.results import Report
 
@@ -86,14 +87,54 @@ class LogAxis:
 
 
 def status_text(layer: Layer) -> Text:
-    """``nan``, ``vanishing ×2`` …: the kinds of findings in a layer, coloured by severity."""
+    """``nan``, ``1 of 6 vanishing`` …: the findings in a layer, coloured by severity.
+
+    A group's status comes from its members: a module whose norm is healthy but
+    whose key bias vanishes says ``1 of 6 vanishing``, not ``vanishing``.
+    A bar past a drawn threshold with no member flagged says so too
+    (``group > 100``), so the picture never contradicts its own lines.
+    """
     text = Text()
     for kind, tensors in layer.kind_counts():
         if text:
             text.append(", ")
         severity = next(f.severity for f in layer.findings if f.kind is kind)
-        label = kind.value if tensors == 1 else f"{kind.value} ×{tensors}"
+        label = kind.value if layer.tensors == 1 else f"{tensors} of {layer.tensors} {kind.value}"
         text.append(label, style="bold red" if severity is Severity.ERROR else "yellow")
+    return text
+
+
+def beyond_threshold(layer: Layer, thresholds: Thresholds) -> str | None:
+    """``group > 100`` / ``group < 1e-07`` when a group's norm passes a drawn threshold line
+    that none of its tensors passes on its own (thresholds judge tensors, not groups)."""
+    if layer.tensors <= 1 or not math.isfinite(layer.norm):
+        return None
+    kinds = {kind.value for kind, _ in layer.kind_counts()}
+    if layer.norm > thresholds.exploding and "exploding" not in kinds:
+        return f"group > {number(thresholds.exploding)}"
+    if 0 < layer.norm < thresholds.vanishing and "vanishing" not in kinds:
+        return f"group < {number(thresholds.vanishing)}"
+    return None
+
+
+def drawn_severity(layer: Layer, thresholds: Thresholds) -> Severity | None:
+    """The colour a layer's bar gets: its findings', or the colour of a threshold line it passes."""
+    note = beyond_threshold(layer, thresholds)
+    if layer.severity is Severity.ERROR or (note is not None and ">" in note):
+        return Severity.ERROR
+    if note is not None:
+        return Severity.WARNING
+    return layer.severity
+
+
+def layer_status(layer: Layer, thresholds: Thresholds) -> Text:
+    """:func:`status_text` plus the note of :func:`beyond_threshold`, if any."""
+    text = status_text(layer)
+    note = beyond_threshold(layer, thresholds)
+    if note is not None:
+        if text:
+            text.append(", ")
+        text.append(note, style="red" if ">" in note else "yellow")
     return text
 
 
@@ -166,7 +207,7 @@ def chart_lines(
     """The chart as Rich ``Text`` lines that fit ``width`` columns (bars at least 10 cells)."""
     if not layers:
         return []
-    statuses = [status_text(layer) for layer in layers]
+    statuses = [layer_status(layer, thresholds) for layer in layers]
     status_cells = max(len(s) for s in statuses)
     labels = [printable(layer.name) for layer in layers]
     label_cells = min(max(len(label) for label in labels), max(12, width // 3))
@@ -189,9 +230,8 @@ def chart_lines(
         if several_files and layer.source != source:
             source = layer.source
             lines.append(Text(printable(layer.source or "(in memory)"), style="bold"))
-        if len(label) > label_cells:
-            label = "…" + label[len(label) - label_cells + 1 :]
-        severity = layer.severity
+        label = shorten_left(label, label_cells)
+        severity = drawn_severity(layer, thresholds)
         filled = axis.bar(layer.norm)
         row = Text(label.ljust(label_cells), style=_LABEL_STYLE[severity])
         row.append(" │")

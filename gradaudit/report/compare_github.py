@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from gradaudit.comparison import CompareFinding, Comparison
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
+    ab_mode,
     compared_line,
     finding_subjects,
     ratio_sentence,
+    side_name,
     side_of,
+    side_words,
     verdict_line,
 )
 from gradaudit.report.github import command
@@ -77,7 +80,7 @@ def render_comparison_github(comparison: Comparison, options: RenderOptions) -> 
                 finding.failing,
                 command(
                     _COMMAND[finding.severity],
-                    finding.message + _about(comparison, finding),
+                    side_words(comparison, finding.message) + _about(comparison, finding),
                     title=f"gradaudit compare: {finding.kind.value}",
                 ),
             )
@@ -91,7 +94,8 @@ def render_comparison_github(comparison: Comparison, options: RenderOptions) -> 
                 tensor_finding.failing,
                 command(
                     _COMMAND[tensor_finding.severity],
-                    f"{name} ({tensor_finding.source}): {tensor_finding.message}",
+                    f"{name} ({side_name(comparison, tensor_finding.source)}): "
+                    f"{tensor_finding.message}",
                     file=_file(comparison, tensor_finding.source),
                     title=f"gradaudit: {tensor_finding.kind.value} in {name}",
                 ),
@@ -101,9 +105,13 @@ def render_comparison_github(comparison: Comparison, options: RenderOptions) -> 
     out = [line for failing, line in lines if failing] + [
         line for failing, line in lines if not failing
     ]
+    hidden = 0 if options.show_all else max(0, len(out) - MAX_FLAGGED_ROWS)
+    if hidden:
+        out = out[:MAX_FLAGGED_ROWS]
+        out.append(command("notice", more_flagged(hidden, "finding"), title="gradaudit compare"))
     if not options.quiet:
         out.append(
             f"gradaudit compare: {verdict_line(comparison)} · "
-            f"{ratio_sentence(comparison.dual)} · {compared_line(comparison)}"
+            f"{ratio_sentence(comparison.dual, ab_mode(comparison))} · {compared_line(comparison)}"
         )
     return "".join(line + "\n" for line in out)

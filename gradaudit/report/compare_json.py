@@ -27,6 +27,7 @@ from gradaudit.comparison import (
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.compare_text import (
     FORMULA,
+    ab_mode,
     change_order,
     failing_count,
     ignored_count,
@@ -156,7 +157,7 @@ def to_comparison_document(comparison: Comparison) -> dict[str, Any]:
         "host": _side(comparison.dual.host),
         "seed": _side(comparison.dual.seed),
         "dual": _dual(comparison.dual),
-        "interpretation": interpretation(comparison.dual),
+        "interpretation": interpretation(comparison.dual, ab_mode(comparison)),
         "parameters": _parameters(comparison.parameters),
         "findings": [
             {"kind": f.kind.value, "severity": f.severity.value, "message": f.message}

@@ -24,6 +24,7 @@ from gradaudit.comparison import CompareFindingKind, Comparison, SideStats
 from gradaudit.policy import Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.compare_text import (
+    ab_mode,
     finding_subjects,
     ratio_sentence,
     side_input,
@@ -62,7 +63,9 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
     cases = {name: Case(name) for name in CHECKS}
     dual = comparison.dual
     raw = "" if dual.raw_ratio is None else f" (raw ratio seed/host {number(dual.raw_ratio)})"
-    cases["normalized-ratio"].notes.append(ratio_sentence(dual) + raw)  # always: the ratio
+    cases["normalized-ratio"].notes.append(
+        ratio_sentence(dual, ab_mode(comparison)) + raw
+    )  # always: the ratio
     if comparison.parameters is None:
         cases["parameter-change"].skipped = NO_SHARED_NAMES
         cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES

@@ -8,7 +8,7 @@ the shared tensors that are flagged or could not be compared; the names only in
 A or B and the mismatches; what was compared and the policy. ``--quiet`` keeps
 the findings and the flagged rows only. Names and paths are code spans made by
 :func:`~gradaudit.report.markdown.code`, so no name can break a table or inject
-markup; lists are cut at :data:`~gradaudit.report.markdown.MAX_FLAGGED_ROWS`
+markup; lists are cut at :data:`~gradaudit.report.base.MAX_FLAGGED_ROWS`
 unless ``--all`` is given.
 """
 
@@ -24,23 +24,26 @@ from gradaudit.comparison import (
     SideStats,
 )
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions
 from gradaudit.report.compare_text import (
-    SHORT_FORMULA,
+    ab_mode,
     change_order,
     change_text,
     compared_line,
+    dtype_line,
     interpretation,
+    merged_tensor_findings,
     mismatch_parts,
     notable,
+    shape_mismatches,
     shape_text,
+    short_formula,
     side_input,
-    tensor_findings_by_severity,
+    side_words,
     verdict_line,
 )
 from gradaudit.report.markdown import (
     MARK,
-    MAX_FLAGGED_ROWS,
     VERDICT_MARK,
     code,
     escape,
@@ -55,23 +58,26 @@ _NAME_LIMIT = 10
 def _ratio(comparison: Comparison) -> list[str]:
     dual = comparison.dual
     ratio = dual.normalized_ratio
+    ab = ab_mode(comparison)
     if ratio is None:
-        head = f"**Normalized ratio not computed**: {escape(dual.ratio_note or '')}"
+        note = side_words(comparison, dual.ratio_note or "")
+        head = f"**Normalized ratio not computed**: {escape(note)}"
     else:
-        head = f"**Normalized ratio {number(ratio)}**: {escape(interpretation(dual))}"
+        head = f"**Normalized ratio {number(ratio)}**: {escape(interpretation(dual, ab))}"
     if dual.raw_ratio is None:
         return [head]
     return [
         head,
         "",
-        f"Raw ratio seed/host {number(dual.raw_ratio)} · normalized = {SHORT_FORMULA}, "
+        f"Raw ratio {'B/A' if ab_mode(comparison) else 'seed/host'} {number(dual.raw_ratio)} · "
+        f"normalized = {short_formula(ab_mode(comparison))}, "
         "the ratio of the RMS gradient element",
     ]
 
 
-def _side_row(side: SideStats, letter: str) -> str:
+def _side_row(side: SideStats, letter: str, ab: bool) -> str:
     cells = [
-        f"{side.label} ({letter})",
+        letter if ab else f"{side.label} ({letter})",
         code(side_input(side)),
         count(side.tensors),
         count(side.params),
@@ -92,27 +98,27 @@ def _sides(comparison: Comparison) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
         "|---|---|" + "--:|" * (len(header) - 2),
-        _side_row(dual.host, "A"),
-        _side_row(dual.seed, "B"),
+        _side_row(dual.host, "A", ab_mode(comparison)),
+        _side_row(dual.seed, "B", ab_mode(comparison)),
     ]
 
 
-def _comparison_finding(finding: CompareFinding) -> tuple[bool, str]:
-    return finding.failing, f"- {MARK[finding.severity]} {escape(finding.message)}"
+def _comparison_finding(comparison: Comparison, finding: CompareFinding) -> tuple[bool, str]:
+    message = side_words(comparison, finding.message)
+    return finding.failing, f"- {MARK[finding.severity]} {escape(message)}"
 
 
 def _findings(comparison: Comparison, options: RenderOptions) -> list[str]:
     """Input problems and limits, then failing findings, then warnings; ignored ones left out."""
     lines = [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in comparison.errors]
     lines += [f"- ❌ {escape(f.message)}" for f in comparison.report.limit_findings]
-    ranked = [_comparison_finding(f) for f in comparison.findings]
+    ranked = [_comparison_finding(comparison, f) for f in comparison.findings]
     ranked += [
         (
             f.failing,
-            f"- {MARK[f.severity]} {code(f.tensor)} ({f.source}): {f.kind.value}: "
-            f"{escape(f.message)}",
+            f"- {MARK[f.severity]} {code(f.tensor)} ({sides}): {f.kind.value}: {escape(f.message)}",
         )
-        for f in tensor_findings_by_severity(comparison)
+        for f, sides in merged_tensor_findings(comparison)
         if f.severity is not Severity.IGNORED
     ]
     lines += [line for failing, line in ranked if failing]
@@ -174,9 +180,12 @@ def _name_lines(parameters: ParameterComparison) -> list[str]:
     lists = [
         ("Only in A", [code(name) for name in parameters.only_in_a]),
         ("Only in B", [code(name) for name in parameters.only_in_b]),
-        ("Shape or dtype differs", [_mismatch(m) for m in parameters.mismatches]),
+        ("Shape differs", [_mismatch(m) for m in shape_mismatches(parameters)]),
     ]
-    return [_listed(title, items) for title, items in lists if items]
+    lines = [_listed(title, items) for title, items in lists if items]
+    if (dtypes := dtype_line(parameters)) is not None:
+        lines.append(f"- {escape(dtypes)}")
+    return lines
 
 
 def _parameters(comparison: Comparison, options: RenderOptions) -> list[list[str]]:

@@ -20,22 +20,35 @@ from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
-    SHORT_FORMULA,
+    ab_mode,
     change_order,
     change_text,
     compared_line,
+    dtype_line,
     interpretation,
+    merged_tensor_findings,
     mismatch_parts,
     notable,
     ratio_line,
+    shape_mismatches,
     shape_text,
+    short_formula,
     side_input,
-    tensor_findings_by_severity,
+    side_name,
+    side_words,
     verdict_line,
 )
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import (
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_path,
+)
 from gradaudit.report.text import count, number, plural, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
@@ -49,42 +62,54 @@ _LIST_LIMIT = 10
 _FINDING_LIMIT = 20
 
 
-def _dual_table(comparison: Comparison) -> Table:
-    table = Table(header_style="bold")
-    table.add_column("side", no_wrap=True)
-    table.add_column("input", overflow="fold")
-    for header in ("tensors", "params", "norm", "norm/√params", "NaN", "±Inf"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("vanishing", justify="right", no_wrap=True)
-    table.add_column("exploding", justify="right", no_wrap=True)
+def _dual_table(comparison: Comparison, width: int) -> tuple[Table, Layout]:
     dual = comparison.dual
-    for side, letter in ((dual.host, "A"), (dual.seed, "B")):
-        table.add_row(*_side_cells(side, letter))
-    return table
+    sides = ((dual.host, "A"), (dual.seed, "B"))
+    ab = ab_mode(comparison)
 
+    def bad(side: SideStats, value: int) -> Text:
+        return Text(count(value), style="red" if side.nonfinite and value else "")
 
-def _side_cells(side: SideStats, letter: str) -> list[Text | str]:
-    bad = "red" if side.nonfinite else ""
-    return [
-        f"{side.label} ({letter})",
-        Text(printable(side_input(side))),
-        count(side.tensors),
-        count(side.params),
-        number(side.norm),
-        number(side.norm_per_sqrt_param),
-        Text(count(side.nan), style=bad if side.nan else ""),
-        Text(count(side.inf), style=bad if side.inf else ""),
-        count(side.vanishing_tensors),
-        count(side.exploding_tensors),
+    columns = [
+        Column("side", [letter if ab else f"{side.label} ({letter})" for side, letter in sides]),
+        # Where each side comes from: the end of the path, within a third of the width.
+        Column(
+            "input",
+            [_input_cell(side, max(24, 2 * width // 5)) for side, _ in sides],
+            priority=45,
+        ),
+        Column("tensors", [count(side.tensors) for side, _ in sides], "right", priority=20),
+        Column("params", [count(side.params) for side, _ in sides], "right", priority=30),
+        Column("norm", [number(side.norm) for side, _ in sides], "right"),
+        Column(
+            "norm/√params", [number(s.norm_per_sqrt_param) for s, _ in sides], "right", priority=40
+        ),
+        Column("NaN", [bad(side, side.nan) for side, _ in sides], "right", priority=60),
+        Column("±Inf", [bad(side, side.inf) for side, _ in sides], "right", priority=50),
+        Column("vanishing", [count(s.vanishing_tensors) for s, _ in sides], "right", priority=10),
+        Column("exploding", [count(s.exploding_tensors) for s, _ in sides], "right", priority=15),
     ]
+    return fitted_table(columns, width)
 
 
-def _ratio_lines(comparison: Comparison) -> list[Text]:
+def _input_cell(side: SideStats, cells: int) -> str:
+    """The side's file, shortened from the left, and its ``[prefix*]`` kept whole."""
+    where = printable(side_input(side))
+    if side.prefix is None or len(where) <= cells:
+        return shorten_path(where, cells)
+    tag = f" [{printable(side.prefix)}*]"
+    path = where[: len(where) - len(tag)]
+    return shorten_path(path, max(8, cells - len(tag))) + tag
+
+
+def _ratio_lines(comparison: Comparison, width: int) -> list[Text]:
     dual = comparison.dual
     style = "bold red" if dual.normalized_ratio is None else "bold"
+    ab = ab_mode(comparison)
+    line = f"{ratio_line(dual, ab)}   (= {short_formula(ab)})"
     return [
-        Text(f"{ratio_line(dual)}   (= {SHORT_FORMULA})"),
-        Text(interpretation(dual), style=style),
+        Text(line if len(line) <= width else ratio_line(dual, ab)),
+        Text(interpretation(dual, ab), style=style),
     ]
 
 
@@ -96,7 +121,11 @@ def _status(change: ParameterChange) -> Text:
     return Text("ok", style="green")
 
 
-def _parameter_table(parameters: ParameterComparison, options: RenderOptions) -> tuple[Table, int]:
+def _parameter_table(
+    parameters: ParameterComparison, options: RenderOptions
+) -> tuple[Table, Layout, int, int]:
+    """The shared tensors' rows; also how many flagged rows (past :data:`MAX_FLAGGED_ROWS`)
+    and how many unflagged rows (past ``--top``) were left out."""
     ordered = sorted(parameters.changes, key=change_order)
     if options.quiet:  # only the findings: the rows behind the large_change finding
         shown = [c for c in ordered if c.flagged]
@@ -105,23 +134,31 @@ def _parameter_table(parameters: ParameterComparison, options: RenderOptions) ->
         shown = [c for c in ordered if notable(c)]
         rest = [c for c in ordered if not notable(c)]
     shown_rest = rest if options.show_all else rest[: options.top]
-    table = Table(header_style="bold")
-    table.add_column("name", overflow="fold")
-    table.add_column("shape", overflow="fold")
-    for header in ("norm A", "norm B", "B/A", "change"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    for change in shown + shown_rest:
-        table.add_row(
-            Text(printable(change.name), style="red" if change.flagged else ""),
-            shape_text(change.shape),
-            number(change.norm_a),
-            number(change.norm_b),
-            number(change.ratio),
-            change_text(change),
-            _status(change),
-        )
-    return table, len(rest) - len(shown_rest)
+    hidden_notable = 0 if options.show_all else max(0, len(shown) - MAX_FLAGGED_ROWS)
+    if hidden_notable:
+        shown = shown[:MAX_FLAGGED_ROWS]
+    rows = shown + shown_rest
+    columns = [
+        Column(
+            "name",
+            [Text(printable(c.name), style="red" if c.flagged else "") for c in rows],
+            kind="name",
+        ),
+        Column("shape", [shape_text(c.shape) for c in rows], priority=10),
+    ]
+    if any(c.dtype_a != c.dtype_b for c in rows):
+        dtypes = [c.dtype_a if c.dtype_a == c.dtype_b else f"{c.dtype_a}→{c.dtype_b}" for c in rows]
+        columns.append(Column("dtype", dtypes, priority=5))
+    columns += [
+        Column("norm A", [number(c.norm_a) for c in rows], "right", priority=20),
+        Column("norm B", [number(c.norm_b) for c in rows], "right", priority=30),
+        Column("B/A", [number(c.ratio) for c in rows], "right"),
+        Column("change", [change_text(c) for c in rows], "right", priority=40),
+        # "NaN/Inf in A and B" may wrap at its spaces rather than take cells from the name.
+        Column("status", [_status(c) for c in rows], kind="prose", min_cells=12),
+    ]
+    table, layout = fitted_table(columns, sane_width(options.width))
+    return table, layout, hidden_notable, len(rest) - len(shown_rest)
 
 
 def _name_list(title: str, names: list[str]) -> Text:
@@ -138,25 +175,28 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
         lines.append(_name_list("only in A", list(parameters.only_in_a)))
     if parameters.only_in_b:
         lines.append(_name_list("only in B", list(parameters.only_in_b)))
-    for mismatch in parameters.mismatches[:_LIST_LIMIT]:
+    mismatches = shape_mismatches(parameters)
+    for mismatch in mismatches[:_LIST_LIMIT]:
         parts = "; ".join(mismatch_parts(mismatch))
         lines.append(Text(f"mismatch {printable(mismatch.name)}: {parts}", "yellow"))
-    if len(parameters.mismatches) > _LIST_LIMIT:
-        lines.append(Text(f"… and {len(parameters.mismatches) - _LIST_LIMIT} more mismatches"))
+    if len(mismatches) > _LIST_LIMIT:
+        lines.append(Text(f"… and {len(mismatches) - _LIST_LIMIT} more mismatches"))
+    if (dtypes := dtype_line(parameters)) is not None:
+        lines.append(Text(dtypes))
     return lines
 
 
 def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]:
-    tensor_findings = tensor_findings_by_severity(comparison)
+    tensor_findings = merged_tensor_findings(comparison)
     if options.quiet:
-        tensor_findings = [f for f in tensor_findings if not f.ignored]
+        tensor_findings = [(f, sides) for f, sides in tensor_findings if not f.ignored]
     limit = len(tensor_findings) if options.show_all or options.quiet else _FINDING_LIMIT
     lines = [
         Text(
-            f"{f.severity.value}: {printable(f.tensor)} ({f.source}): {f.kind.value}: {f.message}",
+            f"{f.severity.value}: {printable(f.tensor)} ({sides}): {f.kind.value}: {f.message}",
             style=_SEVERITY_STYLE[f.severity],
         )
-        for f in tensor_findings[:limit]
+        for f, sides in tensor_findings[:limit]
     ]
     if len(tensor_findings) > limit:
         lines.append(
@@ -167,7 +207,10 @@ def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]
         for f in comparison.report.limit_findings
     ]
     lines += [
-        Text(f"{f.severity.value}: {f.message}", style=_SEVERITY_STYLE[f.severity])
+        Text(
+            f"{f.severity.value}: {side_words(comparison, f.message)}",
+            style=_SEVERITY_STYLE[f.severity],
+        )
         for f in comparison.findings
     ]
     return lines
@@ -182,7 +225,7 @@ def _summary_lines(comparison: Comparison) -> list[Text]:
         )
     ]
     for skipped in report.skipped[:_LIST_LIMIT]:
-        side = f"{skipped.source} " if skipped.source else ""
+        side = f"{side_name(comparison, skipped.source)} " if skipped.source else ""
         lines.append(Text(f"skipped {side}{printable(skipped.name)}: {skipped.reason}", "dim"))
     if len(report.skipped) > _LIST_LIMIT:
         lines.append(Text(f"… and {len(report.skipped) - _LIST_LIMIT} more skipped", "dim"))
@@ -196,7 +239,10 @@ def _quiet(comparison: Comparison, options: RenderOptions) -> list[Table | Text]
     out: list[Table | Text] = []
     parameters = comparison.parameters
     if parameters is not None and parameters.flagged:
-        out.append(_parameter_table(parameters, options)[0])
+        table, _, hidden_flagged, _ = _parameter_table(parameters, options)
+        out.append(table)
+        if hidden_flagged:
+            out.append(Text(more_flagged(hidden_flagged, "flagged shared tensor")))
     return out + _finding_lines(comparison, options)
 
 
@@ -207,8 +253,11 @@ def render_comparison_table(comparison: Comparison, options: RenderOptions) -> s
         for renderable in _quiet(comparison, options):
             console.print(renderable)
         return buffer.getvalue()
-    console.print(_dual_table(comparison))
-    for line in _ratio_lines(comparison):
+    dual_table, dual_layout = _dual_table(comparison, sane_width(options.width))
+    console.print(dual_table)
+    if (note := dropped_note(dual_layout)) is not None:
+        console.print(note)
+    for line in _ratio_lines(comparison, sane_width(options.width)):
         console.print(line)
     parameters = comparison.parameters
     if parameters is None:
@@ -225,8 +274,12 @@ def render_comparison_table(comparison: Comparison, options: RenderOptions) -> s
         )
         hidden = 0
         if parameters.changes:
-            table, hidden = _parameter_table(parameters, options)
+            table, layout, hidden_flagged, hidden = _parameter_table(parameters, options)
             console.print(table)
+            if (note := dropped_note(layout)) is not None:
+                console.print(note)
+            if hidden_flagged:
+                console.print(Text(more_flagged(hidden_flagged, "flagged shared tensor")))
         for line in _parameter_lines(parameters, hidden):
             console.print(line)
     for line in _finding_lines(comparison, options) + _summary_lines(comparison):

@@ -16,6 +16,7 @@ from gradaudit.comparison import (
     DualGradientStats,
     Mismatch,
     ParameterChange,
+    ParameterComparison,
     SideStats,
 )
 from gradaudit.errors import ExitCode
@@ -29,34 +30,98 @@ FORMULA = "(seed_norm / host_norm) * sqrt(host_params / seed_params)"
 SHORT_FORMULA = "raw × √(host_params / seed_params)"
 
 
-def interpretation(dual: DualGradientStats) -> str:
-    """One plain sentence on what the normalized ratio says."""
+def ab_mode(comparison: Comparison) -> bool:
+    """Two dumps of one model (no prefixes, mostly the same names): the sides are A and B.
+
+    Host and seed are roles inside one model (``--host-prefix``/``--seed-prefix``)
+    or two different modules' dumps; two dumps of the *same* model are just a
+    before and an after, and calling them host and seed would suggest a
+    relation that is not there. "The same model" is: at least half of each
+    side's tensors have a namesake on the other side.
+    """
+    dual, parameters = comparison.dual, comparison.parameters
+    if dual.host.prefix is not None or dual.seed.prefix is not None or parameters is None:
+        return False
+    shared = len(parameters.changes) + len(shape_mismatches(parameters))
+    return 2 * shared >= max(dual.host.tensors, dual.seed.tensors)
+
+
+def side_name(comparison: Comparison, label: str | None) -> str:
+    """``A``/``B`` for two dumps of one model, ``host``/``seed`` otherwise."""
+    if label is None:
+        return ""
+    if ab_mode(comparison):
+        return "A" if label == comparison.dual.host.label else "B"
+    return label
+
+
+def interpretation(dual: DualGradientStats, ab: bool = False) -> str:
+    """One plain sentence on what the normalized ratio says (``ab``: in A/B words)."""
     ratio = dual.normalized_ratio
     if ratio is None:
-        return f"ratio not computed: {dual.ratio_note}"
+        note = dual.ratio_note or ""
+        return f"ratio not computed: {_ab_words(note) if ab else note}"
+    first, second = ("A's", "B's") if ab else ("host", "seed")
     if math.isinf(ratio):
-        return "host gradients are zero: the seed's are infinitely more intense per parameter"
+        return f"{first} gradients are zero: {second} are infinitely more intense per parameter"
     if ratio == 0.0:
-        return "seed gradients are zero: the seed receives no gradient"
-    text = f"seed gradients are {ratio:.3g}× as intense per parameter as the host's"
+        return f"{second} gradients are zero: the {second} side receives no gradient".replace(
+            "the seed side", "the seed"
+        )
+    shown = number(ratio)
+    whose = "A's" if ab else "the host's"
+    if shown == "1":
+        return f"{second} gradients are as intense per parameter as {whose} (ratio {shown})"
+    text = f"{second} gradients are {shown}× as intense per parameter as {whose}"
     if ratio < 1.0:
-        text += f" ({1.0 / ratio:.3g}× weaker)"
+        text += f" ({number(1.0 / ratio)}× weaker)"
     return text
 
 
-def ratio_sentence(dual: DualGradientStats) -> str:
+def _ab_words(text: str) -> str:
+    for said, meant in _AB_WORDS:
+        text = text.replace(said, meant)
+    return text
+
+
+def side_words(comparison: Comparison, text: str) -> str:
+    """``text`` with "host"/"seed" said as "A"/"B" when the sides are two dumps of one model."""
+    return _ab_words(text) if ab_mode(comparison) else text
+
+
+_AB_WORDS = (
+    ("on the host and seed side", "on both sides"),
+    ("host and seed", "A and B"),
+    ("the host side", "A"),
+    ("the seed side", "B"),
+    ("the host gradient norm", "A's gradient norm"),
+    ("the seed gradient norm", "B's gradient norm"),
+    ("the seed receives", "B receives"),
+    ("the host", "A"),
+    ("the seed", "B"),
+)
+
+
+def ratio_sentence(dual: DualGradientStats, ab: bool = False) -> str:
     """``normalized ratio 1.76: seed gradients are …`` or ``normalized ratio not computed: …``."""
     if dual.normalized_ratio is None:
-        return f"normalized ratio not computed: {dual.ratio_note}"
-    return f"normalized ratio {number(dual.normalized_ratio)}: {interpretation(dual)}"
+        note = dual.ratio_note or ""
+        return f"normalized ratio not computed: {_ab_words(note) if ab else note}"
+    return f"normalized ratio {number(dual.normalized_ratio)}: {interpretation(dual, ab)}"
 
 
-def ratio_line(dual: DualGradientStats) -> str:
-    """``raw ratio seed/host 0.206 · normalized ratio 1.76``."""
+def ratio_line(dual: DualGradientStats, ab: bool = False) -> str:
+    """``raw ratio seed/host 0.206 · normalized ratio 1.76`` (``B/A`` for two whole dumps)."""
+    which = "B/A" if ab else "seed/host"
     return (
-        f"raw ratio seed/host {number(dual.raw_ratio)} · "
+        f"raw ratio {which} {number(dual.raw_ratio)} · "
         f"normalized ratio {number(dual.normalized_ratio)}"
     )
+
+
+def short_formula(ab: bool) -> str:
+    """:data:`SHORT_FORMULA`, in A/B words for two dumps of one model."""
+    return "raw × √(params A / params B)" if ab else SHORT_FORMULA
 
 
 def side_input(side: SideStats) -> str:
@@ -96,7 +161,8 @@ def finding_subjects(comparison: Comparison, kind: CompareFindingKind) -> list[s
         ]
     if kind is CompareFindingKind.MISMATCH:
         return [
-            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}" for m in parameters.mismatches
+            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}"
+            for m in shape_mismatches(parameters)
         ]
     return []
 
@@ -110,14 +176,74 @@ def change_order(change: ParameterChange) -> tuple[int, float]:
 
 
 def change_text(change: ParameterChange) -> str:
-    """The relative change ``B/A − 1`` as a percentage: ``+39.6%``, ``-98%``, ``+inf``."""
+    """The change B/A: ``+39.6%``, ``-98%`` within a factor of 10, ``×1.6e+21``/``×1e-05`` beyond.
+
+    A percentage of a huge ratio is a wall of digits (``+999,999,978,243…%``)
+    that reads worse than the factor it stands for.
+    """
+    ratio = change.ratio
     relative = change.relative_change
-    if relative is None:
+    if ratio is None or relative is None:
         return "-"
-    if math.isinf(relative):
-        return "+inf"
-    percent = 100.0 * relative
-    return f"{percent:+,.0f}%" if abs(percent) >= 1000 else f"{percent:+.3g}%"
+    if math.isinf(ratio):
+        return "×inf"
+    if ratio >= 10.0 or 0.0 < ratio <= 0.1:
+        return f"×{number(ratio)}"
+    return f"{100.0 * relative:+.3g}%"
+
+
+def dtype_changes(parameters: ParameterComparison) -> list[tuple[str, str, int]]:
+    """``(dtype A, dtype B, how many)`` of the shared tensors stored in different dtypes.
+
+    A norm does not depend on the storage dtype, so these tensors are still
+    compared; one summary line says so instead of one line per tensor.
+    """
+    counts: dict[tuple[str, str], int] = {}
+    for mismatch in parameters.mismatches:
+        if mismatch.dtype_differs and not mismatch.shape_differs:
+            key = (mismatch.dtype_a, mismatch.dtype_b)
+            counts[key] = counts.get(key, 0) + 1
+    return [(a, b, n) for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def dtype_line(parameters: ParameterComparison) -> str | None:
+    """``dtype differs for 101 shared tensors (float32 in A, bfloat16 in B): still compared``."""
+    changes = dtype_changes(parameters)
+    if not changes:
+        return None
+    total = sum(n for _, _, n in changes)
+    several = len(changes) > 1
+    pairs = "; ".join(
+        f"{a} in A, {b} in B" + (f": {n:,}" if several else "") for a, b, n in changes[:3]
+    )
+    more = "; …" if len(changes) > 3 else ""
+    return (
+        f"dtype differs for {plural(total, 'shared tensor')} ({pairs}{more}): still compared, "
+        "a norm does not depend on the storage dtype"
+    )
+
+
+def shape_mismatches(parameters: ParameterComparison) -> list[Mismatch]:
+    """Shared names whose shapes differ: these are not compared and each is listed."""
+    return [m for m in parameters.mismatches if m.shape_differs]
+
+
+def merged_tensor_findings(comparison: Comparison) -> list[tuple[Finding, str]]:
+    """Per-tensor findings with the same tensor, kind and severity on both sides said once.
+
+    Two dumps of one model usually share their vanishing biases; listing the
+    same warning for A and then for B doubles the noise. Each entry is the first
+    finding and the sides it holds for (``A``, ``B`` or ``A and B``).
+    """
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for finding in tensor_findings_by_severity(comparison):
+        key = (finding.tensor, finding.kind.value, finding.severity.value)
+        groups.setdefault(key, []).append(finding)
+    merged = []
+    for found in groups.values():
+        sides = " and ".join(side_name(comparison, f.source) for f in found)
+        merged.append((found[0], sides))
+    return merged
 
 
 def notable(change: ParameterChange) -> bool:
@@ -177,8 +303,13 @@ def verdict_line(comparison: Comparison) -> str:
 
 
 def compared_line(comparison: Comparison) -> str:
-    """``Compared 35 host and 4 seed tensors, skipped 0``."""
+    """``Compared 35 host and 4 seed tensors, skipped 0`` (``35 tensors in A and 35 in B``)."""
     dual = comparison.dual
+    if ab_mode(comparison):
+        return (
+            f"Compared {count(dual.host.tensors)} tensors in A and {count(dual.seed.tensors)} "
+            f"in B, skipped {comparison.report.summary.skipped}"
+        )
     return (
         f"Compared {count(dual.host.tensors)} host and {count(dual.seed.tensors)} seed "
         f"tensors, skipped {comparison.report.summary.skipped}"

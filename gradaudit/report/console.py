@@ -7,6 +7,7 @@ from typing import TextIO
 from rich.console import Console
 
 from gradaudit.report.base import RenderOptions
+from gradaudit.report.fit import sane_width
 
 
 def string_console(buffer: TextIO, options: RenderOptions) -> Console:
@@ -17,7 +18,7 @@ def string_console(buffer: TextIO, options: RenderOptions) -> Console:
     """
     return Console(
         file=buffer,
-        width=options.width,
+        width=sane_width(options.width),
         force_terminal=options.color,
         no_color=not options.color,
         color_system="standard" if options.color else None,

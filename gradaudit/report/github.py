@@ -13,7 +13,7 @@ command early nor start a new one. A plain summary line ends the output
 from __future__ import annotations
 
 from gradaudit.policy import Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.text import printable
 from gradaudit.report.verdict import audited_line, nothing_to_audit, verdict_line
 from gradaudit.results import Report
@@ -73,8 +73,14 @@ def render_github(report: Report, options: RenderOptions) -> str:
             )
         )
     # Errors before warnings: a reader of the raw log sees what failed first.
-    shown = [f for f in report.findings if f.severity is not Severity.IGNORED]
-    for finding in sorted(shown, key=lambda f: not f.failing):
+    shown = sorted(
+        (f for f in report.findings if f.severity is not Severity.IGNORED),
+        key=lambda f: not f.failing,
+    )
+    hidden = 0 if options.show_all else max(0, len(shown) - MAX_FLAGGED_ROWS)
+    if hidden:
+        shown = shown[:MAX_FLAGGED_ROWS]
+    for finding in shown:
         name = printable(finding.tensor)
         lines.append(
             command(
@@ -84,6 +90,8 @@ def render_github(report: Report, options: RenderOptions) -> str:
                 title=f"gradaudit: {finding.kind.value} in {name}",
             )
         )
+    if hidden:
+        lines.append(command("notice", more_flagged(hidden, "finding"), title="gradaudit"))
     if not options.quiet:
         lines.append(f"gradaudit: {verdict_line(report)} · {audited_line(report)}")
     return "".join(line + "\n" for line in lines)

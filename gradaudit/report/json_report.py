@@ -14,7 +14,7 @@ from typing import Any
 
 from gradaudit import __version__
 from gradaudit.checks import exit_code
-from gradaudit.policy import Thresholds
+from gradaudit.policy import FindingKind, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.verdict import findings_by_tensor
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
@@ -125,7 +125,20 @@ def to_document(report: Report) -> dict[str, Any]:
             for t in report.tensors
         ],
         "limits": [_limit(f) for f in report.limit_findings],
-        "skipped": [{"name": s.name, "file": s.source, "reason": s.reason} for s in report.skipped],
+        "skipped": [
+            {
+                "name": s.name,
+                "file": s.source,
+                "reason": s.reason,
+                "unaudited": s.unaudited,
+                "findings": [
+                    _finding(f)
+                    for f in by_tensor.get((s.source, s.name), [])
+                    if f.kind is FindingKind.SKIPPED
+                ],
+            }
+            for s in report.skipped
+        ],
         "errors": [{"file": e.path, "message": e.message} for e in report.errors],
         "summary": {
             "tensors": summary.tensors,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.text import plural, printable
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Finding, LimitFinding, Report
@@ -48,11 +48,15 @@ def _finding_line(finding: Finding) -> str:
 
 def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
-    checks = {kind: Case(kind.value) for kind in FindingKind}
+    # A "skipped" check (data that could not be read) appears only where there was
+    # some, like a limit's check only where the limit is set.
+    checks: dict[FindingKind, Case] = {
+        kind: Case(kind.value) for kind in FindingKind if kind is not FindingKind.SKIPPED
+    }
     for finding in report.findings:
         if finding.source != source:
             continue
-        case = checks[finding.kind]
+        case = checks.setdefault(finding.kind, Case(finding.kind.value))
         if finding.severity is Severity.ERROR:
             case.failures.append(_finding_line(finding))
         elif finding.severity is Severity.WARNING:
@@ -106,9 +110,19 @@ def add_suite(parent: ET.Element, name: str, cases: list[Case]) -> None:
                 type=case.name,
                 message=f"{case.name}: {plural(len(case.failures), 'failing finding')}",
             )
-            failure.text = "\n".join(case.failures)
+            failure.text = "\n".join(_capped(case.failures))
         if case.notes:
-            ET.SubElement(element, "system-out").text = "\n".join(case.notes)
+            ET.SubElement(element, "system-out").text = "\n".join(_capped(case.notes))
+
+
+def _capped(lines: list[str]) -> list[str]:
+    """At most :data:`MAX_FLAGGED_ROWS` lines of one case, then how many more there are.
+
+    The counts (``failures``, the failure message) stay exact; only the listing is cut.
+    """
+    if len(lines) <= MAX_FLAGGED_ROWS:
+        return lines
+    return [*lines[:MAX_FLAGGED_ROWS], more_flagged(len(lines) - MAX_FLAGGED_ROWS, "finding")]
 
 
 def render_junit(report: Report, options: RenderOptions) -> str:

@@ -16,13 +16,12 @@ import re
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.report.verdict import audited_line, flagged_tensors, verdict_line
+from gradaudit.report.verdict import audited_line, flagged_tensors, unaudited, verdict_line
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
 
 #: Flagged rows shown without ``--all``.
-MAX_FLAGGED_ROWS = 50
 
 #: The mark before a finding, and before the verdict heading (shared with compare's Markdown).
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}
@@ -32,7 +31,9 @@ _SPECIAL = re.compile(r"([\\`*_\[\]<|~])")
 
 def code(text: str) -> str:
     """``text`` as a GFM code span that is safe inside a table cell."""
-    text = printable(text).replace("|", "\\|")
+    # A code span shows backslashes literally, so they stay single; GFM splits cells on
+    # every unescaped pipe, even inside code, so each pipe gets one backslash.
+    text = printable(text, backslash=False).replace("|", "\\|")
     ticks = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (ticks + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
@@ -81,7 +82,7 @@ def _table(report: Report, options: RenderOptions) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     lines += [_row(stats, found, several_files) for stats, found in shown]
     if len(shown) < len(flagged):
-        lines += ["", f"… and {plural(len(flagged) - len(shown), 'more flagged tensor')} (--all)"]
+        lines += ["", more_flagged(len(flagged) - len(shown))]
     return lines
 
 
@@ -97,6 +98,9 @@ def _limit(finding: LimitFinding) -> str:
 def _problems(report: Report) -> list[str]:
     lines = [_limit(f) for f in report.limit_findings]
     lines += [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in report.errors]
+    lines += [
+        f"- {MARK[f.severity]} {code(f.tensor)}: {escape(f.message)}" for f in unaudited(report)
+    ]
     return lines
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gradaudit.precision import FORMATS, Headroom, Precision, PrecisionReport
+from gradaudit.report.fit import shorten_left
 from gradaudit.report.text import count, printable
 
 _NUMBERS = ("values", "flush", "subnorm", "overflow", "log2|x|", "scale")
@@ -42,8 +43,7 @@ def _cells(row: Headroom) -> tuple[str, ...]:
 
 
 def _line(name: str, cells: tuple[str, ...], name_width: int, mark: str = " ") -> str:
-    if len(name) > name_width - 1:
-        name = "…" + name[len(name) - name_width + 2 :]
+    name = shorten_left(name, name_width - 1)  # the one shortening rule (report/fit.py)
     parts = [(mark + name).ljust(name_width)]
     parts += [cell.rjust(width) for cell, width in zip(cells, _WIDTHS, strict=True)]
     return " ".join(parts).rstrip()

@@ -16,19 +16,30 @@ from rich.text import Text
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Severity
-from gradaudit.report.base import RenderOptions
+from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import (
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_path,
+)
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import (
     audited_line,
     findings_by_tensor,
     flagged_line,
+    skipped_lines,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 
-_STATUS_ORDER = (FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING)
+_STATUS_ORDER = tuple(FindingKind)  # nan, inf, exploding, vanishing, skipped
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+#: A file column (several inputs) keeps the end of each path, in at most this many cells.
+_FILE_CELLS = 28
 _VERDICT_STYLE = {
     ExitCode.OK: "bold green",
     ExitCode.FINDINGS: "bold red",
@@ -49,8 +60,9 @@ def _status(stats: TensorStats, findings: list[Finding]) -> Text:
     return text
 
 
-def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int]:
-    """Rows to show and how many were left out."""
+def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
+    """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
+    without ``--all``) and how many unflagged ones."""
     findings = findings_by_tensor(report)
     flagged_failing, flagged_warning, flagged_ignored, rest = [], [], [], []
     for stats in report.tensors:
@@ -64,27 +76,29 @@ def _rank(report: Report, options: RenderOptions) -> tuple[list[TensorStats], in
         else:
             rest.append(stats)
     if options.quiet:
-        return flagged_failing + flagged_warning, 0
+        flagged = flagged_failing + flagged_warning
+        if options.show_all:
+            return flagged, 0, 0
+        return flagged[:MAX_FLAGGED_ROWS], max(0, len(flagged) - MAX_FLAGGED_ROWS), 0
     flagged = flagged_failing + flagged_warning + flagged_ignored
     rest.sort(key=lambda s: s.norm, reverse=True)
     if not options.show_all:
         shown_rest = rest[: options.top]
-        return flagged + shown_rest, len(rest) - len(shown_rest)
-    return flagged + rest, 0
+        hidden_flagged = max(0, len(flagged) - MAX_FLAGGED_ROWS)
+        return (
+            flagged[:MAX_FLAGGED_ROWS] + shown_rest,
+            hidden_flagged,
+            len(rest) - len(shown_rest),
+        )
+    return flagged + rest, 0, 0
 
 
-def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
+def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
+    """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report)
     several_files = len({t.source for t in report.tensors}) > 1
-    table = Table(show_lines=False, header_style="bold")
-    if several_files:
-        table.add_column("file", overflow="fold")
-    table.add_column("name", overflow="fold")
-    table.add_column("shape", overflow="fold")
-    table.add_column("dtype", no_wrap=True)
-    for header in ("norm", "rms", "max|g|", "zero %", "NaN", "±Inf"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("status", no_wrap=True)
+    names: list[Text | str] = []
+    statuses: list[Text | str] = []
     for stats in rows:
         found = findings.get((stats.source, stats.name), [])
         style = ""
@@ -92,23 +106,27 @@ def _tensor_table(report: Report, rows: list[TensorStats]) -> Table:
             style = "red"
         elif any(f.severity is Severity.WARNING for f in found):
             style = "yellow"
-        cells: list[Text | str] = []
-        if several_files:
-            cells.append(Text(printable(stats.source or "")))
-        cells += [
-            Text(printable(stats.name), style=style),
-            "×".join(str(d) for d in stats.shape) or "()",
-            stats.dtype,
-            number(stats.norm),
-            number(stats.rms),
-            number(stats.max_abs),
-            f"{100.0 * stats.zero_fraction:.1f}",
-            count(stats.nan),
-            f"{count(stats.pos_inf)}/{count(stats.neg_inf)}",
-            _status(stats, found),
-        ]
-        table.add_row(*cells)
-    return table
+        names.append(Text(printable(stats.name), style=style))
+        statuses.append(_status(stats, found))
+    columns: list[Column] = []
+    if several_files:
+        files = [shorten_path(printable(s.source or ""), _FILE_CELLS) for s in rows]
+        columns.append(Column("file", files, priority=75))
+    columns += [
+        Column("name", names, kind="name"),
+        Column("shape", ["×".join(str(d) for d in s.shape) or "()" for s in rows], priority=40),
+        Column("dtype", [s.dtype for s in rows], priority=50),
+        Column("norm", [number(s.norm) for s in rows], justify="right"),
+        Column("rms", [number(s.rms) for s in rows], justify="right", priority=10),
+        Column("max|g|", [number(s.max_abs) for s in rows], justify="right", priority=30),
+        Column("zero %", [f"{100.0 * s.zero_fraction:.1f}" for s in rows], "right", priority=20),
+        Column("NaN", [count(s.nan) for s in rows], justify="right", priority=70),
+        Column(
+            "±Inf", [f"{count(s.pos_inf)}/{count(s.neg_inf)}" for s in rows], "right", priority=60
+        ),
+        Column("status", statuses),
+    ]
+    return fitted_table(columns, width)
 
 
 def _limit_lines(report: Report) -> list[Text]:
@@ -129,30 +147,23 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
 
-def _files_table(report: Report) -> Table:
+def _files_table(report: Report, width: int) -> Table:
     """Per-input totals, shown when a run has several inputs."""
     excluded = any(f.excluded for f in report.files)
-    table = Table(show_lines=False, header_style="bold")
-    table.add_column("file", overflow="fold")
-    for header in ("tensors", "skipped", *(("excluded",) if excluded else ()), "elements"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("global norm", justify="right", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
-    for result in report.files:
-        cells: list[Text | str] = [
-            Text(printable(result.path)),
-            count(result.tensors),
-            count(result.skipped),
-        ]
-        if excluded:
-            cells.append(count(result.excluded))
-        cells += [
-            count(result.elements),
-            number(result.global_norm),
-            _file_verdict(report, result),
-        ]
-        table.add_row(*cells)
-    return table
+    files = report.files
+    columns = [
+        Column("file", [Text(printable(r.path)) for r in files], kind="name"),
+        Column("tensors", [count(r.tensors) for r in files], "right"),
+        Column("skipped", [count(r.skipped) for r in files], "right", priority=20),
+    ]
+    if excluded:
+        columns.append(Column("excluded", [count(r.excluded) for r in files], "right", priority=10))
+    columns += [
+        Column("elements", [count(r.elements) for r in files], "right", priority=30),
+        Column("global norm", [number(r.global_norm) for r in files], "right", priority=40),
+        Column("verdict", [_file_verdict(report, r) for r in files], kind="prose"),
+    ]
+    return fitted_table(columns, width)[0]
 
 
 def _summary_lines(report: Report, hidden: int) -> list[Text]:
@@ -166,16 +177,11 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
         )
     )
     lines.append(Text(flagged_line(report)))
-    several = len(report.files) > 1
-    for skipped in report.skipped[:10]:
-        where = ""
-        if several and skipped.source and not skipped.name.startswith(skipped.source):
-            where = f" in {printable(skipped.source)}"
-        lines.append(
-            Text(f"skipped {printable(skipped.name)}{where}: {skipped.reason}", style="dim")
-        )
-    if len(report.skipped) > 10:
-        lines.append(Text(f"… and {len(report.skipped) - 10} more skipped", style="dim"))
+    # Unread floating-point data first and not dimmed: it is a finding (kind skipped).
+    lines += [
+        Text(line, style="yellow" if unaudited else "dim")
+        for line, unaudited in skipped_lines(report)
+    ]
     lines += _limit_lines(report)
     for problem in report.errors:
         text = f"input error: {printable(problem.path)}: {printable(problem.message)}"
@@ -187,15 +193,24 @@ def _summary_lines(report: Report, hidden: int) -> list[Text]:
 def render_table(report: Report, options: RenderOptions) -> str:
     buffer = io.StringIO()
     console = string_console(buffer, options)
-    rows, hidden = _rank(report, options)
+    rows, hidden_flagged, hidden = _rank(report, options)
     if rows:
-        console.print(_tensor_table(report, rows))
+        table, layout = _tensor_table(report, rows, sane_width(options.width))
+        console.print(table)
+        if (note := dropped_note(layout)) is not None:
+            console.print(note)
+    if hidden_flagged:
+        console.print(Text(more_flagged(hidden_flagged), style="bold"))
     if options.quiet:
         for line in _limit_lines(report):
             console.print(line)
+    elif not report.tensors and report.errors:
+        # Nothing was audited: the errors are on stderr; a summary of nothing (a global
+        # norm of 0, zero flagged tensors) would only read like a result.
+        console.print(Text(verdict_line(report), style=_VERDICT_STYLE[exit_code(report)]))
     else:
         if len(report.files) > 1:
-            console.print(_files_table(report))
+            console.print(_files_table(report, sane_width(options.width)))
         for line in _summary_lines(report, hidden):
             console.print(line)
     return buffer.getvalue()

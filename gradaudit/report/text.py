@@ -10,17 +10,20 @@ import unicodedata
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
-def printable(name: str) -> str:
+def printable(name: str, *, backslash: bool = True) -> str:
     """Escape every character of ``name`` that a terminal would interpret.
 
     Tensor names come from files written by strangers; an escape sequence or a
-    bidi override in a name must show up as text, not restyle the screen.
+    bidi override in a name must show up as text, not restyle the screen. A
+    backslash is doubled so that ``\\x1b`` in a name and an escaped ESC differ;
+    ``backslash=False`` leaves it single where doubling would show (a Markdown
+    code span renders backslashes literally).
     """
     if name.isprintable() and "\\" not in name:
         return name
     out = []
     for char in name:
-        if char == "\\":
+        if char == "\\" and backslash:
             out.append("\\\\")
         elif unicodedata.category(char) in _UNSAFE_CATEGORIES:
             code = ord(char)
@@ -49,3 +52,13 @@ def count(value: int) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def layer_label(name: str) -> str:
+    """A layer name that cannot be read as a count: ``'0'`` for ``nn.Sequential``'s layer 0.
+
+    In prose (``spike in 0``, ``nonfinite 2``) a bare number reads like a count;
+    names without a letter are quoted. Other names are only made printable.
+    """
+    shown = printable(name)
+    return shown if any(c.isalpha() for c in name) else f"'{shown}'"

@@ -28,8 +28,18 @@ from gradaudit.grouping import GroupMode
 from gradaudit.policy import Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
+from gradaudit.report.fit import (
+    MIN_NAME_CELLS,
+    Column,
+    Layout,
+    dropped_note,
+    fitted_table,
+    sane_width,
+    shorten_left,
+    shorten_path,
+)
 from gradaudit.report.json_report import encode_float
-from gradaudit.report.text import number, plural, printable
+from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.trend import (
     MIN_COLLAPSE_STEPS,
     MIN_SPIKE_HISTORY,
@@ -43,6 +53,10 @@ from gradaudit.trend import (
 #: Bumped whenever a field of the trend JSON changes meaning or disappears.
 TREND_SCHEMA_VERSION = 1
 _LEVELS = "▁▂▃▄▅▆▇█"
+#: The sparkline gets one cell per step up to a fifth of the width, and at least this many.
+MIN_SPARK_CELLS = 12
+#: Cells of the steps table besides its findings: step, global norm, NaN/Inf, borders.
+_STEP_COLUMNS_CELLS = 4 + 11 + 7 + 3 * 4 + 1
 #: Steps listed one by one in the table without ``--all``.
 MAX_STEP_ROWS = 24
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow"}
@@ -54,7 +68,13 @@ def sparkline(
     """One character per step (or per bucket of steps when ``width`` is smaller)."""
     count = len(norms)
     columns = count if width is None else max(1, min(width, count))
-    logs = [math.log10(v) for v in norms if v is not None and 0 < v < math.inf]
+    # Steps with NaN/Inf show as ``!``; their norms cover only the finite part and
+    # would stretch the scale of the others.
+    logs = [
+        math.log10(v)
+        for v, bad in zip(norms, nonfinite, strict=True)
+        if v is not None and not bad and 0 < v < math.inf
+    ]
     lo = min(logs, default=0.0)
     hi = max(max(logs, default=0.0), lo + 1.0)
     chars = []
@@ -77,12 +97,18 @@ def sparkline(
 
 
 def _layer_flags(layer: LayerTrend) -> str:
+    """``nonfinite@16, spike@12 ×1.06e+04 (+1 more)``: the steps the findings name.
+
+    A spike is shown at the step of the layer's first spike with *that* step's
+    ratio, as in its finding and in the JSON; later spikes are only counted.
+    """
     flags = []
     if layer.first_nonfinite_step is not None:
         flags.append(f"nonfinite@{layer.first_nonfinite_step}")
     if layer.spikes:
-        worst = max(layer.spikes, key=lambda s: s.ratio)
-        flags.append(f"spike@{layer.spikes[0].step} ×{worst.ratio:.3g}")
+        first = layer.spikes[0]
+        more = f" (+{len(layer.spikes) - 1} more)" if len(layer.spikes) > 1 else ""
+        flags.append(f"spike@{first.step} ×{number(first.ratio)}{more}")
     if layer.collapse_step is not None:
         flags.append(f"collapse@{layer.collapse_step}")
     return ", ".join(flags)
@@ -95,56 +121,57 @@ def _finding_style(report: TrendReport, layer: str) -> str:
     return "yellow" if severities else ""
 
 
-def _present(values: Sequence[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
+def _ends(values: Sequence[float | None]) -> tuple[float | None, float | None, float | None]:
+    """First, last and largest value; first and last are those of the first and last step.
+
+    ``None`` (shown ``-``) where that step had no finite value: never a 0 that was not measured.
+    """
+    present = [v for v in values if v is not None]
+    if not values:
+        return None, None, None
+    return values[0], values[-1], max(present, default=None)
 
 
-def _layers_table(report: TrendReport, options: RenderOptions) -> Table:
+def spark_cells(steps: int, width: int) -> int:
+    """Sparkline cells: one per step up to a fifth of the width (at least 12).
+
+    With fewer cells than steps each cell shows the largest norm of its steps,
+    so a one-step spike stays visible.
+    """
+    return max(1, min(steps, max(MIN_SPARK_CELLS, width // 5)))
+
+
+def _layers_table(report: TrendReport, options: RenderOptions) -> tuple[Table, Layout]:
     steps = len(report.steps)
-    labels = [printable(layer.name) for layer in report.layers]
-    flags = [_layer_flags(layer) for layer in report.layers]
-    label_cells = min(max([13, *(len(x) for x in labels)]), max(13, options.width // 4))
-    flag_cells = min(max([8, *(len(x) for x in flags)]), 34)
-    # Six columns: 7 borders and 2 cells of padding each; three numbers of 9 cells.
-    # The sparkline gets what is left once the findings column has 16 cells (it folds).
-    room = options.width - label_cells - min(flag_cells, 16) - 3 * 9 - 19
-    spark_cells = max(8, min(steps, room))
+    width = sane_width(options.width)
+    cells = spark_cells(steps, width)
     first, last = report.steps[0].step, report.steps[-1].step
-    table = Table(
-        title=f"Gradient norm per layer over {plural(steps, 'step')} ({first} … {last})",
-        header_style="bold",
-        title_justify="left",
-    )
-    table.add_column("layer", overflow="fold", max_width=label_cells)
-    table.add_column("norm by step", no_wrap=True, min_width=spark_cells)
-    for header in ("first", "last", "max"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("findings", overflow="fold", max_width=flag_cells)
-    global_norms: list[float | None] = [s.global_norm if s.tensors else None for s in report.steps]
-    table.add_row(
-        Text("(global)", style="bold"),
-        sparkline(global_norms, [s.nonfinite_tensors for s in report.steps], spark_cells),
-        number(_present(global_norms)[0] if _present(global_norms) else None),
-        number(_present(global_norms)[-1] if _present(global_norms) else None),
-        number(max(_present(global_norms), default=None)),
-        "",
-        end_section=True,
-    )
-    for layer, label, flag in zip(report.layers, labels, flags, strict=True):
-        norms = _present(layer.norms)
+    global_norms = [s.global_norm if s.tensors else None for s in report.steps]
+    names: list[Text | str] = [Text("(global)", style="bold")]
+    sparks: list[Text | str] = [
+        sparkline(global_norms, [s.nonfinite_tensors for s in report.steps], cells)
+    ]
+    ends = [_ends(global_norms)]
+    flags: list[Text | str] = [""]
+    for layer in report.layers:
         style = _finding_style(report, layer.name)
-        table.add_row(
-            Text(label, style=style),
-            Text(sparkline(layer.norms, layer.nonfinite, spark_cells), style=style),
-            number(norms[0] if norms else None),
-            number(norms[-1] if norms else None),
-            number(max(norms, default=None)),
-            Text(flag, style=style),
-        )
-    return table
+        names.append(Text(printable(layer.name), style=style))
+        sparks.append(Text(sparkline(layer.norms, layer.nonfinite, cells), style=style))
+        ends.append(_ends(layer.norms))
+        flags.append(Text(_layer_flags(layer), style=style))
+    columns = [
+        Column("layer", names, kind="name"),
+        Column("norm by step", sparks),
+        Column("first", [number(e[0]) for e in ends], "right", priority=10),
+        Column("last", [number(e[1]) for e in ends], "right", priority=20),
+        Column("max", [number(e[2]) for e in ends], "right", priority=30),
+        Column("findings", flags, kind="prose"),
+    ]
+    title = f"Gradient norm per layer over {plural(steps, 'step')} ({first} … {last})"
+    return fitted_table(columns, width, title=title, sections=(0,))
 
 
-def _steps_table(report: TrendReport, options: RenderOptions) -> tuple[Table, int]:
+def _steps_table(report: TrendReport, options: RenderOptions) -> tuple[Table, Layout, int]:
     flagged: dict[int, list[TrendFinding]] = {}
     for finding in report.findings:
         flagged.setdefault(finding.step, []).append(finding)
@@ -156,31 +183,40 @@ def _steps_table(report: TrendReport, options: RenderOptions) -> tuple[Table, in
     parents = {str(Path(s.path).parent) for s in report.steps}
     shared = parents.pop() if len(parents) == 1 else None
     title = "Global norm per step" + (f" (files in {printable(shared)})" if shared else "")
-    table = Table(title=title, header_style="bold", title_justify="left")
-    table.add_column("step", justify="right", no_wrap=True)
-    table.add_column("file", overflow="fold")
-    for header in ("tensors", "global norm", "NaN/Inf"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("findings", overflow="fold")
+    # One finding per line, its layer shortened from the left to what the width leaves
+    # after the step, global norm and NaN/Inf columns: a layer name never folds.
+    room = max(MIN_NAME_CELLS, sane_width(options.width) - _STEP_COLUMNS_CELLS)
+    findings: list[Text | str] = []
     for step in rows:
-        here = flagged.get(step.step, [])
         text = Text()
-        for finding in here:
+        for finding in flagged.get(step.step, []):
             if text:
-                text.append(", ")
-            text.append(
-                f"{finding.kind.value} {printable(finding.layer)}",
-                style=_SEVERITY_STYLE[finding.severity],
-            )
-        table.add_row(
-            str(step.step),
-            Text(printable(Path(step.path).name if shared else step.path)),
-            f"{step.tensors:,}",
-            number(step.global_norm),
-            Text(f"{step.nonfinite_tensors:,}", style="red" if step.nonfinite_tensors else ""),
-            text,
-        )
-    return table, len(report.steps) - len(rows)
+                text.append("\n")
+            kind = f"{finding.kind.value} in "
+            label = shorten_left(layer_label(finding.layer), max(8, room - len(kind)))
+            text.append(kind + label, style=_SEVERITY_STYLE[finding.severity])
+        findings.append(text)
+    columns = [
+        Column("step", [str(s.step) for s in rows], "right"),
+        Column(
+            "file",
+            [shorten_path(printable(Path(s.path).name if shared else s.path), 24) for s in rows],
+            priority=10,
+        ),
+        Column("tensors", [f"{s.tensors:,}" for s in rows], "right", priority=20),
+        Column("global norm", [number(s.global_norm) for s in rows], "right"),
+        Column(
+            "NaN/Inf",
+            [
+                Text(f"{s.nonfinite_tensors:,}", style="red" if s.nonfinite_tensors else "")
+                for s in rows
+            ],
+            "right",
+        ),
+        Column("findings", findings, kind="prose"),
+    ]
+    table, layout = fitted_table(columns, sane_width(options.width), title=title)
+    return table, layout, len(report.steps) - len(rows)
 
 
 def _summary_lines(report: TrendReport, hidden_steps: int) -> list[Text]:
@@ -194,8 +230,13 @@ def _summary_lines(report: TrendReport, hidden_steps: int) -> list[Text]:
     lines.append(
         Text(
             f"Trend over {plural(len(report.steps), 'dump')}{span} · "
-            f"{plural(len(report.layers), 'layer')} (group-by {report.group_by}) · "
-            f"device {report.device} · engine {report.engine} · {report.elapsed_s:.2f} s"
+            f"{plural(len(report.layers), 'layer')} (group-by {report.group_by})"
+            + (
+                f" · device {report.device} · engine {report.engine}"
+                if any(step.tensors for step in report.steps)
+                else ""
+            )
+            + f" · {report.elapsed_s:.2f} s"
         )
     )
     counts = {kind: sum(1 for f in report.findings if f.kind is kind) for kind in TrendKind}
@@ -207,8 +248,8 @@ def _summary_lines(report: TrendReport, hidden_steps: int) -> list[Text]:
         )
     )
     for finding in report.findings:
-        line = Text(f"{finding.kind.value}: ", style=_SEVERITY_STYLE[finding.severity])
-        line.append(f"{printable(finding.layer)}: {printable(finding.message)}")
+        line = Text(f"{finding.kind.value}", style=_SEVERITY_STYLE[finding.severity])
+        line.append(f" in {layer_label(finding.layer)}: {printable(finding.message)}")
         lines.append(line)
     code = trend_exit_code(report)
     if code is ExitCode.INPUT_ERROR:
@@ -239,11 +280,19 @@ def render_trend_table(report: TrendReport, options: RenderOptions) -> str:
     console = string_console(buffer, options)
     hidden = 0
     if report.layers:
-        console.print(_layers_table(report, options))
-    if report.steps:
-        table, hidden = _steps_table(report, options)
+        table, layout = _layers_table(report, options)
         console.print(table)
-    for line in _summary_lines(report, hidden):
+        if (note := dropped_note(layout)) is not None:
+            console.print(note)
+    if report.steps:
+        table, layout, hidden = _steps_table(report, options)
+        console.print(table)
+        if (note := dropped_note(layout)) is not None:
+            console.print(note)
+    lines = _summary_lines(report, hidden)
+    if report.errors and not any(step.tensors for step in report.steps):
+        lines = lines[-1:]  # nothing audited: the errors are on stderr, the verdict says so
+    for line in lines:
         console.print(line)
     return buffer.getvalue()
 

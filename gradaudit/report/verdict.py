@@ -6,9 +6,12 @@ verdict is; they say it with these functions.
 
 from __future__ import annotations
 
+import os
+
 from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
-from gradaudit.report.text import count, number, plural
+from gradaudit.policy import FindingKind
+from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, TensorStats
 
 TensorKey = tuple[str | None, str]
@@ -35,6 +38,11 @@ def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
     return failing + warning
 
 
+def unaudited(report: Report) -> list[Finding]:
+    """The ``skipped`` findings that are not ignored: data the audit could not read."""
+    return [f for f in report.findings if f.kind is FindingKind.SKIPPED and not f.ignored]
+
+
 def failing_kinds(report: Report) -> list[str]:
     """The kinds that fail the run, sorted: tensor finding kinds and exceeded limits."""
     kinds = {f.kind.value for f in report.findings if f.failing}
@@ -48,9 +56,11 @@ def audited_line(report: Report) -> str:
     files = len(report.files)
     where = f" in {plural(files, 'file')}" if files else ""
     excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
+    # No tensor, no norm: "global norm 0" would claim gradients that were all zero.
+    norm = f" · global norm {number(s.global_norm)}" if s.tensors else ""
     return (
         f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
-        f"skipped {s.skipped}{excluded} · global norm {number(s.global_norm)}"
+        f"skipped {s.skipped}{excluded}{norm}"
     )
 
 
@@ -62,6 +72,42 @@ def nothing_to_audit(report: Report) -> str:
             f"({count(report.summary.excluded)} excluded)"
         )
     return "nothing to audit: no floating-point tensor found"
+
+
+def skipped_lines(report: Report, limit: int = 10) -> list[tuple[str, bool]]:
+    """``(line, unaudited)`` per skipped tensor or file (at most ``limit``), companions in one.
+
+    Unread floating-point data comes first (it is a finding of kind ``skipped``).
+    ``config.json``, ``tokenizer.json`` … sit in every Hugging Face model
+    directory; naming each as skipped is noise, so they share one line.
+    """
+    from gradaudit.io.discover import COMPANION_REASON
+
+    companions = [s for s in report.skipped if s.reason == COMPANION_REASON]
+    rest = sorted(
+        (s for s in report.skipped if s.reason != COMPANION_REASON), key=lambda s: not s.unaudited
+    )
+    several = len(report.files) > 1
+    lines = []
+    for skipped in rest[:limit]:
+        where = ""
+        if several and skipped.source and not skipped.name.startswith(skipped.source):
+            where = f" in {printable(skipped.source)}"
+        lines.append(
+            (f"skipped {printable(skipped.name)}{where}: {skipped.reason}", skipped.unaudited)
+        )
+    if len(rest) > limit:
+        lines.append((f"… and {len(rest) - limit} more skipped", False))
+    if companions:
+        names = sorted({os.path.basename(s.name) for s in companions})
+        shown = ", ".join(printable(n) for n in names[:4]) + (", …" if len(names) > 4 else "")
+        lines.append(
+            (
+                f"skipped {plural(len(companions), 'model companion file')} ({shown}): not weights",
+                False,
+            )
+        )
+    return lines
 
 
 def flagged_line(report: Report) -> str:
@@ -95,6 +141,9 @@ def verdict_line(report: Report) -> str:
     notes = []
     if s.warnings:
         notes.append(plural(s.warnings, "warning"))
+    unread = unaudited(report)
+    if unread:
+        notes.append(f"{plural(len(unread), 'tensor')} not audited")
     if s.ignored_findings:
         notes.append(f"{s.ignored_findings:,} ignored")
     note = f" ({', '.join(notes)})" if notes else ""

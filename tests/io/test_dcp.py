@@ -295,7 +295,7 @@ def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_proces
     ]
     assert results[0]["document"] == results[1]["document"]
     source = DcpSource(str(directory))
-    audited = [t for t in source.tensors if source.skip_reason(t) is None]
+    audited = [t for t in source.tensors if source.skipped(t) is None]
     reads = [r["chunks_read"] for r in results]
     assert sum(reads) == sum(len(t.chunks) for t in audited)  # each chunk read once
     assert min(reads) > 0  # by both ranks

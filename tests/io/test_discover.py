@@ -47,7 +47,9 @@ def test_a_directory_lists_checkpoints_and_accounts_for_everything_else(tmp_path
     assert files(flat) == [str(tmp_path / "a.pt"), str(tmp_path / "b.safetensors")]
     assert skipped(flat) == {
         str(tmp_path / ".git"): "hidden directory; not searched",
-        str(tmp_path / "config.json"): "not a checkpoint file (unknown extension); not audited",
+        str(
+            tmp_path / "config.json"
+        ): "model companion file (config, tokenizer, docs); not audited",
         str(tmp_path / "pipe"): "not a regular file; not audited",
         str(tmp_path / "sub"): "directory; not searched (use --recursive)",
     }
