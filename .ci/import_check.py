@@ -14,8 +14,55 @@ import pathlib
 import sys
 
 HEAVY = {"torch", "numpy", "safetensors", "triton", "matplotlib"}
-#: Modules that must import without torch (the CLI's start-up path and the pure core).
-PURE = {"gradaudit._compat"}
+#: Modules that must import without torch: what ``import gradaudit.cli`` loads, so
+#: ``gradaudit --help``, ``--version`` and shell completion start without torch
+#: (tests/test_startup.py checks the same on the CI's Python). A module added to
+#: the CLI's start-up path belongs here; one that needs torch belongs in a command.
+PURE = {
+    "gradaudit",
+    "gradaudit._compat",
+    "gradaudit.checks",
+    "gradaudit.cli",
+    "gradaudit.cli.app",
+    "gradaudit.cli.compare",
+    "gradaudit.cli.options",
+    "gradaudit.cli.output",
+    "gradaudit.cli.progress",
+    "gradaudit.cli.scan",
+    "gradaudit.cli.trend",
+    "gradaudit.cli.visuals",
+    "gradaudit.compare_checks",
+    "gradaudit.comparison",
+    "gradaudit.config",
+    "gradaudit.engine_options",
+    "gradaudit.errors",
+    "gradaudit.grouping",
+    "gradaudit.policy",
+    "gradaudit.precision",
+    "gradaudit.report",
+    "gradaudit.report.base",
+    "gradaudit.report.chart",
+    "gradaudit.report.compare_formats",
+    "gradaudit.report.compare_github",
+    "gradaudit.report.compare_json",
+    "gradaudit.report.compare_junit",
+    "gradaudit.report.compare_markdown",
+    "gradaudit.report.compare_table",
+    "gradaudit.report.compare_text",
+    "gradaudit.report.console",
+    "gradaudit.report.formats",
+    "gradaudit.report.github",
+    "gradaudit.report.json_report",
+    "gradaudit.report.junit",
+    "gradaudit.report.markdown",
+    "gradaudit.report.plot",
+    "gradaudit.report.table",
+    "gradaudit.report.text",
+    "gradaudit.report.trend_report",
+    "gradaudit.report.verdict",
+    "gradaudit.results",
+    "gradaudit.trend",
+}
 
 
 def main() -> int:

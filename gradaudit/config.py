@@ -47,8 +47,8 @@ from gradaudit.comparison import (
     check_max_ratio,
     check_min_ratio,
 )
+from gradaudit.engine_options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,
     DEFAULT_FAIL_ON,

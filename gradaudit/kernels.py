@@ -17,28 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any, Protocol
 
 import torch
 
+from gradaudit.engine_options import Engine as Engine  # where the torch side finds it
+
 INF = math.inf
-
-
-class Engine(str, Enum):
-    """Which kernel reduces the data (``--engine``).
-
-    ``auto`` takes the native single-pass kernel for CPU tensors when it was
-    built (:mod:`gradaudit.native`), the Triton single-pass kernel for CUDA
-    tensors when Triton is installed (:mod:`gradaudit.triton_kernel`), and the
-    eager kernel for everything else.
-    """
-
-    NATIVE = "native"
-    TRITON = "triton"
-    EAGER = "eager"
-    COMPILED = "compiled"
-    AUTO = "auto"
 
 
 class RowKernel(Protocol):

@@ -12,8 +12,8 @@ there and carries on without it otherwise. :func:`available` says which.
 from __future__ import annotations
 
 import array
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType, ModuleType
 
 import torch
 
@@ -90,6 +90,15 @@ def batch_rows(tensors: Sequence[torch.Tensor], threads: int) -> torch.Tensor:
 def code(dtype: torch.dtype) -> int:
     """The extension's code for a dtype it takes (see :func:`supports`)."""
     return _CODES[dtype]
+
+
+def codes() -> Mapping[torch.dtype, int]:
+    """Every dtype the extension takes, with its code; empty when it is not built.
+
+    For the collector's per-tensor path: one dictionary lookup answers both
+    "does native take this dtype" and "with which code".
+    """
+    return MappingProxyType(_CODES)
 
 
 def rows_of_pointers(

@@ -52,11 +52,11 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
 from gradaudit import native, triton_kernel
+from gradaudit.engine_options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 
@@ -78,8 +78,6 @@ BUCKET_ELEMENTS = 1 << 18
 #: too saves a thread launch per tensor; the batch only holds references.
 NATIVE_BATCH_TENSORS = 2048
 NATIVE_BATCH_BYTES = 64 * 1024 * 1024
-#: Default working-memory budget (``--max-memory``): scratch buffers plus live buckets.
-DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
@@ -209,16 +207,59 @@ class _Bucket:
     tickets: list[tuple[int, int]] = field(default_factory=list)
 
 
-class Placement(NamedTuple):
-    """Where a submitted tensor's row ended up: block, row in block, padding zeros to subtract.
+class _Layout:
+    """Where each ticket's row is: its index in the concatenation of the blocks.
 
-    A named tuple rather than a frozen dataclass: one is made per tensor, and
-    with thousands of tiny tensors the dataclass constructor showed up.
+    Plain lists of ints, not an object per tensor: with 100,000 tiny tensors
+    the bookkeeping per ticket is a visible part of the audit. The common
+    case (every row placed in ticket order, as one native batch after another
+    does) needs no gather at all.
     """
 
-    block: int
-    row: int
-    padding: int
+    def __init__(self) -> None:
+        #: Row of each ticket in the concatenated blocks; -1 while it waits in a batch or bucket.
+        self.rows: list[int] = []
+        #: Zeros that bucket padding added to a ticket's row (bucketed tickets only).
+        self.padding: dict[int, int] = {}
+        self.placed = 0
+        self.in_order = True
+
+    def new_ticket(self) -> int:
+        self.rows.append(-1)
+        return len(self.rows) - 1
+
+    def place(self, tickets: list[int], padding: list[int] | None) -> None:
+        """The next block's rows belong to ``tickets``, in order."""
+        start, count = self.placed, len(tickets)
+        first = tickets[0] if count else 0
+        if count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
+            self.rows[first : first + count] = range(start, start + count)
+            self.in_order = self.in_order and first == start
+        else:
+            for offset, ticket in enumerate(tickets):
+                self.rows[ticket] = start + offset
+            self.in_order = False
+        if padding is not None:
+            for ticket, zeros in zip(tickets, padding, strict=True):
+                if zeros:
+                    self.padding[ticket] = zeros
+        self.placed += count
+
+    def check_placed(self) -> None:
+        assert self.placed == len(self.rows), "a ticket was never placed"
+
+    def index(self, tickets: list[int]) -> tuple[list[int] | None, list[int] | None]:
+        """Rows to gather for ``tickets`` (``None``: the blocks as they are) and their padding."""
+        rows = self.rows
+        if self.in_order and len(tickets) == self.placed and tickets == rows:
+            index = None  # rows[t] == t for every ticket, and tickets are 0..n-1 in order
+        else:
+            index = [rows[ticket] for ticket in tickets]
+        padding = None
+        if self.padding:
+            get = self.padding.get
+            padding = [get(ticket, 0) for ticket in tickets]
+        return index, padding
 
 
 class EngineUnavailable(UsageError):
@@ -303,6 +344,7 @@ class StatsCollector:
         self._kernel: RowKernel = make_kernel(self.engine)
         self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
+        self._native_codes = native.codes() if self._native else {}
         self._threads = max(1, torch.get_num_threads())
         self._fallback = (
             Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
@@ -313,7 +355,7 @@ class StatsCollector:
         self._upcast: dict[torch.device, torch.Tensor] = {}
         self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
         self._blocks: list[torch.Tensor] = []
-        self._placements: list[Placement | None] = []
+        self._layout = _Layout()
 
     # -- one tensor, right away -------------------------------------------------
 
@@ -403,28 +445,35 @@ class StatsCollector:
         :meth:`settle` or :meth:`flush` (or when the batch is full): it must not
         change before then. Everything else is read (or queued on its stream) now.
         """
-        ticket = len(self._placements)
+        ticket = self._layout.new_ticket()
         numel = tensor.numel()
         if tensor.is_complex() and numel <= BUCKET_MAX_ELEMENTS:
             tensor = complex_magnitudes(tensor)  # small: its float64 moduli, reduced as such
-        if self._native and native.supports(tensor) and numel <= BUCKET_MAX_ELEMENTS:
-            tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
-        if self._native and native.handles(tensor):
-            self._placements.append(None)
-            self._batch.append(tensor)
-            self._batch_tickets.append(ticket)
-            self._batch_pointers.append(tensor.data_ptr())
-            self._batch_counts.append(numel)
-            self._batch_codes.append(native.code(tensor.dtype))
-            self._batch_bytes += numel * tensor.element_size()
-            if len(self._batch) >= NATIVE_BATCH_TENSORS or self._batch_bytes >= NATIVE_BATCH_BYTES:
-                self._reduce_batch()
-            return ticket
+        # The native path runs once per tensor, and with 100,000 tiny tensors its
+        # Python is most of the audit: one dict lookup (empty unless native runs)
+        # stands for native.supports(), and the checks are ordered cheapest first.
+        code = self._native_codes.get(tensor.dtype)
+        if code is not None and tensor.is_cpu:
+            contiguous = tensor.is_contiguous()
+            if not contiguous and numel <= BUCKET_MAX_ELEMENTS:
+                tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
+                contiguous = True
+            if contiguous:
+                self._batch.append(tensor)
+                self._batch_tickets.append(ticket)
+                self._batch_pointers.append(tensor.data_ptr())
+                self._batch_counts.append(numel)
+                self._batch_codes.append(code)
+                self._batch_bytes += numel * tensor.dtype.itemsize
+                if (
+                    len(self._batch) >= NATIVE_BATCH_TENSORS
+                    or self._batch_bytes >= NATIVE_BATCH_BYTES
+                ):
+                    self._reduce_batch()
+                return ticket
         if numel == 0 or numel > BUCKET_MAX_ELEMENTS:
-            self._placements.append(Placement(len(self._blocks), 0, 0))
-            self._blocks.append(self.row(tensor).unsqueeze(0))
+            self._add_block(self.row(tensor).unsqueeze(0), [ticket])
             return ticket
-        self._placements.append(None)
         length = bucket_length(numel)
         key = (tensor.device, work_dtype(tensor.dtype), length)
         bucket = self._buckets.get(key)
@@ -455,9 +504,8 @@ class StatsCollector:
 
     def adopt(self, row: torch.Tensor) -> int:
         """Take a row computed elsewhere (merged across ranks, sent by another rank)."""
-        ticket = len(self._placements)
-        self._placements.append(Placement(len(self._blocks), 0, 0))
-        self._blocks.append(row.reshape(1, ROW_WIDTH))
+        ticket = self._layout.new_ticket()
+        self._add_block(row.reshape(1, ROW_WIDTH), [ticket])
         return ticket
 
     def fresh(self) -> StatsCollector:
@@ -471,20 +519,37 @@ class StatsCollector:
         other._buckets = {}
         other._bucket_bytes = 0
         other._blocks = []
-        other._placements = []
+        other._layout = _Layout()
         other._new_batch()
         other._ran = {}
         return other
 
-    def flush(self) -> tuple[list[torch.Tensor], list[Placement]]:
-        """Reduce what is still bucketed; every block of rows and each ticket's placement."""
+    def flush(self) -> list[torch.Tensor]:
+        """Reduce what is still bucketed; every block of rows, in order (see :meth:`gather`)."""
         for bucket in self._buckets.values():
             if bucket.tickets:
                 self._reduce_bucket(bucket)
         self.settle()
-        placements = [p for p in self._placements if p is not None]
-        assert len(placements) == len(self._placements), "a ticket was never placed"
-        return list(self._blocks), placements
+        self._layout.check_placed()
+        return list(self._blocks)
+
+    def gather(self, tickets: list[int], blocks: list[torch.Tensor]) -> torch.Tensor:
+        """The rows ``[len(tickets), 7]`` of ``tickets``, in that order, bucket padding taken out.
+
+        ``blocks`` are :meth:`flush`'s blocks, or their host copy (one read).
+        Always a new tensor; nothing is read back (it runs on ``meta`` too).
+        """
+        stacked = torch.cat(blocks) if blocks else torch.empty((0, ROW_WIDTH), dtype=torch.float64)
+        index, padding = self._layout.index(tickets)
+        if index is None:  # tickets are the blocks' rows in order: no gather
+            rows = stacked.clone() if len(blocks) == 1 else stacked
+        else:
+            rows = stacked.index_select(
+                0, torch.tensor(index, dtype=torch.long, device=stacked.device)
+            )
+        if padding is not None:
+            rows[:, ZEROS] -= torch.tensor(padding, dtype=rows.dtype, device=rows.device)
+        return rows
 
     def _evict_oldest_bucket(self) -> None:
         """Reduce and free the oldest bucket, to stay within the memory budget."""
@@ -496,16 +561,19 @@ class StatsCollector:
 
     def _reduce_batch(self) -> None:
         """Rows of the batched CPU tensors, in one native call; then let them go."""
-        block_index = len(self._blocks)
-        self._blocks.append(
-            native.rows_of_pointers(
-                self._batch_pointers, self._batch_counts, self._batch_codes, self._threads
-            )
+        rows = native.rows_of_pointers(
+            self._batch_pointers, self._batch_counts, self._batch_codes, self._threads
         )
-        for row, ticket in enumerate(self._batch_tickets):
-            self._placements[ticket] = Placement(block_index, row, 0)
+        self._add_block(rows, self._batch_tickets)
         self._ran["native"] = None
         self._new_batch()
+
+    def _add_block(
+        self, rows: torch.Tensor, tickets: list[int], padding: list[int] | None = None
+    ) -> None:
+        """Keep a block of rows: row ``i`` belongs to ``tickets[i]``."""
+        self._blocks.append(rows)
+        self._layout.place(tickets, padding)
 
     def _new_batch(self) -> None:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
@@ -518,11 +586,12 @@ class StatsCollector:
 
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
-        block_index = len(self._blocks)
-        self._blocks.append(self._block_rows(used))
         length = used.shape[1]
-        for row, (ticket, numel) in enumerate(bucket.tickets):
-            self._placements[ticket] = Placement(block_index, row, length - numel)
+        self._add_block(
+            self._block_rows(used),
+            [ticket for ticket, _ in bucket.tickets],
+            [length - numel for _, numel in bucket.tickets],
+        )
         used.zero_()  # padding must read as zero next time; stream-ordered on CUDA
         bucket.tickets.clear()
 

@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from gradaudit.audit import scan_paths
+from gradaudit.engine_options import Engine
 from gradaudit.errors import ExitCode, InputError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
-from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import InputProblem, Report
@@ -507,6 +506,10 @@ def trend_paths(
     ``precision`` also collects exponent histograms and keeps each step's headroom in
     that format (:mod:`gradaudit.precision`).
     """
+    # The scan core imports torch; the rest of this module (the report, the
+    # policy) is pure Python that the CLI imports at start-up.
+    from gradaudit.audit import scan_paths
+
     started = time.perf_counter()
     policy = policy or TrendPolicy()
     dumps, problems = order_dumps(paths)

@@ -48,6 +48,66 @@ def test_dcp_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert split[2][2] == "1.00"
 
 
+def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every workload and peer runs on the same tensors; start-up rows come back timed."""
+    from benchmarks import bench_peers
+
+    bench_peers.main(["--smoke", "--repeats", "1"])
+    out = capsys.readouterr().out
+    blocks = {block.split(" ", 1)[0]: block for block in out.split("\n\n")}
+    peers, startup = blocks["workload"], blocks["start-up"]
+    assert "fp32 in-memory audit:" in blocks["fp32"]
+    lines = peers.splitlines()
+    assert lines[0].split(" | ") == [
+        "workload",
+        "tensors",
+        "MiB",
+        "sum ms",
+        "typical ×sum",
+        "torch ×sum",
+        "audit ×sum",
+        "scan ×sum",
+    ]
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[2:]}
+    assert set(rows) == {
+        "transformer-float32",
+        "transformer-bfloat16",
+        "50-tiny",
+        "200-tiny",
+        "lora-like",
+        "moe-like",
+    }
+    for row in rows.values():
+        assert all(float(row[column]) >= 0 for column in (4, 6, 7))  # numbers, not "-"
+    assert float(rows["transformer-float32"][5]) >= 0  # torch's built-ins take float32
+    timed = {line.split(" | ")[0]: line.split(" | ") for line in startup.splitlines()[2:]}
+    assert "gradaudit --version" in timed
+    assert "torch-free prototype scan" in timed
+    assert all(float(row[1]) >= 0 for row in timed.values())
+
+
+def test_typical_script_and_torch_builtins_agree_with_audit() -> None:
+    """The peers measure the same thing: the same NaN/Inf verdict and global norm."""
+    import math
+
+    from benchmarks import bench_peers
+    from gradaudit import audit
+
+    tensors = bench_peers.lora_like(adapters=1, layers=1)
+    tensors["base_model.model.layers.0.q_proj.lora_A.adapter0.weight"][0, 3] = math.inf
+    typical = bench_peers.typical_script(tensors)
+    total, found_inf = bench_peers.torch_builtins(tensors)
+    report = audit(tensors)
+    assert found_inf == 1.0
+    assert [name for name, (nan, inf, _) in typical.items() if nan or inf] == [
+        stats.name for stats in report.tensors if stats.nonfinite
+    ]
+    assert math.isinf(total)  # torch's total norm includes the Inf; gradaudit's skips it
+    finite = {name: t.double().nan_to_num(posinf=0.0) for name, t in tensors.items()}
+    expected = math.sqrt(sum(float(t.square().sum()) for t in finite.values()))
+    assert math.isclose(report.summary.global_norm, expected, rel_tol=1e-12)
+
+
 def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import bench_precision
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -208,7 +209,8 @@ def test_internal_error_exits_4_with_a_hint(
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr("gradaudit.cli.scan.scan_paths", boom)
+    # scan imports the core when it runs; patch where it looks the function up
+    monkeypatch.setattr(importlib.import_module("gradaudit.audit"), "scan_paths", boom)
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr

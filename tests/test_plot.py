@@ -3,6 +3,7 @@ clear usage error when matplotlib is missing (that test runs everywhere)."""
 
 from __future__ import annotations
 
+import importlib
 import struct
 import sys
 import xml.etree.ElementTree as ET
@@ -109,7 +110,8 @@ def test_missing_matplotlib_is_a_usage_error_before_any_work(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     called: list[object] = []
-    monkeypatch.setattr("gradaudit.cli.scan.scan_paths", lambda *a, **k: called.append(a))
+    core = importlib.import_module("gradaudit.audit")
+    monkeypatch.setattr(core, "scan_paths", lambda *a, **k: called.append(a))
     target = tmp_path / "flow.png"
     result = scan(str(write_dump({"w": torch.ones(2)})), "--plot", str(target))
     assert result.exit_code == ExitCode.USAGE_ERROR

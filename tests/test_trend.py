@@ -113,16 +113,18 @@ def test_global_norm_per_step_is_the_scan_global_norm(series: Path) -> None:
 def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
     series: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gradaudit.trend as trend_module
+    import importlib
 
+    # trend_paths imports the scan core when it runs (the CLI starts without torch)
+    core = importlib.import_module("gradaudit.audit")
     calls: list[list[str]] = []
-    real = trend_module.scan_paths
+    real = core.scan_paths
 
     def spy(paths: list[str], **kwargs: Any) -> Any:
         calls.append([str(p) for p in paths])
         return real(paths, **kwargs)
 
-    monkeypatch.setattr(trend_module, "scan_paths", spy)
+    monkeypatch.setattr(core, "scan_paths", spy)
     trend_paths([series])
     assert calls == [[str(series / f"step_{step}.safetensors")] for step in STEPS]
 

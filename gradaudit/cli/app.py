@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Annotated
 
 import typer
+from typer._completion_classes import completion_init  # what add_completion=True runs
 
 from gradaudit import __version__
 from gradaudit.cli import streams
@@ -41,6 +42,10 @@ app = typer.Typer(
     rich_markup_mode=None,
     cls=GradauditGroup,
 )
+# Shell completion without the --install-completion/--show-completion options in
+# every help text: ``eval "$(_GRADAUDIT_COMPLETE=source_bash gradaudit)"`` (zsh,
+# fish: source_zsh, source_fish). Each Tab runs the CLI, which imports no torch.
+completion_init()
 
 
 def say(message: str) -> None:

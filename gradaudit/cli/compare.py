@@ -30,10 +30,9 @@ from gradaudit.cli.options import (
     settings_from_flags,
 )
 from gradaudit.cli.output import check_output_path, emit_comparison
-from gradaudit.compare import compare_paths
 from gradaudit.comparison import DEFAULT_MAX_CHANGE
+from gradaudit.engine_options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 
 COMPARE_EPILOG = (
@@ -143,6 +142,8 @@ def compare(
         policy = settings.compare_policy()
         check_device_option(settings.device or "auto")
         check_output_path(settings.output, paths, config=settings.source)
+        from gradaudit.compare import compare_paths  # torch: only once there is work to do
+
         comparison = compare_paths(
             paths[0],
             paths[1] if len(paths) == 2 else None,

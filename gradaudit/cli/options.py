@@ -32,8 +32,8 @@ from typing import Annotated, Any
 import typer
 
 from gradaudit.config import KEYS, SettingError, Settings, parse_setting, resolve
+from gradaudit.engine_options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_FAIL_ON, FAIL_ON_WORDS
 from gradaudit.report import OutputFormat
 

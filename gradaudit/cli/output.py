@@ -21,7 +21,6 @@ from gradaudit.compare_checks import comparison_exit_code
 from gradaudit.comparison import Comparison
 from gradaudit.config import Settings
 from gradaudit.errors import ExitCode, OutputError, UsageError
-from gradaudit.io.discover import files_read
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
@@ -80,6 +79,8 @@ def check_not_read(
     same path once links are resolved, or the same file under another name (a hard link:
     same device and inode), since a report written there would destroy the input.
     """
+    from gradaudit.io.discover import files_read  # torch: only once a command runs
+
     read: list[str | Path] = [*files_read(inputs, recursive=recursive)]
     if config is not None:
         read.append(config)

@@ -16,8 +16,8 @@ from gradaudit.cli.visuals import (
     group_by_option,
     write_trend_plot,
 )
+from gradaudit.engine_options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, parse_kinds
 from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
