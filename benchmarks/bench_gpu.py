@@ -1,6 +1,6 @@
 """GPU throughput of the engines against the device's own copy bandwidth, and H2D streaming.
 
-    python -m benchmarks.bench_gpu [--gib 2] [--device cuda] [--dir DIR]
+    python -m benchmarks.bench_gpu [--gib 2] [--device cuda] [--dir DIR] [--host-cost-only]
 
 Everything is measured in one process, best of ``--repeats``:
 
@@ -23,13 +23,29 @@ Everything is measured in one process, best of ``--repeats``:
 
 With ``--device cpu`` the same table is made for the CPU engines (a smoke
 run; ``benchmarks/bench_scan.py`` is the CPU benchmark).
+
+Host cost per flush (``host_cost_rows``, printed on every device): the host
+time of collecting the workload with the Triton engine (``queue``: the
+per-tensor work, ``launch``: the flush's table, launches and merge), against
+the time an H100's HBM (3.35 TB/s) takes to read the same bytes; the
+issue-20 target is ``launch × HBM`` ≤ 0.3. On a GPU the real kernels are
+launched and the host time is taken before the device finishes. On the CPU
+the same host code runs on CPU tensors (``torch.empty``: never touched, so
+they cost no memory) routed to the Triton path as ``TRITON_INTERPRET=1``
+routes them, with the two Triton kernels replaced by launchers that do
+nothing: what is left is exactly the Python and torch work of the path,
+minus what only CUDA does (the launch itself inside Triton's launcher, the
+pinned table copy and one ``record_stream`` per tensor), which the table
+leaves out and ``docs/gpu.md`` estimates.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -38,8 +54,9 @@ from safetensors.torch import save_file
 
 import gradaudit
 from benchmarks.bench_scan import best_of as cpu_best_of
-from benchmarks.bench_scan import many_tiny, table, transformer_like
+from benchmarks.bench_scan import many_tiny, table, transformer_layout, transformer_like
 from gradaudit import native, triton_kernel
+from gradaudit.audit import PendingStats
 
 GB = 1e9
 MIB = 1024 * 1024
@@ -101,6 +118,77 @@ def engine_rows(
     return rows
 
 
+#: H100 SXM HBM3 bandwidth, bytes per second: the yardstick of the host cost.
+H100_HBM = 3.35e12
+
+
+class _NoopKernel:
+    """A Triton kernel whose launches do nothing: the host side of the path, alone."""
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def host_cost_rows(
+    device: torch.device, gib: float, tiny: int, repeats: int
+) -> list[dict[str, object]]:
+    """Host time per flush of the Triton path (see the module doc for the CPU method)."""
+    real = device.type == "cuda"
+    workloads = [
+        (
+            f"transformer-{name}",
+            [torch.empty(shape, dtype=dtype, device=device) for _, shape in layout],
+        )
+        for name, dtype, layout in [
+            ("float32", torch.float32, transformer_layout(int(gib * 1024 * MIB), 4)),
+            ("bfloat16", torch.bfloat16, transformer_layout(int(gib * 512 * MIB), 2)),
+        ]
+    ]
+    sizes = torch.randint(1000, 10_000, (tiny,), generator=torch.Generator().manual_seed(1))
+    workloads.append((f"{tiny}-tiny", [torch.empty(int(n), device=device) for n in sizes]))
+    saved = (os.environ.get("TRITON_INTERPRET"), triton_kernel._kernels)
+    if not real:
+        os.environ["TRITON_INTERPRET"] = "1"
+        triton_kernel._kernels = lambda: (_NoopKernel(), _NoopKernel())  # type: ignore[assignment]
+    rows: list[dict[str, object]] = []
+    try:
+        for label, tensors in workloads:
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            named = [(str(i), t) for i, t in enumerate(tensors)]
+            queue = launch = math.inf
+            for _ in range(repeats + 1):  # the first one compiles on a GPU
+                synchronize(device)
+                start = time.perf_counter()
+                pending = PendingStats(engine="triton")
+                for name, tensor in named:
+                    pending.queue(name, tensor)
+                queued = time.perf_counter()
+                pending.settle()
+                done = time.perf_counter()
+                queue, launch = min(queue, queued - start), min(launch, done - queued)
+            hbm = nbytes / H100_HBM
+            rows.append(
+                {
+                    "workload": label,
+                    "tensors": len(tensors),
+                    "MiB": nbytes / MIB,
+                    "kernels": "real" if real else "no-op",
+                    "queue ms": queue * 1e3,
+                    "launch ms": launch * 1e3,
+                    "H100 HBM read ms": hbm * 1e3,
+                    "launch × HBM": launch / hbm,
+                    "queue+launch × HBM": (queue + launch) / hbm,
+                }
+            )
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved[0]
+        triton_kernel._kernels = saved[1]  # type: ignore[assignment]
+    return rows
+
+
 def streaming_row(
     tensors: dict[str, torch.Tensor], device: torch.device, directory: Path, repeats: int
 ) -> dict[str, object]:
@@ -141,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--warm-cache", action="store_true", help="keep Triton's and Inductor's on-disk caches"
     )
+    parser.add_argument(
+        "--host-cost-only", action="store_true", help="only the host cost per flush (any machine)"
+    )
     args = parser.parse_args(argv)
     if not args.warm_cache:
         for variable in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
@@ -148,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu: no CUDA device here (use --device cpu for a smoke run)")
+    if args.host_cost_only:
+        print(table(host_cost_rows(device, args.gib, args.tiny, args.repeats), digits=3))
+        return
     total = int(args.gib * 1024 * MIB)
     rows: list[dict[str, object]] = []
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -156,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows += engine_rows(label, transformer_like(size, dtype), device, args.repeats)
     rows += engine_rows(f"{args.tiny}-tiny", many_tiny(args.tiny), device, args.repeats)
     print(table(rows, digits=2))
+    if triton_kernel.installed():
+        print()
+        print(table(host_cost_rows(device, args.gib, args.tiny, args.repeats), digits=3))
     if device.type == "cuda":
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             tensors = transformer_like(total, torch.float32)

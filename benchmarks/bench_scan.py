@@ -76,15 +76,14 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def transformer_like(total_bytes: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Layers of a transformer whose sizes add up to about ``total_bytes``, with planted faults."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+def transformer_layout(total_bytes: int, itemsize: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of a transformer's layers whose sizes add up to about ``total_bytes``."""
     width = 1024
     per_layer = 12 * width * width + 13 * width
     layers = max(1, total_bytes // (itemsize * per_layer))
-    gen = torch.Generator().manual_seed(0)
-    tensors: dict[str, torch.Tensor] = {}
-    for i in range(layers):
+    return [
+        (f"layers.{i}.{name}", shape)
+        for i in range(layers)
         for name, shape in [
             ("attn.qkv.weight", (3 * width, width)),
             ("attn.qkv.bias", (3 * width,)),
@@ -96,8 +95,18 @@ def transformer_like(total_bytes: int, dtype: torch.dtype) -> dict[str, torch.Te
             ("mlp.fc2.bias", (width,)),
             ("norm1.weight", (width,)),
             ("norm2.weight", (width,)),
-        ]:
-            tensors[f"layers.{i}.{name}"] = (torch.randn(shape, generator=gen) * 1e-3).to(dtype)
+        ]
+    ]
+
+
+def transformer_like(total_bytes: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Layers of a transformer whose sizes add up to about ``total_bytes``, with planted faults."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(0)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in transformer_layout(total_bytes, itemsize):
+        tensors[name] = (torch.randn(shape, generator=gen) * 1e-3).to(dtype)
+    layers = len(tensors) // 10
     first = tensors["layers.0.attn.qkv.weight"]
     first.view(-1)[123] = math.nan
     first.view(-1)[456] = math.inf

@@ -51,9 +51,11 @@ from gradaudit.stats import (
     NAN,
     NEG_INF,
     POS_INF,
+    ROW_WIDTH,
     ZEROS,
     HostRow,
     StatsCollector,
+    blocks_by_device,
     dtype_name,
     dtype_skip_reason,
     empty_row,
@@ -62,6 +64,7 @@ from gradaudit.stats import (
     not_audited_reason,
     read_blocks,
     row_norm,
+    wait_for,
 )
 
 _CPU = torch.device("cpu")
@@ -99,6 +102,15 @@ def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
     for item in tensors:
         name, tensor = item
         yield str(name), tensor
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    """One device's prefetched rows: which blocks, their pinned host copy, the copy's event."""
+
+    indices: list[int]
+    pinned: torch.Tensor
+    done: torch.cuda.Event
 
 
 @dataclass(frozen=True)
@@ -151,14 +163,17 @@ class PendingStats:
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
         self._excluded: Counter[str | None] = Counter()
+        #: Entry index -> ticket of a row whose first slot is the entry's element count.
+        self._deferred_numel: dict[int, int] = {}
         #: The staging ring for CPU -> CUDA copies (pinned buffers made on first use).
         self._uploads = (
             HostToDevice(CudaChannel(self.device))
             if self.device is not None and self.device.type == "cuda"
             else None
         )
-        #: Rows already copied to the host by :meth:`prefetch`, and how many rows they cover.
-        self._prefetched: tuple[int, list[torch.Tensor], torch.cuda.Event] | None = None
+        #: What :meth:`prefetch` started: how many blocks it covers, and per CUDA device
+        #: the blocks' indices, their pinned host copy and the event after that copy.
+        self._prefetched: tuple[int, dict[torch.device, _Prefetch]] | None = None
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -202,11 +217,20 @@ class PendingStats:
         """Add exclusion counts gathered elsewhere (another rank's share of the inputs)."""
         self._excluded.update(counts)
 
-    def add_row(self, entry: PendingEntry, row: torch.Tensor) -> None:
+    def add_row(
+        self, entry: PendingEntry, row: torch.Tensor, numel: torch.Tensor | None = None
+    ) -> None:
         """Record a stats row computed elsewhere: merged across ranks, or sent by another rank.
 
         The row keeps its device; like :meth:`add`, nothing is read back.
+        ``numel`` (a 0-d device tensor) is an element count not known on the
+        host yet: it is read with the rows, and the entry is then 1-D of that
+        length.
         """
+        if numel is not None:
+            carrier = torch.zeros(ROW_WIDTH, dtype=torch.float64, device=numel.device)
+            carrier[0] = numel
+            self._deferred_numel[len(self._names)] = self._collector.adopt(carrier)
         self._names.append(entry.name)
         self._shapes.append(tuple(entry.shape))
         self._dtypes.append(entry.dtype)
@@ -345,6 +369,9 @@ class PendingStats:
         return child
 
     def absorb(self, other: PendingStats) -> None:
+        shift = len(self._names)
+        for index, ticket in other._deferred_numel.items():
+            self._deferred_numel[index + shift] = ticket
         self._names += other._names
         self._shapes += other._shapes
         self._dtypes += other._dtypes
@@ -416,41 +443,58 @@ class PendingStats:
         that materialises step N's stats during step N+1, that would be step
         N+1's backward pass. After ``prefetch`` the copy is queued right behind
         the collection instead, into pinned host memory, and ``materialize``
-        only waits for that copy (long finished by then). Rows on the CPU (or
-        on ``meta``) need no copy; rows added after the prefetch make
+        only waits for that copy (long finished by then).
+
+        One copy per CUDA device, queued on that device (not the current one)
+        after the collector's settle events, so rows collected on a side stream
+        are copied after the kernels that wrote them. Rows on the CPU (or on
+        ``meta``) need no copy; rows added after the prefetch make
         ``materialize`` read everything the usual way.
         """
         blocks = self._collector.flush()
-        devices = {block.device for block in blocks}
-        if len(devices) != 1 or next(iter(devices)).type != "cuda":
-            return
-        host = []
-        for block in blocks:
-            pinned = torch.empty(block.shape, dtype=block.dtype, pin_memory=True)
-            pinned.copy_(block, non_blocking=True)
-            host.append(pinned)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record()
-        self._prefetched = (len(blocks), host, done)
+        settled = self._collector.settled()
+        copies: dict[torch.device, _Prefetch] = {}
+        for device, indices in blocks_by_device(blocks).items():
+            if device.type != "cuda":
+                continue
+            with torch.cuda.device(device):
+                wait_for(device, settled)
+                stacked = torch.cat([blocks[i] for i in indices])
+                pinned = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                pinned.copy_(stacked, non_blocking=True)
+                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                done.record(torch.cuda.current_stream(device))
+            copies[device] = _Prefetch(indices, pinned, done)
+        self._prefetched = (len(blocks), copies)
 
-    def _read(self) -> torch.Tensor:
-        """The one host read: this collection's rows ``[n, 7]`` on the host, in order.
-
-        Bucket padding zeros are taken out; the merges (per file, global) then
-        run on this host copy.
-        """
+    def _read(self) -> list[torch.Tensor]:
+        """The one host read: the host copy of every block (see ``StatsCollector.gather``)."""
         blocks = self._collector.flush()
-        if self._prefetched is not None and self._prefetched[0] == len(blocks):
-            _, host, done = self._prefetched
-            done.synchronize()
-        else:
-            host = read_blocks(blocks)
-        return self._collector.gather(self._tickets, host)
+        settled = self._collector.settled()
+        if self._prefetched is None or self._prefetched[0] != len(blocks):
+            return read_blocks(blocks, settled)
+        host: list[torch.Tensor] = list(blocks)
+        copies = self._prefetched[1]
+        rest = [i for i, block in enumerate(blocks) if block.device not in copies]
+        for i, block in zip(rest, read_blocks([blocks[i] for i in rest], settled), strict=True):
+            host[i] = block
+        for copy in copies.values():
+            copy.done.synchronize()
+            offset = 0
+            for i in copy.indices:
+                rows = blocks[i].shape[0]
+                host[i] = copy.pinned[offset : offset + rows]
+                offset += rows
+        return host
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``."""
         thresholds = thresholds or Thresholds()
-        host = self._read()
+        host_blocks = self._read()
+        # Rows in submission order, with the zeros that bucket padding added taken
+        # out; the merges (per file, global) then run on this host copy.
+        host = self._collector.gather(self._tickets, host_blocks)
+        self._resolve_counts(host_blocks)
         with _collection_paused():
             tensors = tuple(self._tensor_stats(host.tolist()))
             findings = evaluate_all(tensors, thresholds) + evaluate_skipped(
@@ -482,6 +526,14 @@ class PendingStats:
             histograms=self._read_histograms(),
         )
 
+    def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
+        """Shapes of the entries whose element count came with the rows (see :meth:`add_row`)."""
+        if not self._deferred_numel:
+            return
+        carriers = self._collector.gather(list(self._deferred_numel.values()), host_blocks)
+        for index, count in zip(self._deferred_numel, carriers[:, 0].tolist(), strict=True):
+            self._shapes[index] = (int(count),)
+
     def _read_histograms(self) -> tuple[ExponentHistogram | None, ...]:
         """The exponent histograms, read right after the stats rows (one copy per device)."""
         if not self.histograms:
@@ -493,7 +545,9 @@ class PendingStats:
             if histogram is not None:
                 by_device.setdefault(histogram.device, []).append(index)
         out: list[ExponentHistogram | None] = [None] * len(self._histograms)
-        for device_indices in by_device.values():
+        settled = self._collector.settled()
+        for device, device_indices in by_device.items():
+            wait_for(device, settled)  # collected on a side stream: read after its kernels
             stacked = torch.stack([self._histograms[i] for i in device_indices])  # type: ignore[misc]
             for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
                 out[i] = ExponentHistogram(tuple(counts))

@@ -34,3 +34,14 @@ def resolve_device(spec: str | torch.device | None) -> torch.device:
     if index >= count:
         raise UsageError(f"device {text!r} requested but only {count} CUDA device(s) exist")
     return torch.device("cuda", index)
+
+
+def stream_key(device: torch.device) -> int:
+    """Which stream work on ``device`` is queued on now: CUDA's current stream id, else 0.
+
+    Reused buffers (scratch, buckets) are kept per stream: a buffer shared by
+    two streams could be overwritten by one while the other still reads it.
+    """
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.current_stream(device).stream_id)

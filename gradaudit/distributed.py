@@ -138,8 +138,9 @@ def collect_sharded(
 
     The element counts of ``group`` shards are summed on the CPU when the group
     can reduce CPU tensors (gloo, or ``init_process_group()``'s default
-    ``cpu:gloo,cuda:nccl``); an NCCL-only group needs one extra small read of
-    them. DTensors never do.
+    ``cpu:gloo,cuda:nccl``); with an NCCL-only group they are summed on the
+    device and read with the stats rows (the entries' shapes are ``()`` until
+    ``materialize``). DTensors need no count.
     """
     collector = StatsCollector() if collector is None else collector.fresh()
     pending = PendingStats(collector=collector)
@@ -165,6 +166,8 @@ def collect_sharded(
         plan.append(PendingEntry(name, shape or (), dtype_name(local.dtype)))
 
     merged_rows: dict[int, torch.Tensor] = {}
+    #: Summed element counts still on the device (an NCCL-only group): read with the rows.
+    deferred_counts: dict[int, torch.Tensor] = {}
     for batch in batches.values():  # first-seen order: the same on every rank
         merged = torch.stack(batch.rows)
         for reduce_group in batch.groups:
@@ -176,16 +179,18 @@ def collect_sharded(
         )
         for index, position in enumerate(batch.positions):
             merged_rows[position] = merged[index]
-            if totals is not None:
+            if isinstance(totals, list):
                 entry = plan[position]
                 assert isinstance(entry, PendingEntry)
                 plan[position] = PendingEntry(entry.name, (totals[index],), entry.dtype)
+            elif totals is not None:
+                deferred_counts[position] = totals[index]
 
     for position, item in enumerate(plan):
         if isinstance(item, Skipped):
             pending.skip(item)
         else:
-            pending.add_row(item, merged_rows[position])
+            pending.add_row(item, merged_rows[position], deferred_counts.get(position))
     return pending
 
 
@@ -213,13 +218,22 @@ def _local_view(
     return grad, (), tuple(grad.shape), None
 
 
-def _sum_counts(counts: list[int], group: dist.ProcessGroup, device: torch.device) -> list[int]:
-    """Element counts summed over ``group``: on the CPU when the group can, else on ``device``."""
+def _sum_counts(
+    counts: list[int], group: dist.ProcessGroup, device: torch.device
+) -> list[int] | torch.Tensor:
+    """Element counts summed over ``group``: on the CPU when the group can, else on ``device``.
+
+    Summed on the device they stay there (float64, exact below 2**53): reading
+    them now would be a host read in the middle of collection; they travel
+    with the stats rows to the one read instead.
+    """
     cpu = torch.device("cpu")
     on = cpu if cpu in getattr(group, "_device_types", ()) else device
     totals = torch.tensor(counts, dtype=torch.int64, device=on)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=group)
-    return [int(n) for n in totals.tolist()]
+    if on.type == "cpu":
+        return [int(n) for n in totals.tolist()]
+    return totals.to(torch.float64)
 
 
 # --- torchrun scans -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from gradaudit.devices import stream_key
 from gradaudit.engine_options import Engine as Engine  # where the torch side finds it
 
 INF = math.inf
@@ -45,11 +46,12 @@ class EagerKernel:
     """
 
     def __init__(self) -> None:
-        self._scratch: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
+        self._scratch: dict[tuple[torch.device, torch.dtype, str, int], torch.Tensor] = {}
         self._ones: dict[torch.device, torch.Tensor] = {}
 
     def _buffer(self, like: torch.Tensor, dtype: torch.dtype, role: str) -> torch.Tensor:
-        key = (like.device, dtype, role)
+        # Per stream: blocks reduced on two streams must not share a scratch buffer.
+        key = (like.device, dtype, role, stream_key(like.device))
         buffer = self._scratch.get(key)
         if buffer is None or buffer.numel() < like.numel():
             buffer = torch.empty(like.numel(), dtype=dtype, device=like.device)

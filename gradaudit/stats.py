@@ -30,8 +30,11 @@ How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
   batch and reduced in place by one call that splits the batch's bytes
   between threads.
 * With the Triton kernel (:mod:`gradaudit.triton_kernel`, what ``auto``
-  picks for CUDA tensors), a contiguous float32/16/bf16 tensor is one block
-  ``[1, n]`` reduced in one launch; buckets (below) are too. The rest of
+  picks for CUDA tensors), contiguous float32/16/bf16 tensors of any size
+  are not cut or copied either: they wait, referenced, until the collector
+  settles, and then every tensor of one dtype on one device is reduced by
+  one launch (one more merges their partial rows). Strided tensors go
+  through chunks and buckets (below), also reduced by Triton. The rest of
   this list is the eager kernel's (float64 and fp8 on CUDA, other devices,
   or ``--engine eager``).
 * A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
@@ -50,12 +53,13 @@ from __future__ import annotations
 import array
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from gradaudit import native, triton_kernel
+from gradaudit.devices import stream_key
 from gradaudit.engine_options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import UsageError
 from gradaudit.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
@@ -221,24 +225,37 @@ class _Layout:
         self.rows: list[int] = []
         #: Zeros that bucket padding added to a ticket's row (bucketed tickets only).
         self.padding: dict[int, int] = {}
+        #: Rows in the blocks so far, and tickets given a row.
         self.placed = 0
+        self.tickets_placed = 0
         self.in_order = True
 
     def new_ticket(self) -> int:
         self.rows.append(-1)
         return len(self.rows) - 1
 
-    def place(self, tickets: list[int], padding: list[int] | None) -> None:
-        """The next block's rows belong to ``tickets``, in order."""
+    def place(
+        self, tickets: list[int], padding: list[int] | None, *, unused_rows: bool = False
+    ) -> None:
+        """The next block's rows belong to ``tickets``, in order (-1: a row of no ticket,
+        allowed with ``unused_rows``)."""
         start, count = self.placed, len(tickets)
         first = tickets[0] if count else 0
-        if count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
+        if unused_rows:
+            for offset, ticket in enumerate(tickets):
+                if ticket >= 0:
+                    self.rows[ticket] = start + offset
+                    self.tickets_placed += 1
+            self.in_order = False
+        elif count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
             self.rows[first : first + count] = range(start, start + count)
             self.in_order = self.in_order and first == start
+            self.tickets_placed += count
         else:
             for offset, ticket in enumerate(tickets):
                 self.rows[ticket] = start + offset
             self.in_order = False
+            self.tickets_placed += count
         if padding is not None:
             for ticket, zeros in zip(tickets, padding, strict=True):
                 if zeros:
@@ -246,7 +263,7 @@ class _Layout:
         self.placed += count
 
     def check_placed(self) -> None:
-        assert self.placed == len(self.rows), "a ticket was never placed"
+        assert self.tickets_placed == len(self.rows), "a ticket was never placed"
 
     def index(self, tickets: list[int]) -> tuple[list[int] | None, list[int] | None]:
         """Rows to gather for ``tickets`` (``None``: the blocks as they are) and their padding."""
@@ -318,7 +335,11 @@ class StatsCollector:
         # on the CPU through its interpreter when it was asked for by name.
         self._triton = uses_triton(engine)
         self._triton_asked = Engine(engine) is Engine.TRITON
+        if self._triton_asked and triton_kernel.failure() is not None:
+            raise _triton_unavailable(triton_kernel.failure())
         self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
+        #: Whether tensors off CUDA may be Triton's (the CPU, through the interpreter).
+        self._triton_off_cuda = self._triton_asked
         # Half the budget for the kernel's scratch (chunks and buckets share it)...
         fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
         #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
@@ -352,10 +373,22 @@ class StatsCollector:
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
         self._new_batch()
-        self._upcast: dict[torch.device, torch.Tensor] = {}
-        self._buckets: dict[tuple[torch.device, torch.dtype, int], _Bucket] = {}
+        self._upcast: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], _Bucket] = {}
         self._blocks: list[torch.Tensor] = []
         self._layout = _Layout()
+        self._new_streams()
+
+    def _new_streams(self) -> None:
+        """No Triton batch waiting, no CUDA device touched, no settle event yet."""
+        #: Tensors waiting for one Triton launch per dtype, per device.
+        self._triton_batches: dict[torch.device, triton_kernel.TritonBatch] = {}
+        #: (device, dtype) -> the batch its tensors join, or None (not Triton's).
+        self._triton_routes: dict[tuple[torch.device, torch.dtype], object] = {}
+        #: CUDA devices with work queued since the last settle.
+        self._touched: dict[torch.device, None] = {}
+        #: One event per (device, stream) the kernels ran on, recorded at each settle.
+        self._settled: dict[tuple[torch.device, int], torch.cuda.Event] = {}
 
     # -- one tensor, right away -------------------------------------------------
 
@@ -365,6 +398,8 @@ class StatsCollector:
             raise TypeError(f"cannot audit dtype {dtype_name(tensor.dtype)}")
         if tensor.numel() == 0:
             return empty_row(tensor.device)
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
         if (self._native and native.handles(tensor)) or (
             tensor.is_contiguous() and self._takes_triton(tensor)
         ):
@@ -390,29 +425,76 @@ class StatsCollector:
             return out
         return self._block_rows(chunk.reshape(1, -1))
 
-    def _takes_triton(self, block: torch.Tensor) -> bool:
+    def _queued_on_cuda(self, tensor: torch.Tensor) -> None:
+        """Note work on a CUDA tensor read right away by kernels on the current stream.
+
+        ``record_stream`` keeps its memory from going to another stream (a
+        gradient freed by ``zero_grad(set_to_none=True)``, say) before those
+        kernels have read it; the device gets a settle event.
+        """
+        tensor.record_stream(torch.cuda.current_stream(tensor.device))
+        self._touched[tensor.device] = None
+
+    def _triton_batch(self, tensor: torch.Tensor) -> triton_kernel.TritonBatch | None:
+        """The batch a contiguous tensor joins, or ``None`` when Triton does not take it.
+
+        Decided once per (device, dtype) for each settle: this runs for every
+        tensor, and with hundreds of them per step its cost is the host's.
+        """
+        key = (tensor.device, tensor.dtype)
+        batch = self._triton_routes.get(key, _UNDECIDED)
+        if batch is _UNDECIDED:
+            batch = None
+            if self._takes_triton(tensor):
+                batch = self._triton_batches.get(key[0])
+                if batch is None:
+                    batch = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
+            elif self._cold(tensor):
+                batch = _COLD
+            self._triton_routes[key] = batch
+        if batch is _COLD:
+            triton_kernel.defer(tensor.numel() * tensor.element_size())
+            return None
+        return batch  # type: ignore[return-value]
+
+    def _cold(self, tensor: torch.Tensor) -> bool:
+        """Whether Triton would take ``tensor`` but ``auto`` waits before compiling for it."""
         return (
-            self._triton
-            and block.device.type in self._triton_devices
-            and triton_kernel.takes(block)
+            not self._triton_asked
+            and triton_kernel.takes(tensor)
+            and not triton_kernel.compile_worth(tensor.device)
         )
+
+    def _takes_triton(self, block: torch.Tensor) -> bool:
+        if not (self._triton and block.device.type in self._triton_devices):
+            return False
+        if self._triton_asked and triton_kernel.failure() is not None:
+            raise _triton_unavailable(triton_kernel.failure())
+        if not self._triton_asked and not triton_kernel.compile_worth(block.device):
+            return False  # auto, cold: eager until the data is worth a compile
+        return triton_kernel.takes(block)
+
+    def _triton_failed(self, error: Exception) -> None:
+        """Triton compiles on first use and needs a C compiler and a supported GPU.
+
+        Whatever stops it is remembered for the whole process
+        (:func:`~gradaudit.triton_kernel.failure`): ``auto`` goes on with the
+        eager kernel and never tries again, ``triton`` asked for by name is a
+        usage error.
+        """
+        cause = triton_kernel.record_failure(error)
+        if self._triton_asked:
+            raise _triton_unavailable(cause) from None
 
     def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
         if self._takes_triton(block):
             try:
                 rows = self._triton_kernel(block)
-            # Triton compiles on first use and needs a C compiler and a supported
-            # GPU; whatever stops it, auto goes on with the eager kernel.
             except Exception as error:  # noqa: BLE001
-                if self._triton_asked:
-                    cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                    raise EngineUnavailable(
-                        f"the Triton kernel could not run ({type(error).__name__}: {cause}); "
-                        "use --engine eager or auto"
-                    ) from None
-                self._triton = False
+                self._triton_failed(error)
             else:
+                triton_kernel.mark_warm(block.device)
                 self._ran["triton"] = None
                 return rows
         return self._fallback_rows(block)
@@ -449,6 +531,18 @@ class StatsCollector:
         numel = tensor.numel()
         if tensor.is_complex() and numel <= BUCKET_MAX_ELEMENTS:
             tensor = complex_magnitudes(tensor)  # small: its float64 moduli, reduced as such
+        # Under auto only CUDA tensors can be Triton's: CPU tensors skip the lookup.
+        if (
+            self._triton
+            and (tensor.is_cuda or self._triton_off_cuda)
+            and numel
+            and tensor.is_contiguous()
+        ):
+            batch = self._triton_batch(tensor)
+            if batch is not None and batch.add(tensor, ticket):
+                return ticket
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
         # The native path runs once per tensor, and with 100,000 tiny tensors its
         # Python is most of the audit: one dict lookup (empty unless native runs)
         # stands for native.supports(), and the checks are ordered cheapest first.
@@ -475,7 +569,9 @@ class StatsCollector:
             self._add_block(self.row(tensor).unsqueeze(0), [ticket])
             return ticket
         length = bucket_length(numel)
-        key = (tensor.device, work_dtype(tensor.dtype), length)
+        # Per stream: a bucket's buffer is reused, and a copy queued on another
+        # stream could overwrite rows a reduction has not read yet.
+        key = (tensor.device, work_dtype(tensor.dtype), length, stream_key(tensor.device))
         bucket = self._buckets.get(key)
         if bucket is None:
             rows = max(1, self.bucket_elements // length)
@@ -494,18 +590,75 @@ class StatsCollector:
         return ticket
 
     def settle(self) -> None:
-        """Reduce the native batch now: until then its tensors are only referenced.
+        """Reduce the native batch and launch the Triton batches now: until then their
+        tensors are only referenced; then record each CUDA device's settle event.
 
         Callers whose tensors may change (gradients about to be zeroed or
         stepped) settle before handing control back; a file's data need not.
+        Readers of the rows (:func:`read_blocks`, ``PendingStats.prefetch``)
+        make their stream wait for the events, so rows collected on a side
+        stream are read after the kernels that wrote them, whatever stream
+        is current when they are read.
         """
         if self._batch:
             self._reduce_batch()
+        if self._triton_batches:
+            self._launch_triton()
+        if self._touched:
+            for device in self._touched:
+                stream = torch.cuda.current_stream(device)
+                key = (device, stream.stream_id)
+                event = self._settled.get(key)
+                if event is None:
+                    event = self._settled[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+            self._touched = {}
+
+    def settled(self) -> dict[torch.device, list[torch.cuda.Event]]:
+        """The settle events of each CUDA device, for readers to wait on (on the device)."""
+        events: dict[torch.device, list[torch.cuda.Event]] = {}
+        for (device, _), event in self._settled.items():
+            events.setdefault(device, []).append(event)
+        return events
+
+    def _launch_triton(self) -> None:
+        """One launch per dtype and device for every tensor in the Triton batches."""
+        batches, self._triton_batches = self._triton_batches, {}
+        self._triton_routes = {}
+        for device, batch in batches.items():
+            if not len(batch):
+                continue
+            try:
+                if triton_kernel.failure() is not None:  # failed since these were queued
+                    raise _triton_unavailable(triton_kernel.failure())
+                out, tickets = batch.launch()
+            except Exception as error:
+                if not isinstance(error, EngineUnavailable):
+                    self._triton_failed(error)
+                elif self._triton_asked:
+                    raise
+                for tensor, ticket in batch.entries():  # auto: the eager kernel takes them
+                    self._add_block(self._fallback_whole(tensor), [ticket])
+                continue
+            if device.type == "cuda":
+                self._touched[device] = None
+                triton_kernel.mark_warm(device)
+            self._add_block(out, tickets, unused_rows=True)
+            self._ran["triton"] = None
+
+    def _fallback_whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The row ``[1, 7]`` of a whole tensor by the engine's own kernel, in chunks."""
+        if tensor.is_cuda:
+            self._queued_on_cuda(tensor)
+        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._chunks(tensor)]
+        return rows[0] if len(rows) == 1 else merge_rows(torch.cat(rows)).unsqueeze(0)
 
     def adopt(self, row: torch.Tensor) -> int:
         """Take a row computed elsewhere (merged across ranks, sent by another rank)."""
         ticket = self._layout.new_ticket()
         self._add_block(row.reshape(1, ROW_WIDTH), [ticket])
+        if row.is_cuda:
+            self._touched[row.device] = None
         return ticket
 
     def fresh(self) -> StatsCollector:
@@ -521,6 +674,7 @@ class StatsCollector:
         other._blocks = []
         other._layout = _Layout()
         other._new_batch()
+        other._new_streams()
         other._ran = {}
         return other
 
@@ -569,11 +723,17 @@ class StatsCollector:
         self._new_batch()
 
     def _add_block(
-        self, rows: torch.Tensor, tickets: list[int], padding: list[int] | None = None
+        self,
+        rows: torch.Tensor,
+        tickets: list[int],
+        padding: list[int] | None = None,
+        *,
+        unused_rows: bool = False,
     ) -> None:
-        """Keep a block of rows: row ``i`` belongs to ``tickets[i]``."""
+        """Keep a block of rows: row ``i`` belongs to ``tickets[i]`` (-1: to none, when
+        ``unused_rows``, as the Triton batch's per-group sentinel rows)."""
         self._blocks.append(rows)
-        self._layout.place(tickets, padding)
+        self._layout.place(tickets, padding, unused_rows=unused_rows)
 
     def _new_batch(self) -> None:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
@@ -601,14 +761,15 @@ class StatsCollector:
         """A half or fp8 block copied to float32 (the eager kernel's input), in a reused buffer."""
         if self._fallback is not Engine.EAGER or block.dtype == work_dtype(block.dtype):
             return block
-        buffer = self._upcast.get(block.device)
+        key = (block.device, stream_key(block.device))
+        buffer = self._upcast.get(key)
         if buffer is None or buffer.numel() < block.numel():
             buffer = torch.empty(
                 max(block.numel(), self._step(block.device)),
                 dtype=torch.float32,
                 device=block.device,
             )
-            self._upcast[block.device] = buffer
+            self._upcast[key] = buffer
         return buffer[: block.numel()].view(block.shape).copy_(block)
 
     def _step(self, device: torch.device) -> int:
@@ -629,6 +790,17 @@ class StatsCollector:
         rows_per_block = max(1, step // row_elements)
         for start in range(0, tensor.shape[0], rows_per_block):
             yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
+
+
+_UNDECIDED = object()
+#: The route of tensors Triton would take while ``auto`` waits before compiling.
+_COLD = object()
+
+
+def _triton_unavailable(cause: str | None) -> EngineUnavailable:
+    return EngineUnavailable(
+        f"the Triton kernel could not run ({cause}); use --engine eager or auto"
+    )
 
 
 def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
@@ -664,18 +836,42 @@ def row_norm(values: list[float]) -> float:
     return values[SCALE] * math.sqrt(values[SSQ])
 
 
-def read_blocks(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
-
-    Blocks normally share one device; blocks spread over several devices cost
-    one read for each. Returns CPU blocks in the order given.
-    """
+def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:
+    """The indices of ``blocks`` on each device, in first-seen order."""
     by_device: dict[torch.device, list[int]] = {}
     for index, block in enumerate(blocks):
         by_device.setdefault(block.device, []).append(index)
+    return by_device
+
+
+def wait_for(device: torch.device, events: Mapping[torch.device, list[torch.cuda.Event]]) -> None:
+    """Make ``device``'s current stream wait (on the device) for its settle events."""
+    if device.type != "cuda":
+        return
+    stream = torch.cuda.current_stream(device)
+    for event in events.get(device, ()):
+        stream.wait_event(event)
+
+
+def read_blocks(
+    blocks: list[torch.Tensor],
+    settled: Mapping[torch.device, list[torch.cuda.Event]] | None = None,
+) -> list[torch.Tensor]:
+    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
+
+    Blocks normally share one device; blocks spread over several devices cost
+    one read for each, each queued on its own device after the ``settled``
+    events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
+    in the order given.
+    """
     host: list[torch.Tensor | None] = [None] * len(blocks)
-    for indices in by_device.values():
-        stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
+    for device, indices in blocks_by_device(blocks).items():
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                wait_for(device, settled or {})
+                stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
+        else:
+            stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
         offset = 0
         for i in indices:
             rows = blocks[i].shape[0]

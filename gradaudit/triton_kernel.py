@@ -1,39 +1,67 @@
-"""The fused single-pass row kernel for CUDA, written in Triton.
+"""The fused single-pass kernel for CUDA, written in Triton: one launch per dtype and flush.
 
 On a GPU the eager kernel's dozen ops each read the data again, so its
 throughput is a fraction of the memory bandwidth; this kernel reads every
 element once and keeps all the statistics in registers: NaN, ±Inf and zero
 counts, the finite max|x| and a float64 sum of squares (exact for every
-float32/float16/bfloat16 square, so it cannot overflow). Each program reduces
-a span of one row and writes a partial stats row; the partial rows of a row
-are then merged on the device by a few torch reductions (no host read).
+float32/float16/bfloat16 square, so it cannot overflow).
 
-It takes float32, float16 and bfloat16 blocks. Float64 needs the scaled
-sum of squares and fp8 conversions differ between GPU generations: those
-stay with the eager kernel, as do blocks on devices Triton does not target.
+Launching per tensor would cost more on the host than the GPU takes to read
+the tensor (a launch and a merge are tens of microseconds; an H100 reads a
+4 MiB gradient in about 1.3 µs). So tensors are not launched one by one:
+a :class:`TritonBatch` gathers every tensor of one device until the
+collector settles, then one :func:`~gradaudit._triton_rows.table_rows`
+launch per dtype reduces all of them, reading a table of (first program,
+element offset, length, span) rows, and one
+:func:`~gradaudit._triton_rows.merge_partials` launch merges every tensor's
+partial rows into its stats row (the multi-tensor-apply pattern of
+``torch._foreach_*``). The host work per tensor is a few integer
+operations and appends; ``benchmarks/bench_gpu.py`` measures it.
 
-Triton is imported on first use only (it costs an import of its own), and
-``TRITON_INTERPRET=1`` runs the kernel through Triton's interpreter on CPU
-tensors, which is how the CPU-only test suite checks it against float64.
+It takes float32, float16 and bfloat16. Float64 needs the scaled sum of
+squares and fp8 conversions differ between GPU generations: those stay with
+the eager kernel, as do tensors on devices Triton does not target.
+
+Triton is imported on first use only (it costs an import of its own).
+``TRITON_INTERPRET=1`` runs the kernels through Triton's interpreter on CPU
+tensors, which is how the CPU-only test suite checks them against float64;
+CUDA tensors are never sent to the interpreter (it would copy them to the
+host one by one), they go to the eager kernel instead.
 """
 
 from __future__ import annotations
 
-import contextlib
+import array
 import functools
 import importlib.util
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-#: Elements loaded per vector step of a program (a power of two).
+#: Elements loaded per vector step of a program (a power of two): with 4 warps,
+#: 8 per thread, i.e. one or two 128-bit loads.
 BLOCK = 1024
-#: Elements of a row reduced by one program: enough work per program to hide
-#: its start-up, few enough programs for even a 1 MiB row to fill a GPU.
-SPAN = 16 * BLOCK
-#: Block dtypes the kernel reads directly.
-DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+#: Vector steps one program takes at most: each lane counts NaN, +Inf, -Inf and
+#: zeros in one byte each, so a lane may see at most 255 elements (these steps
+#: plus the two masked edge steps).
+MAX_STEPS = 128
+#: Elements of a tensor reduced by one program: about a quarter of a tensor's
+#: share of the SMs (``span_for``), within these bounds.
+MIN_SPAN = BLOCK
+MAX_SPAN = MAX_STEPS * BLOCK
+#: SMs assumed where the device cannot tell (the interpreter): an H100's.
+DEFAULT_SMS = 132
+#: Partial rows merged per vector step of :func:`merge_partials`.
+MERGE_PARTS = 64
+#: Block dtypes the kernel reads, and the kernel's ``KIND`` for each.
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPES = frozenset(KINDS)
+#: Bytes one 128-bit load takes: offsets are aligned to this many bytes.
+VECTOR_BYTES = 16
+#: Columns of a table row (see :mod:`gradaudit._triton_rows`).
+TABLE_WIDTH = 4
 
 
 @functools.cache
@@ -48,69 +76,350 @@ def interpreting() -> bool:
 
 
 def runs_on(device: torch.device) -> bool:
-    """Whether the kernel takes blocks on ``device``: CUDA, or the CPU under the interpreter."""
+    """Whether the kernel takes tensors on ``device``.
+
+    CUDA when Triton is installed and not interpreting (the interpreter would
+    run on host copies of CUDA tensors, which the table's cross-tensor
+    addressing cannot use); the CPU under the interpreter.
+    """
     if device.type == "cuda":
-        return installed()
+        return installed() and not interpreting()
     return device.type == "cpu" and interpreting() and installed()
 
 
 def takes(block: torch.Tensor) -> bool:
-    """Whether a block can be reduced here (otherwise the eager kernel does it)."""
-    return block.dtype in DTYPES and runs_on(block.device)
+    """Whether a tensor can be reduced here (otherwise the eager kernel does it)."""
+    return block.dtype in KINDS and runs_on(block.device) and failure() is None
+
+
+# -- what failed, once per process ------------------------------------------------
+
+_failure: str | None = None
+
+
+def failure() -> str | None:
+    """Why the kernels could not compile or run in this process, or ``None``.
+
+    Module-level on purpose: a failing compile (no C compiler for Triton's
+    launcher, an unsupported GPU) takes seconds, and every collector and every
+    ``audit()`` would otherwise try again.
+    """
+    return _failure
+
+
+def record_failure(error: BaseException) -> str:
+    """Remember that the kernels failed; returns the one-line cause."""
+    global _failure
+    text = str(error).strip()
+    cause = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    _failure = cause
+    return cause
+
+
+def reset_failure() -> None:
+    """Forget a recorded failure (tests; a process that fixed its compiler)."""
+    global _failure
+    _failure = None
+
+
+# -- whether a compile is worth it -------------------------------------------------
+
+#: Under ``auto``, bytes of CUDA float32/16/bf16 data the eager kernel reduces
+#: while the kernels are not compiled yet, before they are compiled: a cold compile
+#: costs seconds, more than the eager kernel's extra passes over a small scan.
+COMPILE_AFTER_BYTES = 1 << 30
+_deferred_bytes = 0
+#: GPU architectures whose kernels are compiled (or on disk) in this process.
+_warm: set[str] = set()
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 @functools.cache
-def _partial_rows_kernel() -> Any:
-    """The Triton function, imported once (after ``TRITON_INTERPRET`` is known)."""
-    from gradaudit._triton_rows import partial_rows
+def _marker(arch: str) -> str:
+    """A file next to Triton's cache saying this package's kernels were compiled for ``arch``.
 
-    return partial_rows
+    Named after the kernels' source and Triton's version, so an edited kernel or
+    another Triton is cold again. (Whether Triton's own cache still holds them
+    cannot be asked without compiling; a cache cleared since costs one compile.)
+    """
+    import hashlib
+
+    import triton
+
+    source = os.path.join(os.path.dirname(__file__), "_triton_rows.py")
+    with open(source, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()[:16]
+    directory = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".triton", "cache"
+    )
+    return os.path.join(directory, f"gradaudit-{digest}-{arch}-triton{triton.__version__}")
+
+
+def compile_worth(device: torch.device) -> bool:
+    """Whether ``auto`` should launch (and so maybe compile) the kernels on ``device`` now.
+
+    Yes when they are compiled for its architecture in this process or were in an
+    earlier one, or once ``COMPILE_AFTER_BYTES`` went through the eager kernel
+    instead; always off CUDA (the interpreter compiles nothing).
+    """
+    if device.type != "cuda":
+        return True
+    arch = _arch(device)
+    if arch in _warm or _deferred_bytes >= COMPILE_AFTER_BYTES:
+        return True
+    if os.path.exists(_marker(arch)):
+        _warm.add(arch)
+        return True
+    return False
+
+
+def defer(nbytes: int) -> None:
+    """Count bytes the eager kernel took because the kernels were not compiled yet."""
+    global _deferred_bytes
+    _deferred_bytes += nbytes
+
+
+def mark_warm(device: torch.device) -> None:
+    """The kernels ran on ``device``: compiled for its architecture, here and on disk."""
+    if device.type != "cuda":
+        return
+    arch = _arch(device)
+    if arch in _warm:
+        return
+    _warm.add(arch)
+    try:
+        path = _marker(arch)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError:
+        pass  # a read-only home: the next process compiles again, nothing worse
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The Triton functions, imported once (after ``TRITON_INTERPRET`` is known)."""
+    from gradaudit._triton_rows import merge_partials, table_rows
+
+    return table_rows, merge_partials
+
+
+#: GPUs whose float64 runs at 2 operations per clock per SM (A10, L4, L40S, RTX 30xx,
+#: 40xx, 50xx): compute capability 8.6, 8.7, 8.9 and 12.x.
+SLOW_FP64 = frozenset({(8, 6), (8, 7), (8, 9)})
+#: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
+#: the tests set it to run that variant through the interpreter).
+FP32_ACCUMULATE: bool | None = None
+
+
+def fp32_accumulate(device: torch.device) -> bool:
+    """Whether float16/bfloat16 squares add up in compensated float32 on ``device``.
+
+    One float64 FMA per element is free on data-centre GPUs (64 per clock per SM)
+    and the bottleneck where float64 runs at 2 per clock per SM: an A10 would
+    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G.
+    """
+    if FP32_ACCUMULATE is not None:
+        return FP32_ACCUMULATE
+    return device.type == "cuda" and _slow_fp64(device)
+
+
+@functools.cache
+def _slow_fp64(device: torch.device) -> bool:
+    capability = torch.cuda.get_device_capability(device)
+    return capability in SLOW_FP64 or capability[0] == 12
+
+
+def _sms(device: torch.device) -> int:
+    """SMs of a CUDA device (looked up once per device); ``DEFAULT_SMS`` elsewhere."""
+    return _cuda_sms(device) if device.type == "cuda" else DEFAULT_SMS
+
+
+@functools.cache
+def _cuda_sms(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def span_for(numel: int, sms: int = DEFAULT_SMS) -> int:
+    """Elements per program for a tensor of ``numel``: ~4 programs per SM, whole steps.
+
+    A 1024×1024 tensor is then 256 programs of 4096 elements rather than 64
+    of 16384 on 132 SMs; tiny tensors take one step, huge ones ``MAX_SPAN``.
+    """
+    per_program = -(-numel // (4 * sms))
+    steps = -(-per_program // BLOCK)
+    return min(MAX_STEPS, max(1, steps)) * BLOCK
+
+
+@dataclass
+class _Group:
+    """The tensors of one dtype in a batch, addressed from the first one's pointer."""
+
+    base: torch.Tensor
+    base_pointer: int
+    itemsize: int
+    #: TABLE_WIDTH int64 per tensor: first program, element offset, length, span.
+    table: array.array[int] = field(default_factory=lambda: array.array("q"))
+    programs: int = 0
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    tickets: list[int] = field(default_factory=list)
+
+
+class TritonBatch:
+    """Tensors of one device waiting for one launch per dtype (see the module doc).
+
+    :meth:`add` only takes a reference and appends four integers; :meth:`launch`
+    queues the kernels and returns the stats rows. The tensors must not change
+    in between (the collector launches at every settle).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sms = _sms(device)
+        self._fp32_accumulate = fp32_accumulate(device)
+        #: Elements of a program's step times the programs a tensor should have.
+        self._quarter_share = BLOCK * 4 * self._sms
+        self._groups: dict[torch.dtype, _Group] = {}
+
+    def __len__(self) -> int:
+        return sum(len(group.tensors) for group in self._groups.values())
+
+    def add(self, tensor: torch.Tensor, ticket: int) -> bool:
+        """Queue a contiguous, non-empty float32/16/bf16 ``tensor``; ``False`` if it cannot join.
+
+        A tensor whose address is not a whole number of elements away from the
+        group's base (a view at an odd byte offset) cannot be addressed from it.
+        """
+        pointer = tensor.data_ptr()
+        group = self._groups.get(tensor.dtype)
+        if group is None:
+            if pointer % VECTOR_BYTES:
+                return False  # the base must be 16-byte aligned; a later tensor may be
+            group = _Group(tensor, pointer, tensor.element_size())
+            self._groups[tensor.dtype] = group
+        offset, misaligned = divmod(pointer - group.base_pointer, group.itemsize)
+        if misaligned:
+            return False
+        numel = tensor.numel()
+        # span_for(), inlined: this runs once per tensor.
+        steps = -(-numel // self._quarter_share)
+        span = BLOCK * (1 if steps <= 1 else MAX_STEPS if steps >= MAX_STEPS else steps)
+        group.table.extend((group.programs, offset, numel, span))
+        group.programs += -(-numel // span)
+        group.tensors.append(tensor)
+        group.tickets.append(ticket)
+        return True
+
+    def entries(self) -> list[tuple[torch.Tensor, int]]:
+        """Every queued tensor with its ticket (for a fallback when the launch failed:
+        a failed launch keeps them)."""
+        return [
+            (tensor, ticket)
+            for group in self._groups.values()
+            for tensor, ticket in zip(group.tensors, group.tickets, strict=True)
+        ]
+
+    def launch(self) -> tuple[torch.Tensor, list[int]]:
+        """Queue the kernels: stats rows ``[r, 7]`` and the ticket of each row (-1: unused).
+
+        On CUDA the kernels run on the current stream, and every input tensor
+        is recorded on it, so memory freed meanwhile (``zero_grad``) is not
+        given to another stream before the kernels read it.
+        """
+        table_rows, merge_partials = _kernels()
+        groups = [group for group in self._groups.values() if group.tensors]
+        tables: list[torch.Tensor] = []
+        tickets: list[int] = []
+        bases: list[tuple[int, int]] = []  # (first program, first table row) per group
+        programs = rows = 0
+        for group in groups:
+            # One sentinel row per group: its first program ends the last tensor's range.
+            group.table.extend((group.programs, 0, 0, 0))
+            table = torch.frombuffer(group.table, dtype=torch.int64).view(-1, TABLE_WIDTH)
+            table[:, 0] += programs  # first programs count across the groups
+            tables.append(table)
+            tickets += group.tickets
+            tickets.append(-1)
+            bases.append((programs, rows))
+            programs += group.programs
+            rows += table.shape[0]
+        # A last row whose first program ends the last sentinel's (empty) range.
+        tables.append(torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64))
+        host = torch.cat(tables)
+        cuda = self.device.type == "cuda"
+        # Everything on the tensors' device, whichever device is current (no
+        # context is made on another GPU).
+        context = torch.cuda.device(self.device) if cuda else _NoContext()
+        with context:
+            # Pinned, so the copy is queued rather than waited for; the caching host
+            # allocator keeps the pinned block until the copy has run.
+            table = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
+            out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
+            stream = torch.cuda.current_stream(self.device) if cuda else None
+            for group, (first_program, first_row) in zip(groups, bases, strict=True):
+                kind = KINDS[group.base.dtype]
+                base = group.base.view(torch.int16) if kind == 1 else group.base
+                count = len(group.tensors)
+                table_rows[(group.programs,)](
+                    base,
+                    table[first_row:],
+                    partial,
+                    first_program,
+                    count,
+                    max(count - 1, 0).bit_length(),
+                    BLOCK=BLOCK,
+                    VEC=VECTOR_BYTES // group.itemsize,
+                    KIND=kind,
+                    FP32_ACC=kind != 0 and self._fp32_accumulate,
+                )
+                if stream is not None:
+                    for tensor in group.tensors:
+                        tensor.record_stream(stream)
+            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS)
+        self._groups = {}
+        return out, tickets
+
+
+class _NoContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class TritonKernel:
     """Stats rows ``[m, 7]`` of a contiguous float32/float16/bfloat16 block ``[m, L]``.
 
-    One launch for the whole block, whatever ``m`` and ``L``: a large tensor is
-    one row (no chunks, no scratch), a bucket of small tensors is many. The
-    partial rows of one row are merged by torch reductions on the device;
-    a row that fits in one program's span needs none.
+    The block API of the other row kernels (buckets, chunks of strided
+    tensors): each row is one entry of a batch, all in one launch.
     """
 
     def __call__(self, block: torch.Tensor) -> torch.Tensor:
-        if not takes(block):
+        if block.dtype not in KINDS or not runs_on(block.device):
             raise TypeError(
                 f"the Triton kernel takes float32/float16/bfloat16 blocks on CUDA, "
                 f"not {block.dtype} on {block.device}"
             )
-        rows, length = block.shape
         block = block.contiguous()
-        bfloat16 = block.dtype == torch.bfloat16
-        if bfloat16:
-            block = block.view(torch.int16)
-        programs_per_row = max(1, -(-length // SPAN))
-        partial = torch.empty(
-            (rows * programs_per_row, 7), dtype=torch.float64, device=block.device
-        )
-        launch = _partial_rows_kernel()[(rows * programs_per_row,)]
-        # Triton launches on the current device's current stream.
-        with torch.cuda.device(block.device) if block.is_cuda else contextlib.nullcontext():
-            launch(
-                block,
-                partial,
-                length,
-                programs_per_row,
-                BLOCK=BLOCK,
-                SPAN=SPAN,
-                BFLOAT16_BITS=bfloat16,
-            )
-        if programs_per_row == 1:
-            return partial
-        parts = partial.view(rows, programs_per_row, 7)
-        return torch.cat(
-            [
-                parts[:, :, :4].sum(dim=1),
-                parts[:, :, 4:6].amax(dim=1),
-                parts[:, :, 6:].sum(dim=1),
-            ],
-            dim=1,
-        )
+        if block.data_ptr() % VECTOR_BYTES:
+            block = block.clone()  # caching allocators align fresh memory
+        batch = TritonBatch(block.device)
+        for index, row in enumerate(block):
+            if row.numel() and not batch.add(row, index):
+                raise AssertionError("a contiguous block's rows are whole elements apart")
+        if not len(batch):
+            return _empty_rows(block.shape[0], block.device)
+        out, _ = batch.launch()
+        return out[: block.shape[0]]  # one group: the rows in order, then its sentinel
+
+
+def _empty_rows(count: int, device: torch.device) -> torch.Tensor:
+    rows = torch.zeros((count, 7), dtype=torch.float64, device=device)
+    rows[:, 5] = 1.0
+    return rows

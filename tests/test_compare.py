@@ -132,9 +132,9 @@ def test_both_sides_are_read_back_in_one_transfer(monkeypatch: pytest.MonkeyPatc
     calls: list[int] = []
     real = engine.read_blocks
 
-    def counting(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+    def counting(blocks: list[torch.Tensor], *settled: object) -> list[torch.Tensor]:
         calls.append(sum(block.shape[0] for block in blocks))
-        return real(blocks)
+        return real(blocks, *settled)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine, "read_blocks", counting)
     model = grafted_model()

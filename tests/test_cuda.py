@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import gradaudit
 from gradaudit import audit, collect_async, staging, triton_kernel
 from gradaudit.audit import PendingStats, scan_paths
 from gradaudit.stats import AUDITED_DTYPES
@@ -74,9 +75,9 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     calls: list[int] = []
     real = engine.read_blocks
 
-    def counting(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
+    def counting(blocks: list[torch.Tensor], *settled: object) -> list[torch.Tensor]:
         calls.append(sum(block.shape[0] for block in blocks))
-        return real(blocks)
+        return real(blocks, *settled)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine, "read_blocks", counting)
     on_cuda = compare(model.host, model.seed)
@@ -162,9 +163,26 @@ def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
         assert torch.equal(copy.cpu(), source)
 
 
-def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed() -> None:
+def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a compile is worth it (here: as if 1 GiB had gone through eager already)."""
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", triton_kernel.COMPILE_AFTER_BYTES)
     report = audit({"w": torch.randn(100_000, device="cuda")})
     assert report.engine == ("triton" if triton_kernel.installed() else "eager")
+
+
+def test_auto_reduces_a_small_scan_with_eager_while_cold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    triton_kernel._marker.cache_clear()
+    report = audit({"w": torch.randn(100_000, device="cuda")})
+    triton_kernel._marker.cache_clear()
+    assert report.engine == "eager"
+    assert triton_kernel._deferred_bytes == 400_000
 
 
 def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,3 +192,96 @@ def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "pinned H2D GB/s" in out
     assert "transformer-float32 |" in out
+
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
+)
+
+
+def _planted(device: torch.device | str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(9)
+    tensors = {
+        "w": torch.randn(300_001, generator=gen),
+        "h": torch.randn(5000, generator=gen).half(),
+        "b": torch.randn(17, generator=gen).bfloat16(),
+    }
+    tensors["w"][5] = math.nan
+    tensors["h"][7] = -math.inf
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def _assert_matches_host(report: gradaudit.Report, tensors: dict[str, torch.Tensor]) -> None:
+    for got in report.tensors:
+        ref = reference_stats(tensors[got.name].cpu())
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+        )
+        assert got.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-9)
+
+
+@needs_two_gpus
+def test_prefetch_of_a_model_on_a_non_current_gpu() -> None:
+    """Rows on cuda:1 while cuda:0 is current: copied on cuda:1 after its settle event."""
+    tensors = _planted("cuda:1")
+    with torch.cuda.device(0):
+        torch.cuda._sleep(50_000_000)  # a busy cuda:0 must not matter
+        pending = collect_async(tensors)
+        pending.prefetch()
+        assert pending._prefetched is not None
+        assert set(pending._prefetched[1]) == {torch.device("cuda", 1)}
+        _assert_matches_host(pending.materialize(), tensors)
+
+
+@needs_two_gpus
+def test_prefetch_with_rows_on_two_gpus() -> None:
+    """One copy per device, both queued without a sync; the read waits for both."""
+    on_0 = _planted("cuda:0")
+    on_1 = {f"{name}.1": t.to("cuda:1") for name, t in on_0.items()}
+    for device in (0, 1):
+        torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = collect_async({**on_0, **on_1})
+        pending.prefetch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert pending._prefetched is not None
+    assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    _assert_matches_host(pending.materialize(), {**on_0, **on_1})
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_collected_on_a_side_stream_read_on_the_default_one(prefetch: bool) -> None:
+    """The kernels run late on the side stream; the read on the default stream waits for them."""
+    tensors = _planted("cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: the rows are written long after this returns
+        pending = collect_async(tensors)
+    if prefetch:
+        pending.prefetch()
+    _assert_matches_host(pending.materialize(), tensors)
+
+
+def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values() -> None:
+    """``record_stream``: memory freed by zero_grad(set_to_none=True) is not reused early."""
+    gen = torch.Generator().manual_seed(1)
+    host = torch.randn(1 << 22, generator=gen)
+    grad = host.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        pending = collect_async({"g": grad})
+    del grad  # freed on the default stream while the side stream has not read it
+    reuse = torch.full((1 << 22,), math.nan, device="cuda")  # same size: the freed block
+    (stats,) = pending.materialize().tensors
+    assert reuse.isnan().all()
+    assert stats.nan == 0
+    assert stats.norm == pytest.approx(reference_stats(host).norm, rel=1e-9)

@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gradaudit import audit, triton_kernel
+from gradaudit.audit import PendingStats
 from gradaudit.kernels import Engine
 from gradaudit.stats import HostRow, StatsCollector, read_rows, uses_triton
 from tests.reference import reference_stats
@@ -179,22 +181,46 @@ def _broken_kernel() -> object:
     raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
 
 
+@pytest.fixture(autouse=True)
+def _no_recorded_failure() -> Iterator[None]:
+    """A compile failure is remembered per process: each test starts and ends without one."""
+    triton_kernel.reset_failure()
+    yield
+    triton_kernel.reset_failure()
+
+
 @needs_triton
-def test_auto_goes_on_with_eager_when_triton_cannot_compile(
+def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No C compiler for Triton's launcher, say: auto's numbers come from eager instead."""
+    """No C compiler for Triton's launcher, say: auto's numbers come from eager instead,
+    and the failure is remembered for the process: the next collector does not try again."""
     monkeypatch.setattr("gradaudit.native._module", None)  # auto -> eager on the CPU
-    monkeypatch.setattr(triton_kernel, "_partial_rows_kernel", _broken_kernel)
-    collector = StatsCollector(engine="auto", chunk_elements=4096)
-    collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+    tries: list[int] = []
+
+    def broken() -> object:
+        tries.append(1)
+        return _broken_kernel()
+
+    monkeypatch.setattr(triton_kernel, "_kernels", broken)
     gen = torch.Generator().manual_seed(2)
     tensor = torch.randn(50_000, generator=gen).half()
     tensor[[3, 40_000]] = torch.tensor([math.nan, -math.inf], dtype=torch.half)
-    rows = [collector.row(tensor), collector.row(tensor[:100])]
-    for got, values in zip((tensor, tensor[:100]), read_rows(rows).tolist(), strict=True):
-        assert_matches_reference(got, HostRow.from_values(values))
-    assert collector.engine_used == "eager"
+    pieces = {"whole": tensor, "head": tensor[:100], "tail": tensor[1:], "big": tensor.repeat(2)}
+    for _ in range(2):
+        collector = StatsCollector(engine="auto", chunk_elements=4096)
+        collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+        collector._triton_off_cuda = True
+        pending = PendingStats(collector=collector)
+        pending.add_all({name: piece.to(DEVICE) for name, piece in pieces.items()})
+        rows = [collector.row(tensor.to(DEVICE)), *pending.rows]
+        for got, values in zip((tensor, *pieces.values()), read_rows(rows).tolist(), strict=True):
+            assert_matches_reference(got, HostRow.from_values(values))
+        assert collector.engine_used == "eager"
+    assert len(tries) == 1
+    assert triton_kernel.failure() == (
+        "RuntimeError: Failed to find C compiler. Please specify via CC environment variable."
+    )
 
 
 @needs_triton
@@ -203,7 +229,161 @@ def test_triton_by_name_that_cannot_compile_is_a_usage_error(
 ) -> None:
     from gradaudit.stats import EngineUnavailable
 
-    monkeypatch.setattr(triton_kernel, "_partial_rows_kernel", _broken_kernel)
+    monkeypatch.setattr(triton_kernel, "_kernels", _broken_kernel)
     collector = StatsCollector(engine="triton")
     with pytest.raises(EngineUnavailable, match=r"could not run \(RuntimeError: Failed to find C"):
         collector.row(torch.ones(10, device=DEVICE))
+    # Remembered: asking again fails at once, without compiling.
+    with pytest.raises(EngineUnavailable, match="could not run"):
+        StatsCollector(engine="triton")
+
+
+def test_cuda_tensors_never_go_to_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``TRITON_INTERPRET=1`` CUDA tensors go to eager; without it, to the compiled kernel.
+
+    Pure logic on ``torch.device`` objects: checkable without a GPU.
+    """
+    cuda, cpu = torch.device("cuda", 1), torch.device("cpu")
+    monkeypatch.setattr(triton_kernel, "installed", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not triton_kernel.runs_on(cuda)
+    assert triton_kernel.runs_on(cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_kernel.runs_on(cuda)
+    assert not triton_kernel.runs_on(cpu)
+    monkeypatch.setattr(triton_kernel, "installed", lambda: False)
+    assert not triton_kernel.runs_on(cuda)
+
+
+@pytest.mark.parametrize("numel", [1, 1000, 1 << 20, 3 << 24, 1 << 34])
+@pytest.mark.parametrize("sms", [1, 108, 132])
+def test_spans_are_whole_steps_sized_to_the_tensor(numel: int, sms: int) -> None:
+    span = triton_kernel.span_for(numel, sms)
+    assert span % triton_kernel.BLOCK == 0
+    assert triton_kernel.MIN_SPAN <= span <= triton_kernel.MAX_SPAN
+    programs = -(-numel // span)
+    # Four programs per SM whenever the tensor has the work for them, none wasted.
+    assert programs >= min(4 * sms, -(-numel // triton_kernel.MAX_SPAN), -(-numel // 1024))
+    assert span == triton_kernel.MIN_SPAN or programs <= 4 * sms or span == triton_kernel.MAX_SPAN
+
+
+class _CountingKernels:
+    """The real kernels, with their launches counted."""
+
+    def __init__(self, kernels: tuple[object, object]) -> None:
+        self.kernels = kernels
+        self.launches: list[str] = []
+
+    def __call__(self) -> tuple[object, object]:
+        rows, merge = self.kernels
+        return self._counted(rows, "rows"), self._counted(merge, "merge")
+
+    def _counted(self, kernel: object, name: str) -> object:
+        outer = self
+
+        class Launcher:
+            def __getitem__(self, grid: object) -> object:
+                launch = kernel[grid]  # type: ignore[index]
+
+                def run(*args: object, **kwargs: object) -> object:
+                    outer.launches.append(name)
+                    return launch(*args, **kwargs)
+
+                return run
+
+        return Launcher()
+
+
+@needs_triton
+def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixed dtypes and sizes, views at unaligned offsets, tensors far apart in memory:
+    every row right, from one launch per dtype plus one merge."""
+    counting = _CountingKernels(triton_kernel._kernels())
+    monkeypatch.setattr(triton_kernel, "_kernels", counting)
+    gen = torch.Generator().manual_seed(4)
+    tensors = [
+        torch.randn(n, generator=gen).to(dtype)
+        for n, dtype in [
+            (5, torch.float32),
+            (40_000, torch.float32),
+            (1025, torch.bfloat16),
+            (3, torch.float16),
+            (70_000, torch.float32),
+            (17, torch.bfloat16),
+            (2048, torch.float16),
+        ]
+    ]
+    tensors[1][7] = math.nan
+    tensors[4][-1] = -math.inf
+    tensors[2][0] = 0.0
+    tensors[6][5:9] = torch.tensor([math.inf, -math.inf, math.nan, 0.0], dtype=torch.float16)
+    parent = torch.randn(4099, generator=gen)
+    tensors += [parent[1:], parent[3:4002], parent[2:][::1]]  # 4-, 12- and 8-byte offsets
+    pending = PendingStats(engine="triton")
+    pending.add_all((str(i), t.to(DEVICE)) for i, t in enumerate(tensors))
+    rows = pending.rows
+    assert counting.launches == ["rows", "rows", "rows", "merge"]
+    assert pending._collector.engine_used == "triton"
+    for tensor, values in zip(tensors, read_rows(list(rows)).tolist(), strict=True):
+        assert_matches_reference(tensor, HostRow.from_values(values))
+
+
+@needs_triton
+def test_byte_counters_do_not_carry_at_the_longest_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One SM: spans grow to MAX_SPAN; every element NaN (or zero) fills each lane's byte
+    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact."""
+    monkeypatch.setattr(triton_kernel, "DEFAULT_SMS", 1)
+    length = 4 * triton_kernel.MAX_SPAN + 3
+    assert triton_kernel.span_for(length, 1) == triton_kernel.MAX_SPAN
+    nan = torch.full((length + 1,), math.nan, dtype=torch.bfloat16, device=DEVICE)[1:]  # both edges
+    zeros = torch.zeros(length, dtype=torch.float16, device=DEVICE)
+    # An aligned first tensor: the group's base.
+    anchor = torch.ones(8, dtype=torch.bfloat16, device=DEVICE)
+    pending = PendingStats(engine="triton")
+    pending.add_all({"anchor": anchor, "nan": nan, "zeros": zeros})
+    assert pending._collector.engine_used == "triton"
+    rows = read_rows(list(pending.rows)).tolist()
+    got_nan, got_zeros = (HostRow.from_values(v) for v in rows[1:])
+    assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
+    assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
+
+
+@pytest.fixture
+def float32_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variant GPUs with slow float64 run (A10, RTX 4090, ...), through the interpreter."""
+    monkeypatch.setattr(triton_kernel, "FP32_ACCUMULATE", True)
+
+
+@needs_triton
+def test_float32_sums_every_float16_and_bfloat16_bit_pattern(float32_sums: None) -> None:
+    """Both zeros, subnormals (scaled up), the largest bfloat16 (scaled down), NaN, ±Inf."""
+    test_every_float16_and_bfloat16_bit_pattern()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-38, 1e-20, 1.0, 1e18, 1e37])
+def test_float32_sums_across_the_range(
+    dtype: torch.dtype, scale: float, float32_sums: None
+) -> None:
+    """Each magnitude class alone and mixed: the compensated float32 sums match float64."""
+    gen = torch.Generator().manual_seed(int(math.log10(scale)) + 50)
+    values = torch.randn(70_001, generator=gen, dtype=torch.float64) * scale
+    values[::7] *= 1e30 if dtype == torch.bfloat16 else 1.0
+    tensor = values.to(dtype)
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+    ref = reference_stats(tensor)
+    assert row.norm == pytest.approx(ref.norm, rel=1e-12)
+
+
+def test_float32_sums_are_chosen_where_float64_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute capability 8.6, 8.7, 8.9 and 12.x: 2 float64 operations per clock per SM."""
+    cases = {(8, 0): False, (8, 6): True, (8, 7): True, (8, 9): True, (9, 0): False}
+    cases |= {(10, 0): False, (12, 0): True, (12, 1): True}
+    for capability, expected in cases.items():
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        triton_kernel._slow_fp64.cache_clear()
+        assert triton_kernel.fp32_accumulate(torch.device("cuda", 0)) is expected, capability
+    triton_kernel._slow_fp64.cache_clear()
+    assert not triton_kernel.fp32_accumulate(torch.device("cpu"))

@@ -1,0 +1,199 @@
+"""Compile the Triton kernels for real GPU targets without a GPU, and read the machine code.
+
+Run as ``python -m tests.sass [cc ...]``: prints one JSON object per kernel
+variant and target with what ``tests/test_gpu_budget.py`` checks. It runs in
+a process of its own because the test suite turns on Triton's interpreter
+(``TRITON_INTERPRET=1``), under which ``triton.jit`` gives interpreted
+functions that cannot be compiled.
+
+``triton.compile`` with a ``GPUTarget`` runs Triton's whole pipeline and its
+bundled ``ptxas`` for that target on the CPU; ``cuobjdump`` (bundled too)
+gives the registers, local memory (spills) and SASS of the cubin.
+
+The bandwidth model the budgets come from (``docs/gpu.md`` has it in words)
+----------------------------------------------------------------------------
+An SM issues at most 4 warp instructions per clock (one per scheduler, on
+every target here). The inner loop of :func:`table_rows` is ``n`` SASS
+instructions per warp and takes ``E = BLOCK / num_warps`` elements per warp,
+so it costs ``i = n / E`` issue slots per element, and an SM can process at
+most ``4 / i`` elements per clock. To keep up with HBM, ``SMs * clock * 4 / i``
+elements per second must reach ``bandwidth / itemsize``, so
+
+    i  <=  4 * SMs * clock * itemsize / bandwidth.
+
+H100 SXM (132 SMs, 1.755 GHz under load, 3.35 TB/s): 1.106 for float32 and
+0.553 for 2-byte dtypes. A100 80 GB (108 SMs, 1.41 GHz, 2.04 TB/s): 1.195 and
+0.597. The H100's are the tighter: they are :data:`BUDGET`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+#: Issue slots per element the inner loop may take (see the module doc).
+H100 = {"sms": 132, "clock_hz": 1.755e9, "bandwidth": 3.35e12}
+ISSUE_PER_CLOCK = 4
+
+
+def budget(itemsize: int, gpu: dict[str, float] = H100) -> float:
+    """Instructions per element (per warp) that still keep up with ``gpu``'s HBM."""
+    return ISSUE_PER_CLOCK * gpu["sms"] * gpu["clock_hz"] * itemsize / gpu["bandwidth"]
+
+
+BUDGET = {4: budget(4), 2: budget(2)}
+
+#: The kernel variants: KIND -> (pointer type of x_ptr, itemsize).
+KINDS = {0: ("*fp32", 4), 1: ("*i16", 2), 2: ("*fp16", 2)}
+NAMES = {0: "float32", 1: "bfloat16", 2: "float16"}
+
+
+def _tools() -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def newest_target() -> int:
+    """The newest ``sm_XY`` the bundled ptxas (Blackwell's, the newer one) accepts."""
+    tools = _tools()
+    names = ("ptxas-blackwell", "ptxas")
+    path = next(os.path.join(tools, n) for n in names if os.path.exists(os.path.join(tools, n)))
+    text = subprocess.run([path, "--help"], capture_output=True, text=True, check=True).stdout
+    return max(int(arch) for arch in re.findall(r"'sm_(\d+)[a-z]?'", text))
+
+
+def _analyse(cubin: bytes) -> dict[str, Any]:
+    tools = _tools()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        usage = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "-res-usage", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        sass = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "-sass", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    code = [
+        (int(address, 16), text.strip())
+        for address, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    ]
+    loops = []
+    for address, text in code:
+        if re.search(r"\bBRA\b", text):
+            target = int(re.findall(r"0x([0-9a-f]+)", text)[-1], 16)
+            if target < address:  # a backward branch closes a loop
+                body = [t for a, t in code if target <= a <= address]
+                loads = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
+                loops.append(
+                    {
+                        "instructions": len(body),
+                        "global_loads": [op for op in loads if op.startswith("LDG")],
+                    }
+                )
+    return {"registers": registers, "local_bytes": local, "stack_bytes": stack, "loops": loops}
+
+
+def compile_all(targets: list[int]) -> list[dict[str, Any]]:
+    """Every kernel variant for every target: registers, spills and loops."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gradaudit import triton_kernel
+    from gradaudit._triton_rows import merge_partials, table_rows
+
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+    results = []
+    variants = [(cc, kind, False) for cc in targets for kind in KINDS]
+    # The float32-sum variant, for 2-byte dtypes on GPUs with slow float64: an
+    # sm_86 (A10) and the newest target (12.x).
+    variants += [(cc, kind, True) for cc in (86, targets[-1]) for kind in (1, 2)]
+    for cc, kind, fp32_sums in variants:
+        target = GPUTarget("cuda", cc, 32)
+        pointer, itemsize = KINDS[kind]
+        source = ASTSource(
+            table_rows,
+            {
+                "x_ptr": pointer,
+                "table_ptr": "*i64",
+                "out_ptr": "*fp64",
+                "program_base": "i64",
+                "tensors": "i32",
+                "search_steps": "i32",
+                "BLOCK": "constexpr",
+                "VEC": "constexpr",
+                "KIND": "constexpr",
+                "FP32_ACC": "constexpr",
+            },
+            constexprs={
+                "BLOCK": triton_kernel.BLOCK,
+                "VEC": triton_kernel.VECTOR_BYTES // itemsize,
+                "KIND": kind,
+                "FP32_ACC": fp32_sums,
+            },
+            attrs=aligned,
+        )
+        kernel = triton.compile(source, target=target)
+        results.append(
+            {
+                "kernel": f"table_rows[{NAMES[kind]}{', fp32 sums' if fp32_sums else ''}]",
+                "cc": cc,
+                "itemsize": itemsize,
+                "warps": kernel.metadata.num_warps,
+                "block": triton_kernel.BLOCK,
+                **_analyse(kernel.asm["cubin"]),
+            }
+        )
+    for cc in targets:
+        target = GPUTarget("cuda", cc, 32)
+        source = ASTSource(
+            merge_partials,
+            {
+                "partial_ptr": "*fp64",
+                "first_ptr": "*i64",
+                "out_ptr": "*fp64",
+                "tensors": "i32",
+                "PARTS": "constexpr",
+            },
+            constexprs={"PARTS": triton_kernel.MERGE_PARTS},
+            attrs=aligned,
+        )
+        kernel = triton.compile(source, target=target)
+        results.append(
+            {
+                "kernel": "merge_partials",
+                "cc": cc,
+                "warps": kernel.metadata.num_warps,
+                **_analyse(kernel.asm["cubin"]),
+            }
+        )
+    return results
+
+
+def main(argv: list[str]) -> None:
+    # Triton reads TRITON_INTERPRET once, when it is first imported (below, not before).
+    if os.environ.get("TRITON_INTERPRET", "0") != "0":
+        raise SystemExit("tests.sass compiles for real targets: unset TRITON_INTERPRET")
+    targets = [int(a) for a in argv] or [80, 90, newest_target()]
+    for result in compile_all(targets):
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,146 @@
+"""The GPU path's host-side logic, checked on the CPU.
+
+What a CPU can prove about the CUDA path (``docs/gpu.md`` lists what it cannot):
+
+* the Triton batch path and the monitor's prefetch queue their work without a
+  single host read: run on ``meta`` tensors (every host read of one raises)
+  with the kernel launches replaced by no-ops, every line of host code of the
+  path runs, table building and placements included;
+* an element count that another rank's NCCL collective produced stays on the
+  device and is read with the rows, in the one read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from gradaudit import GradientMonitor, triton_kernel
+from gradaudit.audit import PendingEntry, PendingStats
+from gradaudit.stats import ROW_WIDTH, SCALE, StatsCollector
+
+
+class _NoopLaunch:
+    """A Triton kernel whose launches do nothing (what the host does is what is checked)."""
+
+    def __init__(self, launches: list[int]) -> None:
+        self.launches = launches
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: object, **kwargs: object) -> None:
+            self.launches.append(grid[0])
+
+        return launch
+
+
+@pytest.fixture
+def triton_on_meta(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Route ``meta`` tensors to the Triton batch path, with no-op kernels; returns the grids."""
+    launches: list[int] = []
+    monkeypatch.setattr(triton_kernel, "installed", lambda: True)
+    monkeypatch.setattr(triton_kernel, "runs_on", lambda device: device.type == "meta")
+    monkeypatch.setattr(
+        triton_kernel, "_kernels", lambda: (_NoopLaunch(launches), _NoopLaunch(launches))
+    )
+    real_init = StatsCollector.__init__
+
+    def init(self: StatsCollector, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self._triton = True
+        self._triton_devices = frozenset({"meta"})
+        self._triton_off_cuda = True
+
+    monkeypatch.setattr(StatsCollector, "__init__", init)
+    triton_kernel.reset_failure()
+    return launches
+
+
+def test_the_triton_batch_path_never_reads_the_device(triton_on_meta: list[int]) -> None:
+    tensors = {
+        "big": torch.empty(3_000_000, device="meta"),
+        "half": torch.empty(5000, dtype=torch.float16, device="meta"),
+        "bf16": torch.empty(64, 3, dtype=torch.bfloat16, device="meta"),
+        "tiny": torch.empty(3, device="meta"),
+        "strided": torch.empty(40, 30, device="meta").t(),
+        "double": torch.empty(10, dtype=torch.float64, device="meta"),
+    }
+    pending = PendingStats(engine="auto")
+    pending.add_all(tensors)
+    pending.prefetch()
+    rows = pending.rows
+    assert len(rows) == len(tensors)
+    assert {row.device.type for row in rows} == {"meta"}
+    assert "triton" in pending._collector.engine_used
+    # One launch per dtype of the batch (float32: big and tiny; float16; bfloat16) and
+    # one merge of their 3 + 1 + 1 rows and 3 sentinels; then the strided tensor's
+    # chunk, a block of its own: 1200 elements in two programs, one row and a sentinel.
+    big_programs = -(-3_000_000 // triton_kernel.span_for(3_000_000))
+    assert triton_on_meta == [big_programs + 1, 5, 1, 7, 2, 2]
+
+
+def test_the_monitors_collecting_step_never_reads_the_device(triton_on_meta: list[int]) -> None:
+    """The monitor's default mode: collect, prefetch, return; the read is the next step's."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32, device="meta"), torch.nn.Linear(32, 8, device="meta")
+    )
+    for param in model.parameters():
+        param.grad = torch.empty_like(param)
+    monitor = GradientMonitor(model, every=1, dump_dir=None)
+    assert monitor.step() is None
+    assert triton_on_meta  # the Triton path ran
+
+
+def test_an_element_count_on_the_device_is_read_with_the_rows() -> None:
+    """What ``collect_sharded`` does with an NCCL-only group: the count arrives with the rows."""
+    pending = PendingStats()
+    pending.add("local", torch.tensor([3.0, 4.0]))
+    row = torch.zeros(ROW_WIDTH, dtype=torch.float64)
+    row[SCALE] = 1.0
+    row[6] = 25.0
+    child = pending.child()
+    child.add_row(PendingEntry("sharded", (), "float32"), row, numel=torch.tensor(12.0))
+    pending.absorb(child)
+    assert pending.entries[1].shape == ()  # not known before the read
+    report = pending.materialize()
+    assert [t.shape for t in report.tensors] == [(2,), (12,)]
+    assert report.tensors[1].numel == 12
+    assert report.tensors[1].norm == 5.0
+    assert report.tensors[1].rms == pytest.approx(5.0 / math.sqrt(12))
+
+
+@pytest.fixture
+def cold_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """An sm_90 that never compiled the kernels: no marker, nothing deferred yet."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_arch", lambda device: "sm_90")
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    triton_kernel._marker.cache_clear()
+    yield tmp_path
+    triton_kernel._marker.cache_clear()
+
+
+def test_auto_waits_to_compile_until_the_data_is_worth_it(cold_cache: Any) -> None:
+    gpu = torch.device("cuda", 0)
+    assert triton_kernel.compile_worth(torch.device("cpu"))  # the interpreter compiles nothing
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.defer(triton_kernel.COMPILE_AFTER_BYTES - 1)
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.defer(1)
+    assert triton_kernel.compile_worth(gpu)
+
+
+def test_compiled_once_is_warm_in_the_next_process(cold_cache: Any) -> None:
+    import triton
+
+    gpu = torch.device("cuda", 0)
+    assert not triton_kernel.compile_worth(gpu)
+    triton_kernel.mark_warm(gpu)
+    (marker,) = cold_cache.iterdir()
+    assert marker.name.startswith("gradaudit-")
+    assert marker.name.endswith(f"-sm_90-triton{triton.__version__}")
+    triton_kernel._warm.clear()  # a new process: only the marker remains
+    assert triton_kernel.compile_worth(gpu)
