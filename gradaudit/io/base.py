@@ -22,9 +22,25 @@ class Excluded:
     name: str
 
 
-#: What a reader yields: a named tensor to audit, a value it could not audit, or a name
-#: the selection left out.
-SourceItem = tuple[str, torch.Tensor] | Skipped | Excluded
+@dataclass(frozen=True)
+class Pieces:
+    """One tensor stored as several disjoint pieces (a distributed checkpoint's chunks).
+
+    The pieces are loaded one at a time by ``load`` and each is reduced to a stats row;
+    the rows are combined with the engine's merge rule, so the whole tensor is never put
+    together in memory and its stats are those of the whole (the pieces tile it exactly).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    #: Yields the pieces as CPU tensors, in any order; called once.
+    load: Callable[[], Iterator[torch.Tensor]]
+
+
+#: What a reader yields: a named tensor to audit, a tensor in pieces, a value it could not
+#: audit, or a name the selection left out.
+SourceItem = tuple[str, torch.Tensor] | Pieces | Skipped | Excluded
 
 #: Decides from a tensor's name whether it is audited (see :class:`gradaudit.selection.NameFilter`).
 Select = Callable[[str], bool]
