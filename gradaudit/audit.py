@@ -76,6 +76,8 @@ from gradaudit.stats import (
     StatsCollector,
     blocks_by_device,
     dtype_name,
+    dtype_skip_reason,
+    empty_row,
     hides_values,
     merge_rows,
     not_audited_reason,
@@ -429,6 +431,36 @@ class PendingStats:
             self.settle()
             self.queue_derived(name, tensor, hint, source)
 
+    def add_pieces(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        pieces: Iterable[torch.Tensor],
+        source: str | None = None,
+        hint: TensorHint | None = None,
+    ) -> None:
+        """Queue one tensor given as disjoint pieces that tile it (a distributed checkpoint's
+        chunks): one stats row per piece, merged by the engine's rule, never a whole copy.
+
+        Each piece is reduced before the next is taken, so only one is held at a time.
+        """
+        reason = dtype_skip_reason(dtype)
+        if reason is not None:
+            self._skipped.append(Skipped(name, reason, source, hides_values(dtype)))
+            return
+        rows = []
+        device = self.device
+        for piece in pieces:
+            if device is not None and piece.device != device:
+                piece = self._to_device(piece)
+            rows.append(self._collector.row(piece))
+        if not rows:
+            row = empty_row(device or "cpu")
+        else:
+            row = rows[0] if len(rows) == 1 else merge_rows(torch.stack(rows))
+        self.add_row(PendingEntry(name, shape, dtype_name(dtype), source, hint), row)
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move a tensor to :attr:`device`; CPU -> CUDA goes through the pinned staging ring."""
         assert self.device is not None
@@ -515,7 +547,7 @@ class PendingStats:
         ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
         """
         from gradaudit.io import Excluded, open_source
-        from gradaudit.io.base import RunItem, RunSource, TensorRun
+        from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
 
         self.add_file(path)
         part = self.child()
@@ -536,6 +568,12 @@ class PendingStats:
                     part.exclude(path)
                 elif isinstance(item, Skipped):
                     part.skip(dataclasses.replace(item, source=path))
+                elif isinstance(item, Pieces):
+                    part.add_pieces(
+                        item.name, item.shape, item.dtype, item.load(), path, hints.get(item.name)
+                    )
+                    if progress is not None:
+                        progress(math.prod(item.shape) * item.dtype.itemsize)
                 else:
                     name, tensor = item
                     part.queue_with_hint(name, tensor, path, hints.get(name))

@@ -147,6 +147,7 @@ def _read(
 ) -> None:
     """Collect one file into its side(s); a file that fails half-way contributes nothing."""
     from gradaudit.io import Excluded, open_source
+    from gradaudit.io.base import Pieces
 
     path = sides[0].path
     assert path is not None
@@ -161,12 +162,16 @@ def _read(
         for item in reader.items():
             if isinstance(item, Excluded):  # no selection is passed, so none come
                 continue
-            name = item.name if isinstance(item, Skipped) else item[0]
+            name = item.name if isinstance(item, Skipped | Pieces) else item[0]
             side = next((s for s in routes if name.startswith(s.prefix or "")), None)
             if side is None:
                 part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
             elif isinstance(item, Skipped):
                 part.skip(dataclasses.replace(item, source=side.label))
+            elif isinstance(item, Pieces):
+                part.add_pieces(
+                    name, item.shape, item.dtype, item.load(), side.label, hints.get(name)
+                )
             else:
                 part.queue_with_hint(name, item[1], side.label, hints.get(name))
         part.settle()

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from gradaudit.audit import PendingEntry, PendingStats
 from gradaudit.dtensor import is_dtensor
-from gradaudit.errors import UsageError
+from gradaudit.errors import InputError, UsageError
 from gradaudit.kernels import Engine
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
@@ -47,7 +47,10 @@ from gradaudit.stats import (
     ZEROS,
     StatsCollector,
     dtype_name,
+    dtype_skip_reason,
+    empty_row,
     hides_values,
+    merge_rows,
     not_audited_reason,
 )
 
@@ -371,6 +374,7 @@ def scan_paths_distributed(
     have made (bit for bit, but for ``elapsed_s`` and each rank's device).
     """
     from gradaudit.io import expand_inputs
+    from gradaudit.io.dcp import is_dcp_directory
     from gradaudit.io.discover import FileInput
 
     selection = NameFilter(tuple(include), tuple(exclude))
@@ -382,12 +386,19 @@ def scan_paths_distributed(
     plan: object = None
     if rank == 0:
         inputs = list(expand_inputs(paths, recursive=recursive))
-        sizes = [_size(e.path) if isinstance(e, FileInput) else 0 for e in inputs]
-        plan = (inputs, assign_sources(sizes, world))
+        shared = [
+            i for i, e in enumerate(inputs) if isinstance(e, FileInput) and is_dcp_directory(e.path)
+        ]
+        singles = [i for i in range(len(inputs)) if i not in shared]
+        sizes = [_size(inputs[i].path) if isinstance(inputs[i], FileInput) else 0 for i in singles]
+        shares = [[singles[j] for j in share] for share in assign_sources(sizes, world)]
+        plan = (inputs, shares, shared)
     holder: list[object] = [plan]
     dist.broadcast_object_list(holder, src=_global_rank(group, 0), group=group)
     assert isinstance(holder[0], tuple)
-    inputs, shares = holder[0]
+    inputs, shares, shared = holder[0]
+    # A DCP directory is read by every rank, its chunks split between them (collective).
+    together = {index: _collect_dcp(inputs[index].path, select, result, group) for index in shared}
 
     parts: list[_FilePart] = []
     rows: list[torch.Tensor] = []
@@ -415,6 +426,13 @@ def scan_paths_distributed(
 
     owner = {p.index: (r, p) for r, rank_parts in enumerate(everyone) for p in rank_parts or ()}
     for index in range(len(inputs)):
+        if index in together:
+            result.absorb(together[index])
+            for path in together[index].files:
+                result.add_file(path)
+            for problem in together[index].errors:
+                result.add_error(problem)
+            continue
         source_rank, part = owner[index]
         for path in part.files:
             result.add_file(path)
@@ -427,6 +445,84 @@ def scan_paths_distributed(
         for offset, entry in enumerate(part.entries):
             result.add_row(entry, gathered[source_rank][part.first_row + offset])
     return result.materialize(thresholds)
+
+
+def _collect_dcp(
+    path: str,
+    select: NameFilter | None,
+    result: PendingStats,
+    group: dist.ProcessGroup | None,
+) -> PendingStats:
+    """One DCP directory read by every rank of ``group`` together (collective).
+
+    Every rank reads the (small) metadata and splits the chunks the same way
+    (:func:`assign_sources`, by bytes); each loads only its chunks and merges their rows
+    per tensor, a tensor none of whose chunks it holds getting the empty row; one
+    :func:`all_reduce_rows` then gives every rank the rows of the whole tensors. A
+    problem on any rank (unreadable metadata, a bad chunk) makes the input an error on
+    every rank, so all ranks make the same collective calls.
+    """
+    from gradaudit.io.dcp import DcpSource, load_chunk
+
+    part = result.child()
+    part.add_file(path)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    source: DcpSource | None = None
+    problem: str | None = None
+    try:
+        source = DcpSource(path)
+    except InputError as error:
+        problem = error.cause
+    first = _first_problem(problem, group)
+    if first is not None or source is None:
+        part.add_error(InputProblem(path, first or "unreadable"))
+        return part
+    tensors = []
+    for entry in source.plan:
+        if select is not None and not select(entry.name):
+            part.exclude(path)
+        elif isinstance(entry, Skipped):
+            part.skip(entry)
+        else:
+            skipped = source.skipped(entry)
+            reason = dtype_skip_reason(entry.dtype)
+            if skipped is not None:
+                part.skip(skipped)
+            elif reason is not None:
+                part.skip(Skipped(entry.name, reason, path, hides_values(entry.dtype)))
+            else:
+                tensors.append(entry)
+    units = [(t, c) for t, tensor in enumerate(tensors) for c in range(len(tensor.chunks))]
+    sizes = [math.prod(tensors[t].chunks[c].sizes) * tensors[t].dtype.itemsize for t, c in units]
+    mine = [units[i] for i in assign_sources(sizes, world)[rank]]
+    device = result.device or torch.device("cpu")
+    collector = StatsCollector()
+    rows = [empty_row(device) for _ in tensors]
+    try:
+        for t, c in mine:
+            chunk = load_chunk(path, tensors[t], tensors[t].chunks[c]).to(device)
+            rows[t] = merge_rows(torch.stack([rows[t], collector.row(chunk)]))
+    except InputError as error:
+        problem = error.cause
+    first = _first_problem(problem, group)
+    if first is not None:
+        failed = result.child()
+        failed.add_file(path)
+        failed.add_error(InputProblem(path, first))
+        return failed
+    if tensors:
+        merged = all_reduce_rows(torch.stack(rows), group)
+        for index, tensor in enumerate(tensors):
+            facts = PendingEntry(tensor.name, tensor.shape, dtype_name(tensor.dtype), path)
+            part.add_row(facts, merged[index])
+    return part
+
+
+def _first_problem(problem: str | None, group: dist.ProcessGroup | None) -> str | None:
+    """The first rank's problem, or None when every rank is fine (collective)."""
+    everyone: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, problem, group=group)
+    return next((p for p in everyone if p is not None), None)
 
 
 def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:

@@ -43,6 +43,23 @@ def test_gpu_benchmark_refuses_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch
         bench_gpu.main(["--device", "cuda"])
 
 
+def test_dcp_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two gloo ranks save a tiny DCP checkpoint; the scan row is printed."""
+    from benchmarks import bench_dcp
+
+    bench_dcp.main(["--gib", "0.01", "--ranks", "2", "--split", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[:3] == ["ranks", "tensors", "MiB"]
+    row = lines[2].split(" | ")
+    assert row[0] == "2"
+    assert int(row[1]) == 10  # one transformer layer
+    assert float(row[4]) > 0
+    split = [line.split(" | ") for line in lines[4:] if " | " in line]
+    assert split[0] == ["scan ranks", "scan s", "× first"]
+    assert [r[0] for r in split[2:]] == ["2"]
+    assert split[2][2] == "1.00"
+
+
 def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     """Every workload and peer runs on the same tensors; start-up rows come back timed."""
     from benchmarks import bench_peers

@@ -320,3 +320,18 @@ def test_compare_github_caps_annotations(tmp_path: Path) -> None:
     everything = runner.invoke(app, ["compare", str(a), str(b), "-f", "github", "--all"]).stdout
     warnings = [line for line in everything.splitlines() if line.startswith("::warning")]
     assert len(warnings) == 80 + 1  # every tensor on both sides, and "both norms are 0"
+
+
+def test_tensors_skipped_for_one_reason_share_a_line() -> None:
+    """A training checkpoint's per-parameter step counters are one line, not one each."""
+    tensors = {f"optimizer.state.{i}.step": torch.tensor(3) for i in range(30)}
+    tensors |= {"flag": torch.tensor(True), "head.weight": torch.randn(4, 4)}
+    report = audit(tensors)
+    assert len(report.skipped) == 31  # each still in the report (and in JSON)
+    table = OutputFormat.TABLE.formatter()(report, RenderOptions(width=120))
+    skipped = [line for line in table.splitlines() if line.startswith("skipped")]
+    assert skipped == [
+        "skipped 30 tensors (optimizer.state.0.step, …): dtype int64 is not floating-point; "
+        "not audited",
+        "skipped flag: dtype bool is not floating-point; not audited",
+    ]

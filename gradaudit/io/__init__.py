@@ -11,7 +11,10 @@ from pathlib import Path
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
+from gradaudit.io.dcp import DcpSource, is_dcp_directory
+from gradaudit.io.deepspeed import DeepSpeedSource, is_deepspeed_checkpoint
 from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
+from gradaudit.io.hf_checkpoint import TrainerCheckpointSource, is_trainer_checkpoint
 from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
@@ -32,11 +35,20 @@ __all__ = [
 def open_source(path: str | Path) -> TensorSource:
     """The reader for the file ``path``, chosen by its name; raises :class:`InputError`.
 
-    ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint) and the PyTorch
-    pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` are read. Directories are
-    expanded by :func:`expand_inputs` first.
+    ``.safetensors``, ``*.safetensors.index.json`` (a sharded checkpoint), the PyTorch
+    pickle extensions ``.pt``, ``.pth``, ``.bin``, ``.ckpt`` and ``torch.distributed.checkpoint``
+    directories (a ``.metadata`` file and ``*.distcp`` data) and ``transformers`` Trainer
+    checkpoint directories (``trainer_state.json`` beside the model) and DeepSpeed ZeRO 1/2
+    checkpoint directories (``mp_rank_00_model_states.pt`` and the optimizer partitions) are
+    read. Directories are expanded by :func:`expand_inputs` first.
     """
     text = str(path)
+    if is_dcp_directory(text):
+        return DcpSource(text)
+    if is_trainer_checkpoint(text):
+        return TrainerCheckpointSource(text)
+    if is_deepspeed_checkpoint(text):
+        return DeepSpeedSource(text)
     check_regular_file(text)
     kind = input_kind(text)
     if kind == "index":

@@ -30,7 +30,7 @@ class TensorRun:
     A file of a million tiny tensors (LoRA adapters, MoE experts) spent its time
     on per-tensor Python: a view, then a collector call, for each. A run hands
     over names, shapes and addresses at once, for the native kernel to reduce
-    in one call; readers only yield runs when asked (``items(runs=True)``).
+    in one call; readers only yield runs when asked (:meth:`RunSource.runs`).
     """
 
     names: list[str]
@@ -57,9 +57,25 @@ class TensorRun:
             yield name, flat[start : start + count * size].view(self.dtype).view(shape)
 
 
-#: What a reader yields: a named tensor to audit, a value it could not audit, or a name
-#: the selection left out.
-SourceItem = tuple[str, torch.Tensor] | Skipped | Excluded
+@dataclass(frozen=True)
+class Pieces:
+    """One tensor stored as several disjoint pieces (a distributed checkpoint's chunks).
+
+    The pieces are loaded one at a time by ``load`` and each is reduced to a stats row;
+    the rows are combined with the engine's merge rule, so the whole tensor is never put
+    together in memory and its stats are those of the whole (the pieces tile it exactly).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    #: Yields the pieces as CPU tensors, in any order; called once.
+    load: Callable[[], Iterator[torch.Tensor]]
+
+
+#: What a reader yields: a named tensor to audit, a tensor in pieces, a value it could not
+#: audit, or a name the selection left out.
+SourceItem = tuple[str, torch.Tensor] | Pieces | Skipped | Excluded
 
 #: What :meth:`RunSource.runs` yields: the same, or a run of small tensors.
 RunItem = SourceItem | TensorRun

@@ -25,6 +25,9 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from gradaudit.io.dcp import DATA_SUFFIX, METADATA_NAME, is_dcp_directory
+from gradaudit.io.deepspeed import is_deepspeed_checkpoint
+from gradaudit.io.hf_checkpoint import is_trainer_checkpoint
 from gradaudit.io.safetensors_header import describe_os_error, show
 from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
 from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS
@@ -89,6 +92,10 @@ class _Seen:
             return self.files[key]
         self.files[key] = path
         return None
+
+
+def _is_dcp_part(name: str) -> bool:
+    return name == METADATA_NAME or name.endswith(DATA_SUFFIX)
 
 
 def _is_directory(path: str) -> bool:
@@ -181,6 +188,24 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
             yield BadInput(folder, f"cannot list the directory: {describe_os_error(error)}")
             continue
         covered: set[str] = set()
+        if is_dcp_directory(folder):
+            # One checkpoint: its .metadata and *.distcp files are read through it.
+            found += 1
+            first = seen.first_path(folder)
+            if first is None:
+                yield FileInput(folder)
+            else:
+                yield SkippedPath(folder, _duplicate(folder, first), root)
+            covered.update(os.path.normpath(e.path) for e in entries if _is_dcp_part(e.name))
+        elif is_trainer_checkpoint(folder) or is_deepspeed_checkpoint(folder):
+            # One checkpoint: its reader accounts for the model, optimizer and bookkeeping.
+            found += 1
+            first = seen.first_path(folder)
+            if first is None:
+                yield FileInput(folder)
+            else:
+                yield SkippedPath(folder, _duplicate(folder, first), root)
+            covered.update(os.path.normpath(e.path) for e in entries if not _is_directory(e.path))
         distributed = distributed or any(e.name.endswith(".distcp") for e in entries)
         for entry in entries:
             if entry.name.lower().endswith(INDEX_SUFFIX):
@@ -196,6 +221,8 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
                 else:
                     unsearched += 1
                     yield SkippedPath(path, "directory; not searched (use --recursive)", root)
+            elif os.path.normpath(path) in covered:
+                continue
             elif input_kind(entry.name) is None:
                 yield SkippedPath(path, _not_a_checkpoint(path), root)
             elif os.path.normpath(path) not in covered:
@@ -210,8 +237,8 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
         hint = f"; {unsearched} subdirectories not searched (use --recursive)" if unsearched else ""
         if distributed:
             hint = (
-                "; it holds a torch.distributed.checkpoint (.distcp) checkpoint: convert it "
-                "with torch.distributed.checkpoint.format_utils.dcp_to_torch_save first"
+                "; it holds torch.distributed.checkpoint data (.distcp) but no .metadata "
+                "file, which is what names the tensors: was the save interrupted?"
             )
         yield BadInput(
             root,

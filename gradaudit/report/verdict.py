@@ -12,7 +12,7 @@ from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Role
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.results import Finding, Report, Skipped, TensorStats
 
 #: Short role names for table cells.
 ROLE_LABELS: dict[Role, str] = {
@@ -25,6 +25,9 @@ ROLE_LABELS: dict[Role, str] = {
 }
 
 TensorKey = tuple[str | None, str]
+
+#: Tensors skipped for one reason that share a line in the human formats.
+GROUP_SKIPPED = 4
 
 
 def findings_by_tensor(report: Report) -> dict[TensorKey, list[Finding]]:
@@ -85,29 +88,37 @@ def nothing_to_audit(report: Report) -> str:
 
 
 def skipped_lines(report: Report, limit: int = 10) -> list[tuple[str, bool]]:
-    """``(line, unaudited)`` per skipped tensor or file (at most ``limit``), companions in one.
+    """``(line, unaudited)`` per skipped tensor or file (at most ``limit``), like ones grouped.
 
     Unread floating-point data comes first (it is a finding of kind ``skipped``).
-    ``config.json``, ``tokenizer.json`` … sit in every Hugging Face model
-    directory; naming each as skipped is noise, so they share one line.
+    Tensors skipped for the same reason share one line once there are
+    :data:`GROUP_SKIPPED` of them: a training checkpoint holds one optimizer step
+    counter per parameter, and a line for each buries what matters. The
+    ``config.json``, ``tokenizer.json`` … of a Hugging Face model directory are
+    counted in one line too.
     """
     from gradaudit.io.discover import COMPANION_REASON
 
     companions = [s for s in report.skipped if s.reason == COMPANION_REASON]
-    rest = sorted(
-        (s for s in report.skipped if s.reason != COMPANION_REASON), key=lambda s: not s.unaudited
-    )
+    by_reason: dict[tuple[bool, str], list[Skipped]] = {}
+    for skipped in sorted(report.skipped, key=lambda s: not s.unaudited):
+        if skipped.reason != COMPANION_REASON:
+            by_reason.setdefault((skipped.unaudited, skipped.reason), []).append(skipped)
     several = len(report.files) > 1
-    lines = []
-    for skipped in rest[:limit]:
-        where = ""
-        if several and skipped.source and not skipped.name.startswith(skipped.source):
-            where = f" in {printable(skipped.source)}"
-        lines.append(
-            (f"skipped {printable(skipped.name)}{where}: {skipped.reason}", skipped.unaudited)
-        )
-    if len(rest) > limit:
-        lines.append((f"… and {len(rest) - limit} more skipped", False))
+    lines: list[tuple[str, bool]] = []
+    for (unaudited, reason), group in by_reason.items():
+        if len(group) >= GROUP_SKIPPED:
+            first = printable(group[0].name)
+            lines.append((f"skipped {len(group)} tensors ({first}, …): {reason}", unaudited))
+            continue
+        for skipped in group:
+            where = ""
+            if several and skipped.source and not skipped.name.startswith(skipped.source):
+                where = f" in {printable(skipped.source)}"
+            lines.append((f"skipped {printable(skipped.name)}{where}: {reason}", unaudited))
+    if len(lines) > limit:
+        hidden = len(lines) - limit
+        lines = [*lines[:limit], (f"… and {hidden} more skipped lines", False)]
     if companions:
         names = sorted({os.path.basename(s.name) for s in companions})
         shown = ", ".join(printable(n) for n in names[:4]) + (", …" if len(names) > 4 else "")

@@ -114,12 +114,21 @@ def test_a_directory_without_checkpoints_is_an_input_error(tmp_path: Path) -> No
     assert files(expand(tmp_path, recursive=True)) == [str(tmp_path / "sub" / "deep.pt")]
 
 
-def test_a_distributed_checkpoint_directory_gets_a_hint(tmp_path: Path) -> None:
+def test_a_distributed_checkpoint_directory_is_one_input(tmp_path: Path) -> None:
+    """A DCP directory is read as a whole; its .metadata and .distcp files are not listed."""
     (tmp_path / ".metadata").write_bytes(b"x")
     (tmp_path / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("x")
+    entries = expand(tmp_path)
+    assert files(entries) == [str(tmp_path)]
+    assert [e.path for e in entries if isinstance(e, SkippedPath)] == [str(tmp_path / "notes.txt")]
+    assert files(expand(tmp_path.parent / tmp_path.name)) == [str(tmp_path)]
+
+
+def test_distcp_files_without_metadata_get_a_hint(tmp_path: Path) -> None:
+    (tmp_path / "__0_0.distcp").write_bytes(b"x")
     (error,) = [e for e in expand(tmp_path) if isinstance(e, BadInput)]
-    assert "torch.distributed.checkpoint (.distcp)" in error.cause
-    assert "dcp_to_torch_save" in error.cause
+    assert "torch.distributed.checkpoint data (.distcp) but no .metadata" in error.cause
 
 
 def test_an_unlistable_directory_is_an_input_error(

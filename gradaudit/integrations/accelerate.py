@@ -1,0 +1,56 @@
+"""Hugging Face Accelerate loops: one call after ``accelerator.backward``.
+
+Accelerate has no callback system: the loop is yours, so the helper is one function,
+:func:`accelerate_step`, called where ``GradientMonitor.step()`` would go::
+
+    with accelerator.accumulate(model):
+        loss = model(batch)
+        accelerator.backward(loss)
+        accelerate_step(accelerator, monitor, optimizer)   # before optimizer.step()
+        optimizer.step()
+        optimizer.zero_grad()
+
+It does two things a hand-written call gets wrong:
+
+* under ``accelerator.accumulate`` it collects only when gradients are synchronised (the
+  last micro-batch of an accumulation window, ``accelerator.sync_gradients``), so ``every``
+  counts optimizer steps and the stats are of the accumulated gradients;
+* under fp16 mixed precision the gradients are multiplied by the loss scale until the
+  ``GradScaler`` unscales them; ``unscale=True`` calls ``accelerator.unscale_gradients``
+  first so the stats are of the real gradients. A ``GradScaler`` may unscale an optimizer
+  only once per step, and ``accelerator.clip_grad_norm_`` unscales too: when you clip,
+  call this *after* clipping with ``unscale=False`` (the stats are then of the clipped
+  gradients, which the optimizer applies). Without fp16 both are no-ops.
+
+Needs only ``accelerate`` itself, which this module never imports: the accelerator
+object is passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradaudit.monitor import GradientMonitor, MonitorRecord
+
+__all__ = ["accelerate_step"]
+
+
+def accelerate_step(
+    accelerator: Any,
+    monitor: GradientMonitor,
+    optimizer: Any = None,
+    *,
+    unscale: bool = True,
+    step: int | None = None,
+) -> MonitorRecord | None:
+    """``monitor.step(step)`` on synchronised steps, after unscaling fp16 gradients.
+
+    Returns what ``monitor.step`` returns, or ``None`` on an accumulation micro-step (the
+    monitor's step count does not advance then). ``optimizer`` limits the unscaling to one
+    optimizer; by default every prepared optimizer is unscaled.
+    """
+    if not accelerator.sync_gradients:
+        return None
+    if unscale:
+        accelerator.unscale_gradients(optimizer)
+    return monitor.step(step)

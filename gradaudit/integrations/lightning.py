@@ -1,0 +1,106 @@
+"""A Lightning ``Callback`` over :class:`~gradaudit.GradientMonitor`.
+
+``pip install 'gradaudit[lightning]'``. Lightning calls ``on_before_optimizer_step``
+once per optimizer step, after the backward pass (and after gradient accumulation, and
+after AMP unscaling) and *before* gradient clipping, in automatic and in manual
+optimization alike (``self.optimizers().step()`` goes through it). So:
+
+* the stats are of the unclipped gradients (Lightning clips after this hook);
+* each optimizer gets its own monitor over the parameters it updates (named as in
+  ``pl_module.named_parameters()``), and its own step count (that optimizer's steps,
+  from 0), so ``every`` means the same with one optimizer or several (a GAN's two);
+* the scalars (:mod:`gradaudit.integrations.scalars`) go through ``pl_module.log`` with
+  ``on_step=True``, so every Lightning logger receives them. With several optimizers
+  the keys carry the optimizer's index: ``gradaudit/optimizer_1/global_norm``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gradaudit.integrations.scalars import PREFIX, record_scalars
+from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+from gradaudit.policy import Thresholds
+
+__all__ = ["GradauditCallback"]
+
+
+class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
+    """Gradient stats every ``every`` steps of each optimizer; options as the monitor's.
+
+    ``per_layer`` logs one ``gradaudit/norm/<parameter>`` key per parameter too;
+    ``log=False`` logs nothing (the records are in :attr:`monitors`' histories).
+    """
+
+    def __init__(
+        self,
+        *,
+        every: int = 100,
+        dump_dir: str | Path | None = "grad_dumps",
+        on_nonfinite: NonFiniteAction = "dump",
+        sync: bool = False,
+        history: int = 32,
+        max_dumps: int = 3,
+        thresholds: Thresholds | None = None,
+        per_layer: bool = False,
+        log: bool = True,
+    ) -> None:
+        super().__init__()
+        self._options: dict[str, Any] = {
+            "every": every,
+            "on_nonfinite": on_nonfinite,
+            "sync": sync,
+            "history": history,
+            "max_dumps": max_dumps,
+            "thresholds": thresholds,
+        }
+        GradientMonitor([], dump_dir=None, **self._options)  # its checks, now
+        self.dump_dir = None if dump_dir is None else Path(dump_dir)
+        self.per_layer = per_layer
+        self.log_metrics = log
+        #: One monitor per optimizer, by its index in ``trainer.optimizers``.
+        self.monitors: dict[int, GradientMonitor] = {}
+
+    def on_before_optimizer_step(
+        self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer
+    ) -> None:
+        index = _optimizer_index(trainer.optimizers, optimizer)
+        several = len(trainer.optimizers) > 1
+        monitor = self.monitors.get(index)
+        if monitor is None:
+            monitor = self._monitor(pl_module, optimizer, index if several else None)
+            self.monitors[index] = monitor
+        record = monitor.step()
+        if record is not None and self.log_metrics:
+            self._log(pl_module, record, f"{PREFIX}/optimizer_{index}" if several else PREFIX)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        for monitor in self.monitors.values():
+            monitor.flush()
+
+    def _monitor(
+        self, pl_module: Any, optimizer: torch.optim.Optimizer, index: int | None
+    ) -> GradientMonitor:
+        """A monitor over the parameters ``optimizer`` updates, by their module names."""
+        mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        params = [(n, p) for n, p in pl_module.named_parameters() if id(p) in mine]
+        dump_dir = self.dump_dir
+        if dump_dir is not None and index is not None:
+            dump_dir = dump_dir / f"optimizer_{index}"
+        return GradientMonitor(params, dump_dir=dump_dir, **self._options)
+
+    def _log(self, pl_module: Any, record: MonitorRecord, prefix: str) -> None:
+        for name, value in record_scalars(record, per_layer=self.per_layer, prefix=prefix).items():
+            pl_module.log(name, value, on_step=True, on_epoch=False)
+
+
+def _optimizer_index(optimizers: list[Any], optimizer: Any) -> int:
+    """Where ``optimizer`` (or the optimizer a ``LightningOptimizer`` wraps) is in the list."""
+    for index, candidate in enumerate(optimizers):
+        if candidate is optimizer or getattr(candidate, "optimizer", None) is optimizer:
+            return index
+    return len(optimizers)  # not one the trainer knows (a user-made optimizer): its own slot

@@ -1,0 +1,315 @@
+"""``torch.distributed.checkpoint`` directories made by real ``dcp.save``.
+
+Each checkpoint is checked against scanning the same state saved whole with
+``torch.save`` (same names, same stats) and against the float64 reference. The sharded
+case runs two gloo processes (``tests/dcp_worker.py``): an FSDP2 model with its AdamW
+state, and DTensors with NaN/Inf/huge/tiny values split unevenly along either dimension.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gradaudit import ExitCode, scan_paths
+from gradaudit.cli import app
+from gradaudit.errors import InputError
+from gradaudit.io import open_source
+from gradaudit.io.base import Pieces
+from gradaudit.io.dcp import DcpSource
+from gradaudit.results import Report, TensorStats
+from tests.dcp_worker import planted
+from tests.hostile import OpenMarker, marker
+from tests.reference import reference_stats
+from tests.test_distributed import clean_env
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _dcp_save(state: dict[str, Any], directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(directory))
+
+
+def _training_state() -> dict[str, Any]:
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 6)).sum().backward()
+    optimizer.step()
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "extra": planted(), "step": 4}
+
+
+def _by_name(report: Report) -> dict[str, TensorStats]:
+    return {t.name: t for t in report.tensors}
+
+
+def assert_same_stats(dcp_report: Report, whole_report: Report) -> None:
+    """Same tensors by name; counts and maxima exact, norms to merge-order rounding."""
+    got, want = _by_name(dcp_report), _by_name(whole_report)
+    assert list(got)
+    assert sorted(got) == sorted(want)
+    for name, stats in got.items():
+        other = want[name]
+        assert (stats.shape, stats.dtype, stats.numel) == (other.shape, other.dtype, other.numel)
+        assert (stats.nan, stats.pos_inf, stats.neg_inf, stats.zeros) == (
+            other.nan,
+            other.pos_inf,
+            other.neg_inf,
+            other.zeros,
+        ), name
+        assert stats.max_abs == other.max_abs, name
+        assert stats.norm == pytest.approx(other.norm, rel=1e-12, abs=0.0), name
+    skipped = {s.name for s in dcp_report.skipped}
+    assert {n for n in skipped if n.endswith(".step")} == {
+        s.name for s in whole_report.skipped if s.name.endswith(".step")
+    }
+
+
+def assert_reference(report: Report, prefix: str = "extra.") -> None:
+    for name, whole in planted().items():
+        stats = _by_name(report)[prefix + name]
+        ref = reference_stats(whole)
+        assert (stats.nan, stats.pos_inf, stats.neg_inf, stats.zeros) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+        )
+        assert stats.max_abs == ref.max_abs
+        assert math.isfinite(stats.norm)
+        assert stats.norm == pytest.approx(ref.norm, rel=1e-6, abs=0.0)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A single-process ``dcp.save`` and the same state through ``torch.save``."""
+    out = tmp_path_factory.mktemp("dcp_plain")
+    state = _training_state()
+    _dcp_save(state, out / "ckpt")
+    torch.save(state, out / "whole.pt")
+    return out / "ckpt", out / "whole.pt"
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two gloo ranks save FSDP2 + DTensor state with ``dcp.save``; rank 0 the gathered file."""
+    out = tmp_path_factory.mktemp("dcp_gloo")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.dcp_worker", str(rank), "2", str(out)],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [worker.communicate(timeout=TIMEOUT_S) for worker in workers]
+    except subprocess.TimeoutExpired:
+        for worker in workers:
+            worker.kill()
+            worker.communicate()
+        pytest.fail(f"the gloo workers did not finish within {TIMEOUT_S} s")
+    for rank, (worker, (_, stderr)) in enumerate(zip(workers, outputs, strict=True)):
+        assert worker.returncode == 0, f"rank {rank} failed:\n{stderr}"
+    return out / "sharded", out / "gathered.pt"
+
+
+def test_plain_dcp_checkpoint_equals_the_same_state_saved_whole(plain: tuple[Path, Path]) -> None:
+    directory, whole = plain
+    report = scan_paths([directory], device="cpu")
+    assert report.files[0].path == str(directory)
+    assert_same_stats(report, scan_paths([whole], device="cpu"))
+    assert_reference(report)
+    bytes_entries = {s.name for s in report.skipped if "saved as bytes" in s.reason}
+    assert "step" in bytes_entries
+    assert "optim.param_groups.0.lr" in bytes_entries
+
+
+def test_sharded_dcp_checkpoint_equals_the_gathered_state(sharded: tuple[Path, Path]) -> None:
+    directory, gathered = sharded
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    report = scan_paths([directory], device="cpu")
+    assert_same_stats(report, scan_paths([gathered], device="cpu"))
+    assert_reference(report)
+    stats = _by_name(report)
+    assert stats["extra.specials"].nan == 2
+    assert stats["extra.specials"].pos_inf == 1
+    assert "model.0.weight" in stats
+    assert "optim.state.0.weight.exp_avg_sq" in stats
+
+
+def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> None:
+    """Every sharded tensor is read chunk by chunk (two files), never put together."""
+    source = DcpSource(str(sharded[0]))
+    chunks = {t.name: t.chunks for t in source.tensors}
+    assert {len(chunks[f"extra.{n}"]) for n in planted()} == {2}
+    assert {c.file for c in chunks["extra.specials"]} == {"__0_0.distcp", "__1_0.distcp"}
+    assert [c.sizes for c in chunks["extra.specials"]] == [(51,), (50,)]
+    assert [c.sizes for c in chunks["extra.tiny64_cols"]] == [(9, 20), (9, 20)]
+    items = list(source.items())
+    pieces = [item for item in items if isinstance(item, Pieces)]
+    assert {p.name for p in pieces} >= {f"extra.{n}" for n in planted()}
+    specials = next(p for p in pieces if p.name == "extra.specials")
+    assert [tuple(t.shape) for t in specials.load()] == [(51,), (50,)]
+
+
+def test_the_cli_scans_a_dcp_directory_and_flags_its_nan(sharded: tuple[Path, Path]) -> None:
+    result = CliRunner().invoke(app, ["scan", str(sharded[0]), "--format", "json"])
+    assert result.exit_code == ExitCode.FINDINGS, result.stderr
+    assert '"extra.specials"' in result.stdout
+
+
+def test_include_leaves_chunks_unread(plain: tuple[Path, Path]) -> None:
+    report = scan_paths([plain[0]], device="cpu", include=["model.*"])
+    assert {t.name for t in report.tensors} == {
+        "model.0.weight",
+        "model.0.bias",
+        "model.1.weight",
+        "model.1.bias",
+    }
+
+
+def test_a_dcp_directory_found_by_a_recursive_search(plain: tuple[Path, Path]) -> None:
+    report = scan_paths([plain[0].parent], device="cpu", recursive=True)
+    assert {f.path for f in report.files} == {str(plain[0]), str(plain[1])}
+
+
+# --- hostile and broken checkpoints ----------------------------------------------------
+
+
+def _copy(directory: Path, to: Path) -> Path:
+    to.mkdir()
+    for path in directory.iterdir():
+        (to / path.name).write_bytes(path.read_bytes())
+    return to
+
+
+def _real_metadata(directory: Path) -> Any:
+    with (directory / ".metadata").open("rb") as handle:
+        return pickle.load(handle)  # our own test file: the reader under test never does this
+
+
+def _rewrite(directory: Path, metadata: Any) -> None:
+    with (directory / ".metadata").open("wb") as handle:
+        pickle.dump(metadata, handle)
+
+
+def test_metadata_with_a_foreign_global_is_refused_and_nothing_runs(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    metadata.planner_data = {"model.0.weight": OpenMarker(marker(tmp_path))}
+    _rewrite(directory, metadata)
+    with pytest.raises(InputError) as error:
+        open_source(directory)
+    assert "refused as unsafe or corrupt" in error.value.cause
+    assert "builtins" in error.value.cause or "io.open" in error.value.cause
+    assert not marker(tmp_path).exists()
+
+
+def test_a_data_file_outside_the_directory_is_refused(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../elsewhere.distcp"
+    _rewrite(directory, metadata)
+    with pytest.raises(InputError, match="outside the directory"):
+        open_source(directory)
+
+
+def test_a_truncated_data_file_is_an_input_error_in_the_cli(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    data = directory / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:100])
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(3)}, good)
+    result = CliRunner().invoke(app, ["scan", str(directory), str(good), "--format", "json"])
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert "truncated?" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [t["name"] for t in json.loads(result.stdout)["tensors"]] == ["w"]
+
+
+def test_a_missing_data_file_is_named(plain: tuple[Path, Path], tmp_path: Path) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    (directory / "__0_0.distcp").unlink()
+    with pytest.raises(InputError, match=r'data file "__0_0\.distcp" is missing'):
+        open_source(directory)
+
+
+def test_a_chunk_of_the_wrong_shape_is_refused(plain: tuple[Path, Path], tmp_path: Path) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    entry = metadata.state_dict_metadata["extra.huge64"]
+    entry.chunks[0].sizes = torch.Size([7, 10])
+    entry.size = torch.Size([7, 10])
+    for index in metadata.storage_data:
+        index.__dict__.pop("index", None)
+    _rewrite(directory, metadata)
+    result = scan_paths([directory], device="cpu")
+    (problem,) = result.errors
+    assert "extra.huge64" in problem.message
+    assert "metadata says float64 [7, 10]" in problem.message
+
+
+def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_process_one(
+    sharded: tuple[Path, Path],
+) -> None:
+    """Each rank loads only its share of the chunks; every rank reports what one process would."""
+    from gradaudit.report.json_report import to_document
+
+    directory, gathered = sharded
+    results = [
+        json.loads((directory.parent / f"rank{rank}.json").read_text(encoding="utf-8"))
+        for rank in range(2)
+    ]
+    assert results[0]["document"] == results[1]["document"]
+    source = DcpSource(str(directory))
+    audited = [t for t in source.tensors if source.skipped(t) is None]
+    reads = [r["chunks_read"] for r in results]
+    assert sum(reads) == sum(len(t.chunks) for t in audited)  # each chunk read once
+    assert min(reads) > 0  # by both ranks
+    single = to_document(scan_paths([directory, gathered], device="cpu"))
+    got = results[0]["document"]
+    assert len(got["files"]) == len(single["files"]) == 2
+    for mine, theirs in zip(got["files"], single["files"], strict=True):
+        assert mine["global_norm"] == pytest.approx(theirs["global_norm"], rel=1e-12)
+        mine.pop("global_norm")
+        theirs.pop("global_norm")
+        assert mine == theirs
+    assert [t["name"] for t in got["tensors"]] == [t["name"] for t in single["tensors"]]
+    for mine, theirs in zip(got["tensors"], single["tensors"], strict=True):
+        for key in ("shape", "numel", "nan", "pos_inf", "neg_inf", "zeros", "max_abs", "file"):
+            assert mine[key] == theirs[key], (mine["name"], key)
+        assert mine["norm"] == pytest.approx(theirs["norm"], rel=1e-12), mine["name"]
+    assert [s["name"] for s in got["skipped"]] == [s["name"] for s in single["skipped"]]

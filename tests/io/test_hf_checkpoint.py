@@ -1,0 +1,120 @@
+"""A real ``transformers`` Trainer checkpoint directory, scanned as one checkpoint."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gradaudit import scan_paths
+from gradaudit.io.hf_checkpoint import trainer_grad_norms
+from tests.hostile import OpenMarker, marker
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Three optimizer steps of a tiny config-built BERT, checkpointed at step 3."""
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    out = tmp_path_factory.mktemp("hf")
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config)
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        {"input_ids": torch.randint(0, 50, (8,), generator=gen), "labels": torch.tensor(i % 2)}
+        for i in range(12)
+    ]
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        logging_steps=1,
+        save_steps=3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return out / "checkpoint-3", trainer.state.log_history
+
+
+def test_scanned_as_one_checkpoint_with_the_same_stats_as_its_files(
+    checkpoint: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, _ = checkpoint
+    report = scan_paths([directory], device="cpu")
+    assert not report.errors
+    assert [f.path for f in report.files] == [str(directory)]
+    whole = {t.name: t for t in report.tensors}
+    model = scan_paths([directory / "model.safetensors"], device="cpu")
+    optimizer = scan_paths([directory / "optimizer.pt"], device="cpu")
+    expected = {t.name: t for t in model.tensors}
+    expected.update({f"optimizer.{t.name}": t for t in optimizer.tensors})
+    assert sorted(whole) == sorted(expected)
+    assert "classifier.weight" in whole
+    assert "optimizer.state.0.exp_avg" in whole  # two param groups: no parameter name guessed
+    for name, stats in whole.items():
+        other = expected[name]
+        assert (stats.shape, stats.nan, stats.zeros, stats.max_abs, stats.norm) == (
+            other.shape,
+            other.nan,
+            other.zeros,
+            other.max_abs,
+            other.norm,
+        )
+    skipped = {s.name: s.reason for s in report.skipped}
+    assert "never unpickled" in skipped["training_args.bin"]
+    assert "not read" in skipped["scheduler.pt"]
+    assert "not read" in skipped["rng_state.pth"]
+
+
+def test_logged_grad_norms_are_shown_beside_the_report(
+    checkpoint: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, history = checkpoint
+    logged = [(row["step"], row["grad_norm"]) for row in history if "grad_norm" in row]
+    assert len(logged) == 3
+    assert trainer_grad_norms(str(directory)) == logged
+    report = scan_paths([directory], device="cpu")
+    note = report.skipped[0]
+    assert note.name == "trainer_state.json"
+    step, last = logged[-1]
+    assert note.reason.startswith(f"the Trainer logged grad_norm {last:.4g} at step {step}")
+
+
+def test_training_args_are_never_unpickled(
+    checkpoint: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    source, _ = checkpoint
+    directory = tmp_path / "checkpoint-3"
+    directory.mkdir()
+    for path in source.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    with (directory / "training_args.bin").open("wb") as handle:
+        pickle.dump(OpenMarker(marker(tmp_path)), handle)
+    report = scan_paths([tmp_path], device="cpu", recursive=True)
+    assert not report.errors
+    assert [f.path for f in report.files] == [str(directory)]
+    assert not marker(tmp_path).exists()
+
+
+def test_include_selects_the_optimizer_state(
+    checkpoint: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    report = scan_paths([checkpoint[0]], device="cpu", include=["optimizer.*.exp_avg_sq"])
+    names = [t.name for t in report.tensors]
+    assert names
+    assert all(n.startswith("optimizer.state.") and n.endswith(".exp_avg_sq") for n in names)
