@@ -19,6 +19,19 @@ setup(
             extra_compile_args=flags,
             extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
             optional=True,
-        )
+        ),
+        # SIGBUS on a truncated memory-mapped input becomes an input error (POSIX only).
+        *(
+            []
+            if sys.platform == "win32"
+            else [
+                Extension(
+                    "gradaudit._mapguard",
+                    sources=["gradaudit/_mapguard.c"],
+                    extra_compile_args=["-O2", "-std=gnu99"],
+                    optional=True,
+                )
+            ]
+        ),
     ]
 )

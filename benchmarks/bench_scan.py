@@ -115,8 +115,12 @@ def transformer_like(total_bytes: int, dtype: torch.dtype) -> dict[str, torch.Te
 
 
 def many_tiny(count: int = 5000) -> dict[str, torch.Tensor]:
+    """``count`` tensors of 1k-10k float32 elements; beyond 5,000 tensors they shrink in
+    proportion, so every tiny workload holds about the same ~110 MB."""
     gen = torch.Generator().manual_seed(1)
-    sizes = torch.randint(1000, 10_000, (count,), generator=gen).tolist()
+    scale = min(1.0, 5000 / count)
+    low, high = max(1, int(1000 * scale)), max(2, int(10_000 * scale))
+    sizes = torch.randint(low, high, (count,), generator=gen).tolist()
     return {f"p{i}": torch.randn(n, generator=gen) for i, n in enumerate(sizes)}
 
 
@@ -169,6 +173,9 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="size of the fp32 workload")
     parser.add_argument("--dir", type=Path, default=None, help="where the dumps are written")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--tiny", type=int, nargs="+", default=[5000], help="counts of tiny-tensor workloads"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     total = int(args.gib * 1024 * MIB)
@@ -185,7 +192,8 @@ def main() -> None:
                 measure(f"transformer-{str(dtype).removeprefix('torch.')}", tensors, directory)
             )
             del tensors
-        rows.append(measure("5000-tiny", many_tiny(), directory))
+        for count in args.tiny:
+            rows.append(measure(f"{count}-tiny", many_tiny(count), directory))
 
     print(table(rows, digits=1))
     print(

@@ -59,6 +59,7 @@ from gradaudit.selection import NameFilter
 from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
+    from gradaudit.io.base import TensorRun
     from gradaudit.io.discover import Expanded
     from gradaudit.precision import ExponentHistogram
 
@@ -342,6 +343,33 @@ class PendingStats:
         self._hints.append(hint)
         self._devices[device] = None
 
+    def queue_run(self, run: TensorRun, source: str | None = None) -> None:
+        """:meth:`queue` for every tensor of a reader's run, in one native call when it can.
+
+        The per-tensor facts are appended column by column; no tensor object is
+        made. Runs bound for another device, a dtype the native kernel does not
+        take, or a scan that also wants exponent histograms (one per tensor) go
+        through :meth:`queue` one tensor at a time.
+        """
+        on_cpu = self.device is None or self.device.type == "cpu"
+        tickets = (
+            self._collector.submit_run(run.pointers, run.counts, run.dtype)
+            if on_cpu and not self.histograms
+            else None
+        )
+        if tickets is None:
+            for name, tensor in run.tensors():
+                self.queue(name, tensor, source)
+            return
+        count = len(tickets)
+        self._names += run.names
+        self._shapes += run.shapes
+        self._dtypes += [dtype_name(run.dtype)] * count
+        self._sources += [source] * count
+        self._tickets += tickets
+        self._hints += [None] * count
+        self._devices[run.data.device] = None
+
     def queue_derived(
         self, name: str, tensor: torch.Tensor, hint: TensorHint, source: str | None = None
     ) -> None:
@@ -519,15 +547,24 @@ class PendingStats:
         ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
         """
         from gradaudit.io import Excluded, open_source
-        from gradaudit.io.base import Pieces
+        from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
 
         self.add_file(path)
         part = self.child()
         try:
             source = open_source(path)
             hints = part.read_hints(source, path)
-            for item in source.items(select):
-                if isinstance(item, Excluded):
+            stream: Iterator[RunItem] = (
+                source.runs()
+                if select is None and not hints and isinstance(source, RunSource)
+                else source.items(select)
+            )
+            for item in stream:
+                if isinstance(item, TensorRun):
+                    part.queue_run(item, path)
+                    if progress is not None:
+                        progress(item.data.numel())
+                elif isinstance(item, Excluded):
                     part.exclude(path)
                 elif isinstance(item, Skipped):
                     part.skip(dataclasses.replace(item, source=path))
@@ -543,6 +580,8 @@ class PendingStats:
                     if progress is not None:
                         progress(tensor.numel() * tensor.element_size())
             part.settle()
+            # Only now has every byte been read: a file that changed meanwhile is an error.
+            source.check_unchanged()
         except InputError as error:
             self.add_error(InputProblem(path, error.cause))
             return
@@ -609,9 +648,9 @@ class PendingStats:
         host = self._collector.gather(self._tickets, host_blocks)
         self._resolve_counts(host_blocks)
         with _collection_paused():
-            values = host.tolist()
+            values = _host_rows(host)  # bound to every row, before host is narrowed below
             main = [i for i, hint in enumerate(self._hints) if hint is None or hint.aux is None]
-            if len(main) != len(values):  # derived rows ride along; not audited tensors
+            if len(main) != host.shape[0]:  # derived rows ride along; not audited tensors
                 host = host[main]
             raw = list(self._tensor_stats(values))
             derived = {
@@ -724,7 +763,7 @@ class PendingStats:
                 out[i] = ExponentHistogram(tuple(counts))
         return tuple(out)
 
-    def _tensor_stats(self, rows: list[list[float]]) -> Iterator[TensorStats]:
+    def _tensor_stats(self, rows: Iterable[list[float]]) -> Iterator[TensorStats]:
         """Host rows to TensorStats, in submission order.
 
         One loop with positional arguments and :class:`HostRow`'s conversion
@@ -784,6 +823,16 @@ class PendingStats:
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
+
+
+def _host_rows(host: torch.Tensor, step: int = 1 << 16) -> Iterator[list[float]]:
+    """The rows of ``host`` as Python lists, a slice at a time.
+
+    ``tolist()`` of a million rows at once held a million lists of seven floats
+    (about 280 MB) next to the results being built from them.
+    """
+    for start in range(0, host.shape[0], step):
+        yield from host[start : start + step].tolist()
 
 
 #: CPU reductions for derived rows run in pieces this long, below torch's grain size

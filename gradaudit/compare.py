@@ -175,6 +175,7 @@ def _read(
             else:
                 part.queue_with_hint(name, item[1], side.label, hints.get(name))
         part.settle()
+        reader.check_unchanged()  # every byte is read: a file that changed meanwhile is an error
     except InputError as error:
         errors.append(InputProblem(path, error.cause))
         return

@@ -589,6 +589,33 @@ class StatsCollector:
             self._reduce_bucket(bucket)
         return ticket
 
+    def submit_run(
+        self, pointers: array.array[int], counts: array.array[int], dtype: torch.dtype
+    ) -> range | None:
+        """Reduce many contiguous CPU tensors given by address and element count, now.
+
+        For a reader's :class:`~gradaudit.io.base.TensorRun`: one native call for
+        thousands of tiny tensors, with no tensor object made for any of them.
+        The caller keeps the memory alive until this returns. Returns the
+        tickets, or ``None`` when the native kernel does not take ``dtype`` (the
+        caller then submits the tensors one by one).
+        """
+        code = self._native_codes.get(dtype)
+        if code is None:
+            return None
+        # The waiting batch holds earlier tickets: its block goes first, so that the
+        # blocks stay in ticket order and materialising needs no gather.
+        self.settle()
+        count = len(pointers)
+        first = len(self._layout.rows)
+        self._layout.rows.extend([-1] * count)
+        codes = array.array("i", [code]) * count
+        rows = native.rows_of_pointers(pointers, counts, codes, self._threads)
+        tickets = range(first, first + count)
+        self._add_block(rows, list(tickets))
+        self._ran["native"] = None
+        return tickets
+
     def settle(self) -> None:
         """Reduce the native batch and launch the Triton batches now: until then their
         tensors are only referenced; then record each CUDA device's settle event.

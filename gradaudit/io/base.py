@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -20,6 +21,40 @@ class Excluded:
     """
 
     name: str
+
+
+@dataclass(frozen=True)
+class TensorRun:
+    """Many small tensors of one dtype lying back to back in a file, as columns.
+
+    A file of a million tiny tensors (LoRA adapters, MoE experts) spent its time
+    on per-tensor Python: a view, then a collector call, for each. A run hands
+    over names, shapes and addresses at once, for the native kernel to reduce
+    in one call; readers only yield runs when asked (:meth:`RunSource.runs`).
+    """
+
+    names: list[str]
+    dtype: torch.dtype
+    #: Each tensor's shape.
+    shapes: list[tuple[int, ...]]
+    #: Address of each tensor's first byte (uint64), every one aligned to its element size.
+    pointers: array.array[int]
+    #: Elements of each tensor (uint64).
+    counts: array.array[int]
+    #: A view of the bytes the run lies in: keeps the file's map alive while the
+    #: addresses are in use.
+    data: torch.Tensor
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The run as ordinary named tensors (views of :attr:`data`), for other consumers."""
+        base = self.data.data_ptr()
+        flat = self.data.view(torch.uint8)
+        size = self.dtype.itemsize
+        for name, shape, pointer, count in zip(
+            self.names, self.shapes, self.pointers, self.counts, strict=True
+        ):
+            start = pointer - base
+            yield name, flat[start : start + count * size].view(self.dtype).view(shape)
 
 
 @dataclass(frozen=True)
@@ -41,6 +76,9 @@ class Pieces:
 #: What a reader yields: a named tensor to audit, a tensor in pieces, a value it could not
 #: audit, or a name the selection left out.
 SourceItem = tuple[str, torch.Tensor] | Pieces | Skipped | Excluded
+
+#: What :meth:`RunSource.runs` yields: the same, or a run of small tensors.
+RunItem = SourceItem | TensorRun
 
 #: Decides from a tensor's name whether it is audited (see :class:`gradaudit.selection.NameFilter`).
 Select = Callable[[str], bool]
@@ -72,4 +110,23 @@ class TensorSource(Protocol):
         A name that ``select`` rejects is yielded as :class:`Excluded` before its data
         is read, so leaving tensors out also saves the work of loading them.
         """
+        ...
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if the file changed while it was read.
+
+        Called once every tensor from :meth:`items` has been reduced (the native
+        kernel reads CPU tensors as late as ``settle``), before anything from the
+        file is kept: values read from a file that was truncated, rewritten or
+        replaced meanwhile describe no file at all. See docs/inputs.md.
+        """
+        ...
+
+
+@runtime_checkable
+class RunSource(TensorSource, Protocol):
+    """A reader that can also hand over small tensors as :class:`TensorRun` columns."""
+
+    def runs(self) -> Iterator[RunItem]:
+        """:meth:`items` without a selection, with runs of small tensors as :class:`TensorRun`."""
         ...

@@ -436,6 +436,13 @@ class DcpSource:
     def tensors(self) -> list[DcpTensor]:
         return [entry for entry in self.plan if isinstance(entry, DcpTensor)]
 
+    def check_unchanged(self) -> None:
+        """Nothing to compare: chunks are read through bounded reads, not memory maps.
+
+        A file that shrinks makes a read come up short, which is already an input
+        error; the plan was validated against each file's size up front.
+        """
+
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         for entry in self.plan:
             if select is not None and not select(entry.name):

@@ -85,15 +85,30 @@ class DeepSpeedSource:
     def __init__(self, path: str) -> None:
         self.path = path
         self.files = optim_files(path)
+        #: The files loaded so far, by name (for :meth:`check_unchanged`).
+        self._opened: list[tuple[str, TorchPickleSource]] = []
         ranks = [rank for rank, _ in self.files]
         if ranks != list(range(len(ranks))):
             raise InputError(path, f"ZeRO optimizer partitions for ranks {ranks}: some are missing")
 
     def _load(self, name: str) -> Any:
         try:
-            return TorchPickleSource(os.path.join(self.path, name))._load("cpu")
+            source = TorchPickleSource(os.path.join(self.path, name))
+            loaded = source._load("cpu")
+            if source.archive is not None:
+                source._guard_storages(loaded)  # torch maps zip files: see mapguard
+            self._opened.append((name, source))
+            return loaded
         except InputError as error:
             raise InputError(self.path, f"{show(name)}: {error.cause}") from None
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if a file of the checkpoint changed while it was read."""
+        for name, source in self._opened:
+            try:
+                source.check_unchanged()
+            except InputError as error:
+                raise InputError(self.path, f"{show(name)}: {error.cause}") from None
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         states = self._load(MODEL_STATES)

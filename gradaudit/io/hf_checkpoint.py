@@ -126,6 +126,8 @@ class TrainerCheckpointSource:
         except OSError as error:
             raise InputError(path, f"cannot list the directory: {error.strerror}") from None
         self.others = [n for n in names if _is_file(os.path.join(path, n))]
+        #: The file readers opened so far, by file name (for :meth:`check_unchanged`).
+        self._opened: list[tuple[str, SafetensorsSource | ShardedSource | TorchPickleSource]] = []
 
     def _model(self) -> SafetensorsSource | ShardedSource | TorchPickleSource:
         full = os.path.join(self.path, self.model_file)
@@ -148,6 +150,14 @@ class TrainerCheckpointSource:
             if reason is not None:
                 yield Skipped(name, reason, self.path)
 
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if a file of the checkpoint changed while it was read."""
+        for name, source in self._opened:
+            try:
+                source.check_unchanged()
+            except InputError as error:
+                raise InputError(self.path, f"{show(name)}: {error.cause}") from None
+
     def _file(self, name: str, prefix: str, select: Select | None) -> Iterator[SourceItem]:
         def inner(tensor_name: str) -> bool:
             return select is None or select(prefix + tensor_name)
@@ -158,6 +168,7 @@ class TrainerCheckpointSource:
                 if name == self.model_file
                 else TorchPickleSource(os.path.join(self.path, name))
             )
+            self._opened.append((name, source))
             for item in source.items(inner if select is not None else None):
                 if isinstance(item, Excluded):
                     yield Excluded(prefix + item.name)

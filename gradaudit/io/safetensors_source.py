@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import itertools
 import mmap
 import os
 from collections.abc import Iterator
+from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import Excluded, Select, SourceItem
-from gradaudit.io.safetensors_header import SafetensorsHeader, describe_os_error, read_header
+from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
+from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
+from gradaudit.io.safetensors_header import (
+    DTYPE_NAMES,
+    SIZES_BY_CODE,
+    SafetensorsHeader,
+    TensorTable,
+    open_checked,
+    read_header_open,
+)
 from gradaudit.results import Skipped
 from gradaudit.stats import dtype_skip_reason, hides_values
 
@@ -56,17 +68,35 @@ class SafetensorsSource:
     sizes, trailing bytes): the safetensors library silently keeps the last of
     two tensors with the same name, which could hide a NaN tensor.
 
-    The data is then read through our own memory map of the file, as zero-copy
-    tensor views at the validated offsets: with the header already checked,
-    ``safe_open`` would only add its own per-tensor cost (about 10 µs each,
-    which dominated a dump of thousands of small tensors). The mapping is
+    The data is then read through our own memory map of the same open file, as
+    zero-copy tensor views at the validated offsets: with the header already
+    checked, ``safe_open`` would only add its own per-tensor cost (about 10 µs
+    each, which dominated a dump of thousands of small tensors). The mapping is
     private (copy-on-write), so nothing can ever write to the file.
+
+    A file that changes while it is read is refused by :meth:`check_unchanged`,
+    which the caller asks before keeping anything read from it: the map is
+    guarded (:mod:`gradaudit.io.mapguard`), so a truncation reads zeros instead
+    of killing the process, and the file's identity is compared with the one
+    its header was read from.
     """
 
     def __init__(self, path: str, header: SafetensorsHeader | None = None) -> None:
         """Validate ``path``; a shard whose header was already validated passes it in."""
         self.path = path
-        self.header: SafetensorsHeader = read_header(path) if header is None else header
+        self._handle: BinaryIO | None = None
+        if header is None:
+            header, self._handle = read_header_open(path)
+        self.header: SafetensorsHeader = header
+        self._guard: MapGuard | None = None
+        self._address = 0
+
+    def __del__(self) -> None:
+        # A source used for its header only (``trend`` orders dumps by their metadata)
+        # never maps the file: its descriptor is closed here, quietly.
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.close()
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -74,53 +104,168 @@ class SafetensorsSource:
         return self.header.metadata
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
-        mapping = _map(self.path, self.header.file_size)
+        mapping = self._map()
+        each = _Each(self.path, mapping, self.header)
+        for index, name in enumerate(self.header.tensors.names):
+            if select is not None and not select(name):
+                yield Excluded(name)
+                continue
+            yield each.item(index)
+
+    def runs(self) -> Iterator[RunItem]:
+        """:meth:`items` without a selection; small tensors come as :class:`TensorRun` columns.
+
+        Consecutive tensors (in file order) of one audited dtype, each at most
+        :data:`RUN_MAX_ELEMENTS` and aligned to its element size, form a run of
+        at most :data:`RUN_TENSORS`; every other tensor comes on its own.
+        """
+        mapping = self._map()
+        each = _Each(self.path, mapping, self.header)
+        table = self.header.tensors
+        count = len(table)
+        if mapping is None or count == 0:
+            for index in range(count):
+                yield each.item(index)
+            return
         data_start = 8 + self.header.header_length
-        read_ahead = _ReadAhead(mapping, data_start, self.header)
-        for index, entry in enumerate(self.header.tensors):
-            if select is not None and not select(entry.name):
-                yield Excluded(entry.name)
+        codes = np.frombuffer(table.codes, dtype=np.uint8)
+        sizes = SIZES_BY_CODE[codes]
+        numel = (table.ends - table.begins) // sizes
+        runnable = (
+            _RUNNABLE_CODES[codes]
+            & (numel > 0)
+            & (numel <= RUN_MAX_ELEMENTS)
+            & ((data_start + table.begins) % sizes == 0)
+        )
+        key = np.where(runnable, codes.astype(np.int64), -1)
+        edges = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), count]
+        base = self._address + data_start
+        for first, stop in itertools.pairwise(edges):
+            code = int(key[first])
+            if code < 0:
+                for index in range(first, stop):
+                    yield each.item(index)
                 continue
-            dtype = TORCH_DTYPES.get(entry.dtype)
-            reason = (
-                f"dtype {entry.dtype} is not supported by this PyTorch; not audited"
-                if dtype is None
-                else dtype_skip_reason(dtype)
-            )
-            if dtype is None or reason is not None:
-                unread = (
-                    entry.dtype.startswith(_FLOATING_CODES)
-                    if dtype is None
-                    else hides_values(dtype)
+            dtype = TORCH_DTYPES[DTYPE_NAMES[code]]
+            for start in range(first, stop, RUN_TENSORS):
+                end = min(stop, start + RUN_TENSORS)
+                pointers = array.array("Q")
+                pointers.frombytes((table.begins[start:end] + base).astype(np.uint64).tobytes())
+                counts = array.array("Q")
+                counts.frombytes(numel[start:end].astype(np.uint64).tobytes())
+                low = data_start + int(table.begins[start])
+                high = data_start + int(table.ends[end - 1])
+                yield TensorRun(
+                    names=table.names[start:end],
+                    dtype=dtype,
+                    shapes=_shapes(table, start, end),
+                    pointers=pointers,
+                    counts=counts,
+                    data=torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low),
                 )
-                yield Skipped(entry.name, reason or "not audited", self.path, unread)
-                continue
-            read_ahead.next_after(index)
-            tensor = _view(mapping, data_start + entry.begin, entry.end - entry.begin, dtype)
-            yield entry.name, tensor.view(entry.shape)
+
+    def _map(self) -> mmap.mmap | None:
+        """A private, read-only-in-effect, guarded mapping of the whole file (``None`` if empty).
+
+        The mapping is made from the descriptor the header was read from; a shard
+        whose header was read earlier is reopened, and must still be that file.
+        """
+        handle = self._handle
+        if handle is None:
+            handle, _ = open_checked(self.path)
+            try:
+                same_file(self.path, self.header.identity, os.fstat(handle.fileno()))
+            except BaseException:
+                handle.close()
+                raise
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            if size != self.header.file_size:
+                raise InputError(self.path, CHANGED_SIZE)
+            if not size:
+                return None
+            # ACCESS_COPY: writable views for torch (no read-only buffer warning), and a
+            # write would go to private copies of the pages, never to the file.
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as error:
+            raise InputError(self.path, f"cannot map the file for reading ({error})") from None
+        finally:
+            handle.close()
+            self._handle = None
+        self._address = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
+        self._guard = MapGuard(self._address, size, owner=mapping)
+        return mapping
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if the file changed since its header was read.
+
+        Called once everything read from the file has been reduced, before its
+        results are kept: a page read past a new end (the guard's flag), or a
+        different size, modification time or inode behind the path.
+        """
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.release()
+            if guard.changed():
+                raise InputError(self.path, CHANGED_SIZE)
+        check_path(self.path, self.header.identity)
 
 
-def _map(path: str, expected_size: int) -> mmap.mmap | None:
-    """A private, read-only-in-effect mapping of the whole file (``None`` for an empty one).
+#: Tensors up to this many elements may travel in a :class:`TensorRun` (as in a bucket).
+RUN_MAX_ELEMENTS = 1 << 16
+#: Tensors in one run at most: bounds the columns made at once.
+RUN_TENSORS = 1 << 15
 
-    The size is checked again against the validated header: a file replaced or
-    truncated in between is refused instead of read past its end.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-    except OSError as error:
-        raise InputError(path, describe_os_error(error)) from None
-    try:
-        size = os.fstat(fd).st_size
-        if size != expected_size:
-            raise InputError(path, "the file changed while being read (its size is different)")
-        # ACCESS_COPY: writable views for torch (no read-only buffer warning), and a
-        # write would go to private copies of the pages, never to the file.
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if size else None
-    except (OSError, ValueError) as error:
-        raise InputError(path, f"cannot map the file for reading ({error})") from None
-    finally:
-        os.close(fd)
+#: Per dtype code: whether its tensors are audited (so they may form runs).
+_RUNNABLE_CODES = np.array(
+    [name in TORCH_DTYPES and dtype_skip_reason(TORCH_DTYPES[name]) is None for name in DTYPE_NAMES]
+)
+
+
+def _shapes(table: TensorTable, start: int, end: int) -> list[tuple[int, ...]]:
+    """The shapes of tensors ``start`` to ``end``, in one pass when they share a rank."""
+    first, last = int(table.starts[start]), int(table.starts[end])
+    ranks = np.diff(table.starts[start : end + 1])
+    rank = int(ranks[0])
+    if (ranks == rank).all():
+        if rank == 0:
+            return [()] * (end - start)
+        # Tuples straight from columns: no list per shape made and thrown away.
+        columns = table.dims[first:last].reshape(-1, rank).T.tolist()
+        return list(zip(*columns, strict=True))
+    return [table.shape(index) for index in range(start, end)]
+
+
+class _Each:
+    """One tensor of the file at a time: a view at its offsets, or why it is skipped."""
+
+    def __init__(self, path: str, mapping: mmap.mmap | None, header: SafetensorsHeader) -> None:
+        self.path = path
+        self.mapping = mapping
+        self.table = header.tensors
+        self.data_start = 8 + header.header_length
+        self.read_ahead = _ReadAhead(mapping, self.data_start, self.table)
+
+    def item(self, index: int) -> SourceItem:
+        table = self.table
+        name = table.names[index]
+        dtype_text = DTYPE_NAMES[table.codes[index]]
+        dtype = TORCH_DTYPES.get(dtype_text)
+        reason = (
+            f"dtype {dtype_text} is not supported by this PyTorch; not audited"
+            if dtype is None
+            else dtype_skip_reason(dtype)
+        )
+        if dtype is None or reason is not None:
+            unread = (
+                dtype_text.startswith(_FLOATING_CODES) if dtype is None else hides_values(dtype)
+            )
+            return Skipped(name, reason or "not audited", self.path, unread)
+        self.read_ahead.next_after(index)
+        begin = int(table.begins[index])
+        nbytes = int(table.ends[index]) - begin
+        tensor = _view(self.mapping, self.data_start + begin, nbytes, dtype)
+        return name, tensor.view(table.shape(index))
 
 
 def _view(mapping: mmap.mmap | None, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -146,19 +291,24 @@ class _ReadAhead:
     #: Tensors smaller than this are not worth a system call.
     MIN_BYTES = 1 << 20
 
-    def __init__(self, mapping: mmap.mmap | None, data_start: int, header: SafetensorsHeader):
+    def __init__(self, mapping: mmap.mmap | None, data_start: int, table: TensorTable):
         self._mapping = mapping if hasattr(mmap, "MADV_WILLNEED") else None
         self._data_start = data_start
-        self._entries = header.tensors
+        lengths = table.ends - table.begins
+        #: Index -> data offset of each tensor large enough to be worth the call.
+        self._large = {
+            int(i): int(table.begins[i]) for i in (lengths >= self.MIN_BYTES).nonzero()[0]
+        }
+        self._lengths = lengths
 
     def next_after(self, index: int) -> None:
-        if self._mapping is None or index + 1 >= len(self._entries):
+        if self._mapping is None:
             return
-        entry = self._entries[index + 1]
-        length = entry.end - entry.begin
-        if length < self.MIN_BYTES:
+        begin = self._large.get(index + 1)
+        if begin is None:
             return
-        start = self._data_start + entry.begin
+        length = int(self._lengths[index + 1])
+        start = self._data_start + begin
         aligned = start - start % mmap.PAGESIZE
         with contextlib.suppress(OSError, ValueError):
             self._mapping.madvise(mmap.MADV_WILLNEED, aligned, length + start - aligned)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import Select, SourceItem
+from gradaudit.io.base import RunItem, Select, SourceItem
 from gradaudit.io.safetensors_header import (
     SafetensorsHeader,
     describe_os_error,
@@ -138,7 +138,7 @@ def referenced_shards(path: str) -> list[str]:
 def _compare(
     path: str, shard: str, header: SafetensorsHeader, expected: list[str], owner: dict[str, str]
 ) -> None:
-    held = {entry.name for entry in header.tensors}
+    held = set(header.tensors.names)
     for name in expected:
         if name not in held:
             _refuse(
@@ -146,16 +146,16 @@ def _compare(
                 f"index maps tensor {show(name)} to shard {show(shard)}, which does not hold it",
             )
     wanted = set(expected)
-    for entry in header.tensors:
-        if entry.name in wanted:
+    for name in header.tensors.names:
+        if name in wanted:
             continue
-        elsewhere = owner.get(entry.name)
+        elsewhere = owner.get(name)
         where = (
             f"but the index maps it to {show(elsewhere)}"
             if elsewhere is not None
             else "which the index does not list"
         )
-        _refuse(path, f"shard {show(shard)} holds tensor {show(entry.name)}, {where}")
+        _refuse(path, f"shard {show(shard)} holds tensor {show(name)}, {where}")
 
 
 class ShardedSource:
@@ -188,5 +188,20 @@ class ShardedSource:
         for shard, source in self.shards:
             try:
                 yield from source.items(select)
+            except InputError as error:
+                _refuse(self.path, f"shard {show(shard)}: {error.cause}")
+
+    def runs(self) -> Iterator[RunItem]:
+        for shard, source in self.shards:
+            try:
+                yield from source.runs()
+            except InputError as error:
+                _refuse(self.path, f"shard {show(shard)}: {error.cause}")
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if a shard changed while it was read (see the shard reader)."""
+        for shard, source in self.shards:
+            try:
+                source.check_unchanged()
             except InputError as error:
                 _refuse(self.path, f"shard {show(shard)}: {error.cause}")

@@ -23,6 +23,7 @@ loading are dropped: stderr belongs to the CLI's one-line messages.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import warnings
@@ -33,9 +34,10 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
+from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
-from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
+from gradaudit.io.safetensors_header import FileIdentity, describe_os_error, open_checked, show
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
 from gradaudit.roles import TensorHint
@@ -125,6 +127,12 @@ class TorchPickleSource:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # Taken before anything is read: check_unchanged() compares the end state with it.
+        try:
+            self._identity: FileIdentity | None = FileIdentity.of(os.stat(path))
+        except OSError:
+            self._identity = None  # sniff() says why it cannot be read
+        self._guard: MapGuard | None = None
         sniffed = sniff(path)
         self.archive: TorchZip | None = None
         #: What the checkpoint's structure says about each tensor (filled by :meth:`items`).
@@ -140,7 +148,43 @@ class TorchPickleSource:
             structure = self._load("meta")
             if structure is not None:
                 check_storages(self.path, self.archive, iter_tensors(structure))
-        yield from walk_checkpoint(self._load("cpu"), self.path, select, self.role_hints)
+        loaded = self._load("cpu")
+        if self.archive is not None:
+            self._guard_storages(loaded)
+        yield from walk_checkpoint(loaded, self.path, select, self.role_hints)
+
+    def _guard_storages(self, loaded: Any) -> None:
+        """Guard the pages torch mapped (``mmap=True``): one map of the whole file.
+
+        Every storage is a slice of that map, so the span from the lowest storage
+        to the end of the highest lies inside it.
+        """
+        low, high = None, None
+        for tensor in iter_tensors(loaded):
+            if tensor.layout is not torch.strided or tensor.is_quantized:
+                continue
+            storage = tensor.untyped_storage()
+            if not storage.nbytes():
+                continue
+            start = storage.data_ptr()
+            low = start if low is None else min(low, start)
+            high = start + storage.nbytes() if high is None else max(high, start + storage.nbytes())
+        if low is not None and high is not None:
+            self._guard = MapGuard(low, high - low, owner=self)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputError` if the file changed while it was read.
+
+        A page of torch's map read past a new end (the guard's flag), or a
+        different size, modification time or inode behind the path than before
+        the container was checked.
+        """
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.release()
+            if guard.changed():
+                raise InputError(self.path, CHANGED_SIZE)
+        check_path(self.path, self._identity)
 
     def _load(self, map_location: str) -> Any:
         """``torch.load`` the weights-only way; every failure becomes an :class:`InputError`.

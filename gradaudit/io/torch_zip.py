@@ -32,9 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from gradaudit.errors import InputError
+from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard
 from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
 
 #: CRC-32 is computed over slices of this many bytes (a view into the map, never a copy).
@@ -172,6 +174,14 @@ def _verify_crcs(path: str, view: mmap.mmap, members: list[Member]) -> None:
             )
 
 
+def _address(view: mmap.mmap) -> int:
+    """The address of a (read-only) map, without keeping a buffer export open."""
+    if not len(view):
+        return 0
+    address: int = np.frombuffer(view, dtype=np.uint8, count=1).ctypes.data
+    return address
+
+
 def inspect_torch_zip(path: str) -> TorchZip:
     """Validate a zip checkpoint's container and every member's CRC; see the module docstring.
 
@@ -200,8 +210,14 @@ def inspect_torch_zip(path: str) -> TorchZip:
             reason = describe_os_error(error) if isinstance(error, OSError) else str(error)
             raise InputError(path, f"cannot map the file for reading ({reason})") from None
         with view:
-            members = [_locate(path, view, info) for info in infos]
-            _verify_crcs(path, view, members)
+            guard = MapGuard(_address(view), size, owner=view)
+            try:
+                members = [_locate(path, view, info) for info in infos]
+                _verify_crcs(path, view, members)
+            finally:
+                guard.release()
+            if guard.changed():
+                raise InputError(path, CHANGED_SIZE)
     records = {m.name[len(prefix) + 1 :]: m for m in members if m.name.startswith(prefix + "/")}
     return TorchZip(path=path, prefix=prefix, records=records)
 

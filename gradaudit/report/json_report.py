@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -131,10 +132,14 @@ def _reference(reference: OutlierReference) -> dict[str, Any]:
     }
 
 
-def to_document(report: Report) -> dict[str, Any]:
-    """The JSON document as Python data (also handy for library users)."""
-    by_tensor = findings_by_tensor(report)
+def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
+    """The JSON document as Python data (also handy for library users).
+
+    ``tensors=False`` leaves the ``tensors`` list empty (:func:`render_json`
+    writes it line by line).
+    """
     summary = report.summary
+    by_tensor = findings_by_tensor(report)
     policy = report.thresholds
     return {
         "schema_version": SCHEMA_VERSION,
@@ -158,10 +163,7 @@ def to_document(report: Report) -> dict[str, Any]:
             }
             for f in report.files
         ],
-        "tensors": [
-            _tensor(t, by_tensor.get((t.source, t.name), []), policy.ignored_by(t.name))
-            for t in report.tensors
-        ],
+        "tensors": list(_tensors(report)) if tensors else [],
         "limits": [_limit(f) for f in report.limit_findings],
         "roles": {
             "kind": policy.kind.value,
@@ -209,5 +211,31 @@ def to_document(report: Report) -> dict[str, Any]:
     }
 
 
+def _tensors(report: Report) -> Iterator[dict[str, Any]]:
+    by_tensor = findings_by_tensor(report)
+    policy = report.thresholds
+    for t in report.tensors:
+        yield _tensor(t, by_tensor.get((t.source, t.name), []), policy.ignored_by(t.name))
+
+
+#: The top-level ``tensors`` key as ``json.dumps(indent=2)`` writes an empty list. Nothing
+#: else can produce this line: strings never hold a raw newline, nested keys are indented deeper.
+_TENSORS_LINE = '\n  "tensors": [],\n'
+
+
 def render_json(report: Report, options: RenderOptions) -> str:
-    return json.dumps(to_document(report), indent=2, allow_nan=False) + "\n"
+    """The document, indented, with one line per tensor.
+
+    ``json.dumps(indent=...)`` runs the pure-Python encoder: a million tensors
+    (a LoRA or MoE dump) took most of a minute and gigabytes of objects. Each
+    tensor is written by the C encoder on its own line instead, from a
+    generator, and the rest of the document keeps its indentation.
+    """
+    head, tail = json.dumps(to_document(report, tensors=False), indent=2, allow_nan=False).split(
+        _TENSORS_LINE
+    )
+    if not report.tensors:
+        return f"{head}{_TENSORS_LINE}{tail}\n"
+    encode = json.JSONEncoder(allow_nan=False).encode
+    rows = ",\n    ".join(map(encode, _tensors(report)))
+    return f'{head}\n  "tensors": [\n    {rows}\n  ],\n{tail}\n'

@@ -56,10 +56,13 @@ def test_nothing_is_read_when_the_last_shard_is_bad(
     opened: list[str] = []
     import gradaudit.io.safetensors_source as module
 
-    real_map = module._map
-    monkeypatch.setattr(
-        module, "_map", lambda path, size: opened.append(path) or real_map(path, size)
-    )
+    real_map = module.SafetensorsSource._map
+
+    def spy(self: module.SafetensorsSource) -> object:
+        opened.append(self.path)
+        return real_map(self)
+
+    monkeypatch.setattr(module.SafetensorsSource, "_map", spy)
     with pytest.raises(InputError, match=re.escape('shard "m-2.safetensors"')):
         open_source(index)
     assert opened == []

@@ -1,0 +1,171 @@
+"""A safetensors file of very many tiny tensors: time and peak memory of each step.
+
+    python -m benchmarks.bench_many [--count 1000000] [--elements 4] [--dir DIR]
+        [--formats table json] [--data random zeros] [--timeout 600]
+
+A LoRA-style or MoE dump can hold hundreds of thousands of tensors, and then
+what costs is not the bytes (a million 4-element float32 tensors is 16 MB)
+but everything done once per tensor: the header's JSON, its validation, the
+bookkeeping of each tensor while streaming, and the report. For each kind of
+data (``random``: nothing to report; ``zeros``: a dump taken after
+``zero_grad(set_to_none=False)``, every tensor flagged vanishing) it prints,
+each in a fresh child process:
+
+* ``read_header`` alone (parsing and validating the header);
+* ``gradaudit scan FILE --format F`` for each format, stdout to ``/dev/null``;
+
+with the wall time, the child's CPU time (user + system: on a shared machine the
+wall time mostly measures the neighbours), its peak RSS (``ru_maxrss``) and its peak
+anonymous memory (``RssAnon`` sampled from /proc: the file-backed pages of the
+memory-mapped file are not counted). The file is written directly (header text
+then one random block), so writing it costs neither the safetensors library's
+per-tensor objects nor much memory. Machines are noisy: compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+MIB = 1024 * 1024
+
+
+def write_many(path: Path, count: int, elements: int, zeros: bool) -> None:
+    """``count`` float32 tensors of ``elements`` each.
+
+    Short names keep a million entries under the format's 100 MB header limit.
+    """
+    nbytes = 4 * elements
+    entries = {
+        f"l.{i // 1000}.e.{i % 1000}": {
+            "dtype": "F32",
+            "shape": [elements],
+            "data_offsets": [i * nbytes, (i + 1) * nbytes],
+        }
+        for i in range(count)
+    }
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    del entries
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)))
+        handle.write(header)
+        rng = np.random.default_rng(0)
+        total = count * elements
+        step = 1 << 22
+        for start in range(0, total, step):
+            n = min(step, total - start)
+            block = np.zeros(n, np.float32) if zeros else rng.standard_normal(n, np.float32)
+            handle.write(block.tobytes())
+
+
+def rss_anon(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run(command: Sequence[str], timeout: float) -> dict[str, object]:
+    """Wall time, exit code, peak RSS and peak RssAnon of one child process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak_anon = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak_anon
+        while not done.is_set():
+            peak_anon = max(peak_anon, rss_anon(process.pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - start
+    timer.cancel()
+    done.set()
+    sampler.join()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.stderr is not None
+    stderr = process.stderr.read().decode(errors="replace").strip().splitlines()
+    return {
+        "s": elapsed,
+        "cpu s": usage.ru_utime + usage.ru_stime,
+        "exit": process.returncode if elapsed < timeout else f"killed after {timeout:.0f} s",
+        "peak RSS MiB": usage.ru_maxrss * 1024 / MIB,
+        "peak RssAnon MiB": peak_anon / MIB,
+        "stderr": stderr[-1][:60] if stderr else "",
+    }
+
+
+def table(rows: Sequence[dict[str, object]]) -> str:
+    columns = list(rows[0])
+    lines = [" | ".join(columns), " | ".join("---" for _ in columns)]
+    for row in rows:
+        cells = [f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()]
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--elements", type=int, default=4)
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--formats", nargs="+", default=["table", "json"])
+    parser.add_argument("--data", nargs="+", default=["random", "zeros"])
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        for data in args.data:
+            path = Path(tmp) / f"{data}.safetensors"
+            write_many(path, args.count, args.elements, zeros=data == "zeros")
+            size = path.stat().st_size
+            subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+            header = [
+                sys.executable,
+                "-c",
+                "import sys; from gradaudit.io.safetensors_header import read_header; "
+                "read_header(sys.argv[1])",
+                str(path),
+            ]
+            steps: list[tuple[str, list[str]]] = [("read_header", header)]
+            for fmt in args.formats:
+                scan = [sys.executable, "-m", "gradaudit", "scan", str(path), "--device", "cpu"]
+                steps.append((f"scan --format {fmt}", [*scan, "--format", fmt]))
+            for label, command in steps:
+                rows.append(
+                    {
+                        "data": data,
+                        "MB": size / 1e6,
+                        "step": label,
+                        **run(command, args.timeout),
+                    }
+                )
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+            path.unlink()
+    print(f"\n{args.count} tensors of {args.elements} float32 elements each\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Inputs that change while they are read: truncated under a memory map, replaced, rewritten.
+
+The changes are made at fixed points by wrapping the readers (after the first tensor is
+handed out, or between the header and the data), so every run takes the same path.
+A truncation under a map raises SIGBUS in whichever thread touches the page; the scans
+that can meet one run in a subprocess, so a regression kills that process, not the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from gradaudit import scan_paths
+from gradaudit.errors import ExitCode
+from gradaudit.io import mapguard
+
+needs_guard = pytest.mark.skipif(
+    not mapguard.available(), reason="the SIGBUS guard (gradaudit._mapguard) is not built"
+)
+
+#: Runs the CLI with one reader wrapped so that it truncates its file to one page once
+#: the first tensor has been handed out; every later read of the map is past the end.
+TRUNCATING_RUN = textwrap.dedent(
+    """
+    import os, sys
+    from gradaudit.io import safetensors_source, torch_pickle
+
+    def truncating(cls, method):
+        real = getattr(cls, method)
+        def wrapped(self, *args):
+            for index, item in enumerate(real(self, *args)):
+                yield item
+                if index == 0 and os.path.basename(self.path).startswith("victim"):
+                    os.truncate(self.path, 4096)
+        setattr(cls, method, wrapped)
+
+    truncating(safetensors_source.SafetensorsSource, "items")
+    truncating(safetensors_source.SafetensorsSource, "runs")
+    truncating(torch_pickle.TorchPickleSource, "items")
+    from gradaudit.cli import run
+    sys.argv = ["gradaudit", *sys.argv[1:]]
+    run()
+    """
+)
+
+
+def many_tensors(count: int = 16, elements: int = 70_000) -> dict[str, torch.Tensor]:
+    """Tensors too large to travel in runs: each is read after the truncation."""
+    gen = torch.Generator().manual_seed(0)
+    return {f"layer.{i}.weight": torch.randn(elements, generator=gen) for i in range(count)}
+
+
+def scan_truncating(tmp_path: Path, victim: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    good = tmp_path / "good.safetensors"
+    save_file({"w": torch.ones(8)}, str(good))
+    options = ["--format", "json", "--device", "cpu", *extra]
+    return subprocess.run(
+        [sys.executable, "-c", TRUNCATING_RUN, "scan", str(victim), str(good), *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def assert_reported_as_changed(result: subprocess.CompletedProcess[str], victim: Path) -> None:
+    assert result.returncode == ExitCode.INPUT_ERROR, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert str(victim) in lines[0]
+    assert "changed size while being read" in lines[0]
+    report = json.loads(result.stdout)
+    assert [t["name"] for t in report["tensors"]] == ["w"]  # the other input is reported
+    assert [e["file"] for e in report["errors"]] == [str(victim)]
+
+
+@needs_guard
+@pytest.mark.parametrize("engine", ["auto", "eager"])
+def test_safetensors_truncated_while_mapped_is_an_input_error(tmp_path: Path, engine: str) -> None:
+    victim = tmp_path / "victim.safetensors"
+    save_file(many_tensors(), str(victim))
+    result = scan_truncating(tmp_path, victim, "--engine", engine)
+    assert_reported_as_changed(result, victim)
+    assert victim.stat().st_size == 4096
+
+
+@needs_guard
+def test_torch_zip_truncated_while_mapped_is_an_input_error(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.pt"
+    torch.save(many_tensors(), victim)
+    result = scan_truncating(tmp_path, victim)
+    assert_reported_as_changed(result, victim)
+
+
+def test_a_fault_outside_gradaudits_maps_still_kills_the_process(tmp_path: Path) -> None:
+    """The handler forwards faults it does not own: a crash elsewhere is still a crash."""
+    path = tmp_path / "other.bin"
+    path.write_bytes(b"\1" * 8192)
+    script = textwrap.dedent(
+        f"""
+        import mmap, os, torch
+        from gradaudit.io.mapguard import MapGuard
+        import gradaudit.io.safetensors_source  # noqa: F401
+        own = mmap.mmap(-1, 4096)
+        MapGuard(torch.frombuffer(own, dtype=torch.uint8).data_ptr(), 4096, owner=own)
+        with open({str(path)!r}, "rb") as handle:
+            other = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        os.truncate({str(path)!r}, 0)
+        print(torch.frombuffer(other, dtype=torch.uint8).sum())
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert result.returncode == -7  # SIGBUS, as without gradaudit
+
+
+def two_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A clean file and an all-NaN one of exactly the same size and layout."""
+    clean, poisoned = tmp_path / "clean.safetensors", tmp_path / "nan.safetensors"
+    save_file({"a": torch.ones(1024), "b": torch.ones(1024)}, str(clean))
+    save_file({"a": torch.full((1024,), float("nan")), "b": torch.ones(1024)}, str(poisoned))
+    assert clean.stat().st_size == poisoned.stat().st_size
+    return clean, poisoned
+
+
+def test_file_replaced_between_header_and_data_is_refused_not_misread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradaudit.io.safetensors_source import SafetensorsSource
+
+    clean, poisoned = two_files(tmp_path)
+    real_map = SafetensorsSource._map
+
+    def replace_then_map(self: SafetensorsSource) -> object:
+        os.replace(poisoned, clean)  # same size: only the inode tells
+        return real_map(self)
+
+    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    report = scan_paths([clean], device="cpu")
+    assert report.tensors == ()
+    assert report.findings == ()
+    ((problem),) = report.errors
+    assert problem.path == str(clean)
+    assert "changed while being read" in problem.message
+
+
+def test_data_is_read_from_the_file_whose_header_was_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The map is made from the descriptor the header came from, not by reopening the path."""
+    from gradaudit.io.safetensors_source import SafetensorsSource
+
+    clean, poisoned = two_files(tmp_path)
+    real_map = SafetensorsSource._map
+
+    def replace_then_map(self: SafetensorsSource) -> object:
+        os.replace(poisoned, clean)
+        return real_map(self)
+
+    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    source = SafetensorsSource(str(clean))
+    values = {name: tensor.clone() for name, tensor in source.items()}
+    assert not values["a"].isnan().any()  # the validated (clean) file's bytes
+
+
+def test_file_rewritten_in_place_while_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradaudit.io.safetensors_source import SafetensorsSource
+
+    clean, _ = two_files(tmp_path)
+    real_runs = SafetensorsSource.runs
+
+    def rewriting(self: SafetensorsSource) -> object:
+        yield from real_runs(self)
+        with open(self.path, "r+b") as handle:  # same size, new modification time
+            handle.seek(-4, os.SEEK_END)
+            handle.write(b"\0\0\xc0\x7f")
+        stat = os.stat(self.path)
+        os.utime(self.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+    monkeypatch.setattr(SafetensorsSource, "runs", rewriting)
+    report = scan_paths([clean], device="cpu")
+    assert report.tensors == ()
+    ((problem),) = report.errors
+    assert "changed while being read" in problem.message
