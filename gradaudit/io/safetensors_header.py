@@ -16,9 +16,7 @@ size). It never reads the tensor data and never writes.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import gc
 import json
 import math
 import os
@@ -33,6 +31,7 @@ from typing import Any, BinaryIO, NoReturn, overload
 import numpy as np
 
 from gradaudit.errors import InputError
+from gradaudit.no_gc import paused_gc
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -684,31 +683,13 @@ def _check_tiling(tensors: list[TensorEntry], data_length: int) -> None:
         )
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a header's objects are built.
-
-    Parsing a header of a million entries makes millions of containers, and
-    every generation-2 collection meanwhile walks all of them again: with the
-    collector running, parsing took several times as long. Nothing made here
-    forms a cycle, so nothing is lost by collecting later.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _parse_header(header: bytes, data_length: int) -> tuple[dict[str, str], TensorTable]:
     """Validate the header bytes; return the metadata and the tensors in offset order."""
     try:
         text = header.decode("utf-8")
     except UnicodeDecodeError as error:
         raise _Refused(f"header is not valid UTF-8 (at byte {error.start})") from None
-    with _gc_paused():
+    with paused_gc():
         document = _parse_json(text)
         if not isinstance(document, _JsonObject):
             raise _Refused(f"header is not a JSON object (got {_json_type(document)})")
