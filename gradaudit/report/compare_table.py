@@ -72,10 +72,11 @@ def _dual_table(comparison: Comparison, width: int) -> tuple[Table, Layout]:
 
     columns = [
         Column("side", [letter if ab else f"{side.label} ({letter})" for side, letter in sides]),
-        # Where each side comes from: the end of the path, within a third of the width.
+        # Where each side comes from: the end of the path, within a quarter of the width, so
+        # that at 80 columns the per-parameter norm (what compare is about) still fits.
         Column(
             "input",
-            [_input_cell(side, max(24, 2 * width // 5)) for side, _ in sides],
+            [_input_cell(side, max(20, width // 4)) for side, _ in sides],
             priority=45,
         ),
         Column("tensors", [count(side.tensors) for side, _ in sides], "right", priority=20),
