@@ -258,6 +258,7 @@ def test_nothing_audited_prints_the_error_and_the_verdict_only(tmp_path: Path) -
         runner.invoke(app, ["scan", str(tmp_path / "missing.safetensors"), "-f", "json"]).stdout
     )
     assert doc["files"][0]["global_norm"] is None
+    assert doc["summary"]["global_norm"] is None  # no norm of nothing, never 0
     (tmp_path / "empty").mkdir()
     trend = runner.invoke(app, ["trend", str(tmp_path / "empty")], env=ENV)
     assert trend.exit_code == 3

@@ -194,7 +194,8 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             "tensors": summary.tensors,
             "skipped": summary.skipped,
             "elements": summary.elements,
-            "global_norm": encode_float(summary.global_norm),
+            # Nothing audited has no norm; 0 would read as "all gradients are zero".
+            "global_norm": encode_float(summary.global_norm) if summary.tensors else None,
             "nan_tensors": summary.nan_tensors,
             "inf_tensors": summary.inf_tensors,
             "vanishing_tensors": summary.vanishing_tensors,
