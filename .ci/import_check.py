@@ -13,7 +13,19 @@ import importlib
 import pathlib
 import sys
 
-HEAVY = {"torch", "numpy", "safetensors", "triton", "matplotlib"}
+#: Not installed in the floor environment: torch and what needs it, and the optional extras.
+HEAVY = {
+    "torch",
+    "numpy",
+    "safetensors",
+    "triton",
+    "matplotlib",
+    "transformers",
+    "accelerate",
+    "lightning",
+    "tensorboard",
+    "wandb",
+}
 #: Modules that must import without torch: what ``import gradaudit.cli`` loads, so
 #: ``gradaudit --help``, ``--version`` and shell completion start without torch
 #: (tests/test_startup.py checks the same on the CI's Python). A module added to
