@@ -118,3 +118,22 @@ def gradients(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def tiny_hf_bert() -> torch.nn.Module:
+    """A one-layer ``transformers`` BERT classifier from a config (vocabulary 50, width 16),
+    seeded: the same model for every Trainer test, never downloaded."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
+    torch.manual_seed(0)
+    model: torch.nn.Module = BertForSequenceClassification(config)
+    return model

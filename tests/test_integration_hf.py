@@ -16,30 +16,19 @@ import pytest
 import torch
 
 from gradaudit import NonFiniteGradientError, NonFiniteGradientWarning
+from tests.models import tiny_hf_bert
 
 STEPS = 4
 
 
 def _trainer(tmp_path: Path, callback: Any, *, nan_at: int | None = None, **args: Any) -> Any:
     from transformers import (
-        BertConfig,
-        BertForSequenceClassification,
         Trainer,
         TrainerCallback,
         TrainingArguments,
     )
 
-    config = BertConfig(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=2,
-    )
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config)
+    model = tiny_hf_bert()
 
     class Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         def __len__(self) -> int:

@@ -12,25 +12,16 @@ import torch
 from gradaudit import scan_paths
 from gradaudit.io.hf_checkpoint import trainer_grad_norms
 from tests.hostile import OpenMarker, marker
+from tests.models import tiny_hf_bert
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """Three optimizer steps of a tiny config-built BERT, checkpointed at step 3."""
-    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     out = tmp_path_factory.mktemp("hf")
-    config = BertConfig(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=2,
-    )
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config)
+    model = tiny_hf_bert()
     gen = torch.Generator().manual_seed(0)
     data = [
         {"input_ids": torch.randint(0, 50, (8,), generator=gen), "labels": torch.tensor(i % 2)}
