@@ -1,6 +1,6 @@
 """``gradaudit compare`` on dumps of a ~100M-parameter model's real backward pass.
 
-    python benchmarks/bench_compare.py [--layers 12] [--width 768] [--vocab 8192] [--dir DIR]
+    python -m benchmarks.bench_compare [--layers 12] [--width 768] [--vocab 8192] [--dir DIR]
 
 Builds a GPT-style host (token embedding, ``--layers`` ``nn.TransformerEncoderLayer``
 blocks, an output head) with a bottleneck seed grafted after the first block, runs one

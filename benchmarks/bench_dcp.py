@@ -1,6 +1,6 @@
 """Scanning a ``torch.distributed.checkpoint`` directory, as ratios measured in one process.
 
-    python benchmarks/bench_dcp.py [--gib 0.5] [--ranks 2] [--dir DIR]
+    python -m benchmarks.bench_dcp [--gib 0.5] [--ranks 2] [--dir DIR]
 
 ``--ranks`` gloo processes each save their ``Shard(0)`` half of a transformer-like fp32
 state dict with ``dcp.save`` (DTensors made from local shards, so no rank holds the

@@ -1,6 +1,6 @@
 """``gradaudit scan`` on a multi-GiB safetensors file against ``cat``, as separate processes.
 
-    python benchmarks/bench_file.py [--gib 4] [--dir DIR] [--engine auto]
+    python -m benchmarks.bench_file [--gib 4] [--dir DIR] [--engine auto]
 
 Marginal scan time = scan of the big file minus scan of a tiny file, so that
 interpreter and import start-up cancel out; it is compared with
@@ -15,14 +15,12 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-MIB = 1024 * 1024
+from benchmarks.bench_many import MIB, run
 
 
 def write_dump(path: Path, gib: float) -> None:
@@ -45,42 +43,11 @@ def write_dump(path: Path, gib: float) -> None:
     save_file(tensors, str(path))
 
 
-def rss_anon(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def timed(command: list[str]) -> tuple[float, int]:
-    """Wall time and peak RssAnon of a command."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, rss_anon(process.pid))
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    process.wait()
-    elapsed = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    return elapsed, peak
-
-
 def best(command: list[str], repeats: int) -> tuple[float, int]:
-    runs = [timed(command) for _ in range(repeats)]
-    return min(r[0] for r in runs), max(r[1] for r in runs)
+    """Best wall time and largest peak RssAnon (bytes) of ``repeats`` runs of a command."""
+    runs = [run(command, timeout=3600) for _ in range(repeats)]
+    seconds = min(float(r["s"]) for r in runs)
+    return seconds, int(max(float(r["peak RssAnon MiB"]) for r in runs) * MIB)
 
 
 def main() -> None:

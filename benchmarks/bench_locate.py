@@ -1,6 +1,6 @@
 """What locating a NaN costs a training step, against a plain step and ``detect_anomaly``.
 
-    python benchmarks/bench_locate.py [--steps 30] [--threads 2] [--device cpu]
+    python -m benchmarks.bench_locate [--steps 30] [--threads 2] [--device cpu]
 
 The small transformer of ``bench_monitor.py`` (2 encoder layers of width 256,
 8 heads, batch 8 x 128 tokens). In one process, interleaved round by round so

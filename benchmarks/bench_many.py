@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.bench_scan import table
+
 MIB = 1024 * 1024
 
 
@@ -116,15 +118,6 @@ def run(command: Sequence[str], timeout: float) -> dict[str, object]:
     }
 
 
-def table(rows: Sequence[dict[str, object]]) -> str:
-    columns = list(rows[0])
-    lines = [" | ".join(columns), " | ".join("---" for _ in columns)]
-    for row in rows:
-        cells = [f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()]
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
@@ -161,10 +154,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         **run(command, args.timeout),
                     }
                 )
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
+                print(table(rows[-1:], 2).splitlines()[-1], flush=True)
             path.unlink()
     print(f"\n{args.count} tensors of {args.elements} float32 elements each\n")
-    print(table(rows))
+    print(table(rows, 2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What a GradientMonitor costs a training loop, as a ratio to the backward pass.
 
-    python benchmarks/bench_monitor.py [--steps 300] [--threads 2] [--device cpu]
+    python -m benchmarks.bench_monitor [--steps 300] [--threads 2] [--device cpu]
 
 A small transformer (embedding, 2 encoder layers of width 256 with 8 heads and
 a feed-forward of 1024, a vocabulary head; batch 8 x 128 tokens) is trained

@@ -1,6 +1,6 @@
 """gradaudit next to what a user would otherwise run, on the same tensors in the same process.
 
-    python benchmarks/bench_peers.py [--gib 1.0] [--threads 2] [--repeats 3] [--smoke]
+    python -m benchmarks.bench_peers [--gib 1.0] [--threads 2] [--repeats 3] [--smoke]
 
 Every figure is a ratio to one ``torch.sum`` pass over the same tensors, measured
 in the same run (machines are noisy: compare ratios, not seconds). Columns:

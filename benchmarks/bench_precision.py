@@ -1,6 +1,6 @@
 """What ``--precision`` costs: the exponent histogram's extra pass, × one ``torch.sum`` pass.
 
-    python benchmarks/bench_precision.py [--mib 128] [--repeats 3] [--threads 2]
+    python -m benchmarks.bench_precision [--mib 128] [--repeats 3] [--threads 2]
 
 For float32, bfloat16 and float16 tensors of ``--mib`` MiB (gradient-like
 values, normal with scale 1e-3), in one process: the best of ``--repeats``

@@ -1,6 +1,6 @@
 """Scan speed and memory as ratios measured in one process.
 
-    python benchmarks/bench_scan.py [--gib 1.0] [--dir DIR]
+    python -m benchmarks.bench_scan [--gib 1.0] [--dir DIR]
 
 For each workload it reports, in the same process:
 
