@@ -18,7 +18,7 @@ huge number, an unknown dtype, a non-UTF-8 name - returns ``None``: the full JSO
 parser in :mod:`gradaudit.io.safetensors_header` then takes the header and names
 the problem if there is one, so every refusal has one wording whichever way the
 header was read. There are two readers of the form that accept exactly the same
-texts: the native one (``gradaudit/_native.c``, when it was built: ~0.2 s for a
+texts: the native one (``gradaudit/engine/_native.c``, when it was built: ~0.2 s for a
 million entries) and a pure-Python one that walks the text with one regular
 expression a megabyte at a time (~3 s, and the same bounded memory).
 """
@@ -57,7 +57,7 @@ class HeaderColumns:
 
 def _load_native() -> Callable[..., Any] | None:
     try:
-        from gradaudit import _native  # type: ignore[attr-defined]
+        from gradaudit.engine import _native  # type: ignore[attr-defined]
     except ImportError:
         return None
     module: ModuleType = _native

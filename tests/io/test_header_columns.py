@@ -263,3 +263,79 @@ def test_both_readers_accept_the_same_texts_with_the_same_columns(
         assert python.names == [name for name, _ in pairs[1 if python.metadata else 0 :]]
         assert python.dims.tolist() == [d for value in tensors for d in value["shape"]]
         assert python.begins.tolist() == [value["data_offsets"][0] for value in tensors]
+
+
+@settings(derandomize=True, max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b.c", "é", "a", "__metadata__"]),
+            st.sampled_from(["F32", "BF16", "U8", "F64"]),
+            st.lists(st.integers(0, 4), max_size=3),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.sampled_from(["", "{}", '{"format":"pt"}', '{"a":"b","a":"c"}', '{"a":1}']),
+    st.lists(
+        st.tuples(st.integers(0, 300), st.integers(0, 2), st.sampled_from(_MUTATION_ALPHABET)),
+        max_size=2,
+    ),
+    st.sampled_from([0, 0, 0, 1, -1]),
+    st.permutations(range(5)),
+)
+def test_a_header_read_as_columns_is_the_header_the_json_path_reads(
+    specs: list[tuple[str, str, list[int]]],
+    metadata: str,
+    mutations: list[tuple[int, int, int]],
+    slack: int,
+    order: list[int],
+) -> None:
+    """Same tensors and metadata, or ``None`` (the JSON path decides and names the problem)."""
+    entries = []
+    position = 0
+    for index in [i for i in order if i < len(specs)]:  # data in another order than the header
+        name, dtype, shape = specs[index]
+        size = SAFETENSORS_DTYPE_SIZES[dtype]
+        for dim in shape:
+            size *= dim
+        entries.append((index, (name, dtype, shape, position, position + size)))
+        position += size
+    text = bytearray(canonical([entry for _, entry in sorted(entries)], metadata))
+    for where, how, byte in mutations:
+        where %= len(text) + 1
+        if how == 0 and where < len(text):
+            text[where] = byte
+        elif how == 1:
+            text.insert(where, byte)
+        elif where < len(text):
+            del text[where]
+    data_length = max(0, position + slack)
+    fast = module._from_columns(bytes(text), data_length)
+    try:
+        slow = module._parse_document(bytes(text), data_length)
+    except module._Refused:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == slow
+        assert fast[1].names == slow[1].names
+
+
+def test_a_large_common_header_takes_the_column_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = [(f"layer.{i}.w", "F32", [2, 2], 16 * i, 16 * i + 16) for i in range(2000)]
+    path = raw_file(
+        tmp_path / "many.safetensors",
+        canonical(entries, '{"format":"pt"}').decode(),
+        b"\0" * 16 * 2000,
+    )
+
+    def refuse(*args: object) -> object:
+        raise AssertionError("the JSON path ran")
+
+    monkeypatch.setattr(module, "_parse_document", refuse)
+    header = read_header(path)
+    assert header.metadata == {"format": "pt"}
+    assert header.tensors[1999] == TensorEntry("layer.1999.w", "F32", (2, 2), 31984, 32000)
