@@ -31,11 +31,15 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
+
+if TYPE_CHECKING:
+    from gradaudit.stats_table import StatsTable
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
@@ -212,18 +216,6 @@ NORM_LIKE_RMS = (0.25, 4.0)
 NORM_LIKE_PEAK = 1.3
 
 
-def norm_like(shape: tuple[int, ...], zeros: int, rms: float | None, max_abs: float) -> bool:
-    """Whether a tensor looks like a normalisation layer's scale (weights, not gradients)."""
-    return (
-        len(shape) == 1
-        and shape[0] >= NORM_LIKE_MIN_ELEMENTS
-        and zeros == 0
-        and rms is not None
-        and NORM_LIKE_RMS[0] <= rms <= NORM_LIKE_RMS[1]
-        and max_abs <= NORM_LIKE_PEAK * rms
-    )
-
-
 def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     """A flat file with no metadata and no structure: weights if it holds norm-like scales.
 
@@ -232,14 +224,34 @@ def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     look like a normalisation layer's scale (the others are biases) — is read as weights.
     A dump of hand-made vectors of ones is not a model. Both calls are marked thin, so
     the summary says how the file was read and how to say otherwise.
+
+    :func:`norm_like` is applied to the columns at once (the same comparisons).
     """
-    vectors = [t for t in tensors if len(t.shape) == 1]
-    hits = [t for t in vectors if norm_like(t.shape, t.zeros, t.rms, t.max_abs)]
-    has_matrix = any(len(t.shape) >= 2 and t.numel >= NORM_LIKE_MIN_ELEMENTS for t in tensors)
-    if hits and has_matrix and 2 * len(hits) <= len(vectors):
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
+
+    table = StatsTable.from_stats(tensors)
+    ranks = table.ranks
+    vector = ranks == 1
+    rms = table.rms
+    with np.errstate(invalid="ignore"):  # NaN RMS (nothing finite) compares False
+        length = np.zeros(len(table), dtype=np.int64)
+        length[vector] = table.dims[table.starts[:-1][vector]]
+        hits = (
+            vector
+            & (length >= NORM_LIKE_MIN_ELEMENTS)
+            & (table.zeros == 0)
+            & (rms >= NORM_LIKE_RMS[0])
+            & (rms <= NORM_LIKE_RMS[1])
+            & (table.max_abs <= NORM_LIKE_PEAK * rms)
+        )
+    hit_count = int(hits.sum())
+    has_matrix = bool(((ranks >= 2) & (table.numel >= NORM_LIKE_MIN_ELEMENTS)).any())
+    if hit_count and has_matrix and 2 * hit_count <= int(vector.sum()):
         return FileEvidence(
             Role.WEIGHT,
-            f"guessed from the values: {len(hits)} 1-D tensor(s) with RMS near 1 and no "
+            f"guessed from the values: {hit_count} 1-D tensor(s) with RMS near 1 and no "
             "zeros, like normalisation weights; --kind gradients if these are gradients",
             thin=True,
         )
@@ -278,9 +290,97 @@ def decide(
     return file_role.role, file_role.evidence
 
 
-def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Sequence[str]) -> str:
-    """What a file was read as, in a few words: ``training checkpoint``, ``weights`` …"""
-    counts = Counter(roles)
+#: Every word :func:`role_from_name` looks for, found anywhere in a name, in any case: a
+#: name without one of them gets no role from its name (the components are compared in
+#: lower case, and ``re.IGNORECASE`` matches every character whose lower case is ASCII).
+_NAME_WORDS = re.compile(
+    "|".join(map(re.escape, sorted(BUFFER_NAMES | GRADIENT_CONTAINERS | {"grad"}))),
+    re.IGNORECASE,
+)
+
+
+def decide_roles(
+    table: StatsTable,
+    hints: Sequence[TensorHint | None],
+    kind: InputKind,
+    file_evidence: Mapping[str, FileEvidence],
+) -> dict[str | None, tuple[str, str, bool]]:
+    """:func:`decide` for every tensor of ``table``, set on its role columns.
+
+    Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
+    tensors with a hint or a name :func:`role_from_name` may read are decided one by
+    one; every other tensor of a file takes the file's role (or ``--kind``), which is
+    what :func:`decide` gives it, so a million plainly named tensors cost a regular
+    expression search each.
+    """
+    import numpy as np
+
+    from gradaudit.stats_table import ROLES
+
+    names = table.names
+    count = len(names)
+    special = np.fromiter(map(bool, map(_NAME_WORDS.search, names)), dtype=bool, count=count)
+    if any(hint is not None for hint in hints):
+        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
+    role_codes = np.zeros(count, dtype=np.int8)
+    evidence_codes = np.zeros(count, dtype=np.int32)
+    evidences: dict[str, int] = {"": 0}
+
+    def code_of(evidence: str) -> int:
+        return evidences.setdefault(evidence, len(evidences))
+
+    optimizer = [ROLES.index(role) for role in _OPTIMIZER_ROLES]
+    readings: dict[str | None, tuple[str, str, bool]] = {}
+    for source_code, source in enumerate(table.sources):
+        indices = np.flatnonzero(table.source_codes == source_code)
+        if not len(indices):
+            continue
+        if source is None:
+            file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
+        else:
+            file_role = file_evidence.get(source) or stats_evidence(
+                table if len(indices) == count else table.subset(indices)
+            )
+        if kind is InputKind.GRADIENTS:
+            default = Role.GRADIENT, "--kind gradients"
+        elif kind is InputKind.WEIGHTS:
+            default = Role.WEIGHT, "--kind weights"
+        else:
+            default = file_role.role, file_role.evidence
+        role_codes[indices] = ROLES.index(default[0])
+        evidence_codes[indices] = code_of(default[1])
+        for index in indices[special[indices]].tolist():
+            role, evidence = decide(names[index], hints[index], kind, file_role)
+            role_codes[index] = ROLES.index(role)
+            evidence_codes[index] = code_of(evidence)
+        roles, their_evidences = role_codes[indices], evidence_codes[indices]
+        role_counts = Counter(
+            {ROLES[c]: n for c, n in enumerate(np.bincount(roles, minlength=len(ROLES))) if n}
+        )
+        rest = their_evidences[~np.isin(roles, optimizer)]
+        unique, first, counts = np.unique(rest, return_index=True, return_counts=True)
+        by_text = list(evidences)
+        rest_counts = Counter(
+            {by_text[unique[k]]: int(counts[k]) for k in np.argsort(first, kind="stable")}
+        )
+        thin = file_role.thin and bool(
+            (their_evidences == evidences.get(file_role.evidence, -1)).any()
+        )
+        readings[source] = (
+            describe_file(role_counts, file_role),
+            file_evidence_text(rest_counts, len(rest) < len(indices), file_role),
+            thin,
+        )
+    table.with_roles(role_codes, evidence_codes, tuple(evidences))
+    return readings
+
+
+def describe_file(roles: Counter[Role], file_role: FileEvidence) -> str:
+    """What a file was read as, in a few words: ``training checkpoint``, ``weights`` …
+
+    ``roles`` counts the file's tensors by role.
+    """
+    counts = +roles  # only the roles some tensor has
     if counts[Role.OPTIMIZER_MOMENT] or counts[Role.OPTIMIZER_SECOND_MOMENT]:
         return "training checkpoint" if counts[Role.WEIGHT] else "optimizer state"
     main = [r for r in counts if r not in (Role.BUFFER, Role.UNKNOWN)]
@@ -290,16 +390,15 @@ def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Seq
     return {Role.WEIGHT: "weights", Role.GRADIENT: "gradients"}.get(role, role.value)
 
 
-def file_evidence_text(
-    roles: Sequence[Role], evidences: Sequence[str], file_role: FileEvidence
-) -> str:
+def file_evidence_text(rest: Counter[str], optimizer_state: bool, file_role: FileEvidence) -> str:
     """The evidence shown for a file: the most common reason among its tensors.
 
-    A file with optimizer state says so first, then why the rest was read as it was.
+    ``rest`` counts the evidence of the tensors that are not optimizer state, in the
+    order each reason first appears (a tie goes to the first). A file with optimizer
+    state says so first, then why the rest was read as it was.
     """
-    rest = [e for r, e in zip(roles, evidences, strict=True) if r not in _OPTIMIZER_ROLES]
-    common = Counter(rest).most_common(1)[0][0] if rest else None
-    if len(rest) < len(evidences):
+    common = rest.most_common(1)[0][0] if rest else None
+    if optimizer_state:
         return "a torch.optim state dict" + (f"; the rest {common}" if common else "")
     return common or file_role.evidence
 

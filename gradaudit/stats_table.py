@@ -22,6 +22,7 @@ from typing import overload
 
 import numpy as np
 
+from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
 
@@ -32,9 +33,6 @@ ROLES: tuple[Role, ...] = tuple(Role)
 _ROLE_CODES = {role: code for code, role in enumerate(ROLES)}
 #: Tensors turned into :class:`TensorStats` per step of an iteration.
 _STEP = 1 << 14
-# Slots of the engine's stats row (gradaudit.stats), repeated to keep this module
-# free of torch: NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ.
-_NAN, _POS_INF, _NEG_INF, _ZEROS, _MAX_ABS, _SCALE, _SSQ = range(7)
 
 
 def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> list[tuple[int, ...]]:
@@ -150,11 +148,11 @@ class StatsTable(Sequence[TensorStats]):
         sqrt(finite)``, each a correctly rounded IEEE operation in numpy as in Python.
         """
         numel = numels_of(dims, starts)
-        nan = rows[:, _NAN].astype(np.int64)
-        pos_inf = rows[:, _POS_INF].astype(np.int64)
-        neg_inf = rows[:, _NEG_INF].astype(np.int64)
-        zeros = rows[:, _ZEROS].astype(np.int64)
-        norm = rows[:, _SCALE] * np.sqrt(rows[:, _SSQ])
+        nan = rows[:, NAN].astype(np.int64)
+        pos_inf = rows[:, POS_INF].astype(np.int64)
+        neg_inf = rows[:, NEG_INF].astype(np.int64)
+        zeros = rows[:, ZEROS].astype(np.int64)
+        norm = rows[:, SCALE] * np.sqrt(rows[:, SSQ])
         finite = numel - nan - pos_inf - neg_inf
         with np.errstate(divide="ignore", invalid="ignore"):
             rms = np.where(finite > 0, norm / np.sqrt(finite), np.nan)
@@ -167,7 +165,7 @@ class StatsTable(Sequence[TensorStats]):
             source_codes,
             sources,
             (numel, nan, pos_inf, neg_inf, zeros),
-            np.ascontiguousarray(rows[:, _MAX_ABS]),
+            np.ascontiguousarray(rows[:, MAX_ABS]),
             norm,
             rms,
         )
@@ -257,23 +255,34 @@ class StatsTable(Sequence[TensorStats]):
         return len(self.names)
 
     def _slice(self, start: int, end: int) -> Iterator[TensorStats]:
-        """TensorStats ``start`` to ``end``, built from lists of each column's values."""
+        """TensorStats ``start`` to ``end``."""
+        return self._build(slice(start, end), shapes_of(self.dims, self.starts, start, end))
+
+    def _build(
+        self, where: slice | np.ndarray, shapes: list[tuple[int, ...]]
+    ) -> Iterator[TensorStats]:
+        """TensorStats of the tensors ``where`` selects, from lists of each column's values."""
         dtypes, sources, evidences = self.dtypes, self.sources, self.evidences
+        names = (
+            self.names[where]
+            if isinstance(where, slice)
+            else [self.names[i] for i in where.tolist()]
+        )
         columns = zip(
-            self.names[start:end],
-            shapes_of(self.dims, self.starts, start, end),
-            self.dtype_codes[start:end].tolist(),
-            self.numel[start:end].tolist(),
-            self.nan[start:end].tolist(),
-            self.pos_inf[start:end].tolist(),
-            self.neg_inf[start:end].tolist(),
-            self.zeros[start:end].tolist(),
-            self.max_abs[start:end].tolist(),
-            self.norm[start:end].tolist(),
-            self.rms[start:end].tolist(),
-            self.source_codes[start:end].tolist(),
-            self.role_codes[start:end].tolist(),
-            self.evidence_codes[start:end].tolist(),
+            names,
+            shapes,
+            self.dtype_codes[where].tolist(),
+            self.numel[where].tolist(),
+            self.nan[where].tolist(),
+            self.pos_inf[where].tolist(),
+            self.neg_inf[where].tolist(),
+            self.zeros[where].tolist(),
+            self.max_abs[where].tolist(),
+            self.norm[where].tolist(),
+            self.rms[where].tolist(),
+            self.source_codes[where].tolist(),
+            self.role_codes[where].tolist(),
+            self.evidence_codes[where].tolist(),
             strict=True,
         )
         for name, shape, dtype, numel, nan, pos, neg, zeros, peak, norm, rms, *codes in columns:
@@ -301,7 +310,45 @@ class StatsTable(Sequence[TensorStats]):
 
     def take(self, indices: Sequence[int] | np.ndarray) -> list[TensorStats]:
         """The TensorStats of ``indices``, in that order."""
-        return [next(self._slice(i, i + 1)) for i in np.asarray(indices, dtype=np.int64).tolist()]
+        chosen = np.asarray(indices, dtype=np.int64)
+        out: list[TensorStats] = []
+        for start in range(0, len(chosen), _STEP):
+            part = chosen[start : start + _STEP]
+            shapes = [
+                tuple(self.dims[self.starts[i] : self.starts[i + 1]].tolist())
+                for i in part.tolist()
+            ]
+            out.extend(self._build(part, shapes))
+        return out
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> StatsTable:
+        """A table of the tensors ``indices`` (in that order), roles included."""
+        chosen = np.asarray(indices, dtype=np.int64)
+        ranks = self.ranks[chosen]
+        starts = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(ranks, out=starts[1:])
+        pieces = [self.dims[self.starts[i] : self.starts[i + 1]] for i in chosen.tolist()]
+        table = StatsTable(
+            [self.names[i] for i in chosen.tolist()],
+            np.concatenate(pieces) if pieces else self.dims[:0],
+            starts,
+            self.dtype_codes[chosen],
+            self.dtypes,
+            self.source_codes[chosen],
+            self.sources,
+            (
+                self.numel[chosen],
+                self.nan[chosen],
+                self.pos_inf[chosen],
+                self.neg_inf[chosen],
+                self.zeros[chosen],
+            ),
+            self.max_abs[chosen],
+            self.norm[chosen],
+            self.rms[chosen],
+        )
+        table.with_roles(self.role_codes[chosen], self.evidence_codes[chosen], self.evidences)
+        return table
 
     @overload
     def __getitem__(self, index: int) -> TensorStats: ...

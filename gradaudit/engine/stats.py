@@ -62,10 +62,16 @@ from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
+from gradaudit.engine.row import MAX_ABS as MAX_ABS
+from gradaudit.engine.row import NAN as NAN
+from gradaudit.engine.row import NEG_INF as NEG_INF
+from gradaudit.engine.row import POS_INF as POS_INF
+from gradaudit.engine.row import ROW_WIDTH as ROW_WIDTH
+from gradaudit.engine.row import SCALE as SCALE
+from gradaudit.engine.row import SSQ as SSQ
+from gradaudit.engine.row import ZEROS as ZEROS
 from gradaudit.errors import UsageError
 
-NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
-ROW_WIDTH = 7
 _COUNT_SLOTS = slice(NAN, ZEROS + 1)
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds, fraction_exceeds
@@ -19,7 +19,44 @@ from gradaudit.results import (
     TensorStats,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
+
 _OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+
+def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
+    """``tensors`` as a :class:`~gradaudit.stats_table.StatsTable` (itself when it is one).
+
+    numpy is imported here, not with the module: the CLI's start-up path imports
+    this module for :func:`exit_code` and must stay free of torch and numpy.
+    """
+    from gradaudit.stats_table import StatsTable
+
+    return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
+
+
+def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) -> np.ndarray:
+    """Indices (ascending) of the tensors named by ``(source, name)`` pairs.
+
+    One pass over the names in C (a set lookup each) instead of a dict of every
+    tensor: a million tensors with a handful of findings build nothing per tensor.
+    """
+    import numpy as np
+
+    wanted = set(keys)
+    names = {name for _, name in wanted}
+    hits = np.fromiter(map(names.__contains__, table.names), dtype=bool, count=len(table))
+    candidates = np.flatnonzero(hits)
+    sources, codes = table.sources, table.source_codes
+    keep = [
+        index
+        for index in candidates.tolist()
+        if (sources[codes[index]], table.names[index]) in wanted
+    ]
+    return np.array(keep, dtype=np.int64)
 
 
 def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
@@ -80,7 +117,33 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tuple[Finding, ...]:
-    return tuple(finding for stats in tensors for finding in evaluate(stats, thresholds))
+    """:func:`evaluate` for every tensor that can have a finding, in tensor order.
+
+    Which tensors can is decided on the columns at once (a superset of what
+    :func:`evaluate` flags: the same comparisons), and only those are judged one by
+    one: with a million healthy tiny tensors nothing is made per tensor.
+    """
+    table = _columns(tensors)
+    return tuple(
+        finding
+        for stats in table.take(judged_candidates(table, thresholds))
+        for finding in evaluate(stats, thresholds)
+    )
+
+
+def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
+    """Indices of the tensors :func:`evaluate` may flag (every one it flags is among them)."""
+    import numpy as np
+
+    finite = table.finite > 0
+    norm = table.norm
+    gradient = table.role_mask(Role.GRADIENT) & finite
+    gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
+    weight = table.role_mask(Role.WEIGHT)
+    if thresholds.cast_check is None:
+        weight &= (table.numel > 0) & (table.zeros == table.numel)
+    mask = (table.nonfinite > 0) | gradient | weight
+    return np.flatnonzero(mask)
 
 
 def cast_limits(target: str) -> tuple[float, float]:
@@ -190,50 +253,76 @@ def find_outliers(
     cover them), roles with fewer than 8 tensors in a file, and tensors that already
     have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
     the outlier check is for what an absolute threshold cannot see.
+
+    Computed on the columns (:class:`~gradaudit.stats_table.StatsTable`): the logs with
+    ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
+    the two middle values), so the numbers are those of a loop over the tensors.
     """
+    import numpy as np
+
+    from gradaudit.stats_table import ROLES
+
+    table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
-    groups: dict[tuple[str | None, Role, str], list[TensorStats]] = {}
-    for stats in tensors:
-        if stats.role in _OUTLIER_ROLES and stats.rms is not None and stats.rms > 0:
-            groups.setdefault((stats.source, stats.role, _shape_class(stats)), []).append(stats)
+    rms = table.rms
+    with np.errstate(invalid="ignore"):
+        eligible = rms > 0  # NaN (no finite element) compares False
+    roles = table.role_codes
+    eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
+    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    # and of matrices sit decades apart in healthy models, weights do not (measured).
+    gradient = roles == ROLES.index(Role.GRADIENT)
+    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), 0)
+    indices = np.flatnonzero(eligible)
+    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
+    keys += shape_class[indices]
+    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    labels = ("all", "1-D", "2-D+")
     findings: list[Finding] = []
     references: list[OutlierReference] = []
-    for (source, role, shapes), members in groups.items():
-        if len(members) < OUTLIER_MIN_TENSORS:
+    for key_index in np.argsort(first, kind="stable").tolist():  # groups in first-seen order
+        if counts[key_index] < OUTLIER_MIN_TENSORS:
             continue
-        logs = [math.log10(t.rms) for t in members if t.rms is not None]
-        median = statistics.median(logs)
-        spread = 1.4826 * statistics.median(abs(x - median) for x in logs)
+        members = indices[keys == unique[key_index]]
+        first_member = int(members[0])
+        source = table.sources[table.source_codes[first_member]]
+        role = ROLES[roles[first_member]]
+        shapes = labels[int(shape_class[first_member])]
+        member_rms = rms[members]
+        logs = np.fromiter(map(math.log10, member_rms.tolist()), dtype=np.float64)
+        median = _median(logs)
+        spread = 1.4826 * _median(np.abs(logs - median))
         limit = thresholds.outlier_limit(role)
         references.append(
             OutlierReference(role, source, len(members), median, spread, limit, shapes)
         )
-        for stats, x in zip(members, logs, strict=True):
-            distance = x - median
-            if abs(distance) <= limit:
+        distance = logs - median
+        for where in np.flatnonzero(np.abs(distance) > limit).tolist():
+            name = table.names[int(members[where])]
+            if (source, name) in already:
                 continue
-            direction = "above" if distance > 0 else "below"
+            away = float(distance[where])
+            direction = "above" if away > 0 else "below"
             message = (
-                f"RMS {stats.rms:.3g} is {abs(distance):.1f} decades {direction} the median "
-                f"{10**median:.3g} of {len(members)} {role.value} tensors"
+                f"RMS {float(member_rms[where]):.3g} is {abs(away):.1f} decades {direction} the "
+                f"median {10**median:.3g} of {len(members)} {role.value} tensors"
                 f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
             )
             kind = FindingKind.OUTLIER
-            if (source, stats.name) in already:
-                continue
-            findings.append(
-                Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, source)
-            )
+            findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
     return tuple(findings), tuple(references)
 
 
-def _shape_class(stats: TensorStats) -> str:
-    """The group a tensor is compared within: gradients of vectors (biases, norm scales)
-    and of matrices sit decades apart in healthy models, weights do not (measured)."""
-    if stats.role is not Role.GRADIENT:
-        return "all"
-    return "1-D" if len(stats.shape) <= 1 else "2-D+"
+def _median(values: np.ndarray) -> float:
+    """:func:`statistics.median` of a float64 array: the middle value, or the mean of two."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[middle])
+    return (float(ordered[middle - 1]) + float(ordered[middle])) / 2
 
 
 def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding]) -> float:
@@ -246,12 +335,13 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
     its tensor, so a non-finite value is never lost in the rounding of a large model.
     Nothing audited scores 0: no evidence of health.
     """
-    total = sum(t.numel for t in tensors)
+    table = _columns(tensors)
+    total = int(table.numel.sum())
     if total == 0:
         return 0.0
     flagged = {(f.source, f.tensor) for f in findings if f.severity is not Severity.IGNORED}
-    clean = sum(t.numel for t in tensors if (t.source, t.name) not in flagged)
-    nonfinite = sum(t.nonfinite for t in tensors)
+    clean = total - int(table.numel[tensor_indices(table, flagged)].sum())
+    nonfinite = int(table.nonfinite.sum())
     score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
     return min(1.0, max(0.0, score))
 
@@ -301,6 +391,8 @@ def evaluate_limits(
     vanishing = {
         (f.source, f.tensor) for f in findings if f.kind is FindingKind.VANISHING and not f.ignored
     }
+    table = _columns(tensors)
+    dead_indices = set(tensor_indices(table, vanishing).tolist())
     out: list[LimitFinding] = []
     for source, norm in groups:
         where = "" if source is None else f" in {source}"
@@ -317,20 +409,22 @@ def evaluate_limits(
             )
         fraction = thresholds.max_vanishing_fraction
         if fraction is not None:
-            judged = [
-                t
-                for t in tensors
-                if (not files or t.source == source) and thresholds.ignored_by(t.name) is None
-            ]
-            dead = sum(1 for t in judged if (t.source, t.name) in vanishing)
-            if fraction_exceeds(dead, len(judged), fraction):
+            judged: Sequence[int] = (
+                table.source_indices(source).tolist() if files else range(len(table))
+            )
+            if thresholds.ignore:
+                names = table.names
+                judged = [i for i in judged if thresholds.ignored_by(names[i]) is None]
+            dead = len(dead_indices.intersection(judged))
+            count = len(judged)
+            if fraction_exceeds(dead, count, fraction):
                 out.append(
                     LimitFinding(
                         LimitKind.VANISHING_FRACTION,
-                        dead / len(judged),
+                        dead / count,
                         fraction,
-                        f"{dead} of {len(judged)} tensors vanish{where} "
-                        f"({dead / len(judged):.1%} > max-vanishing-fraction {fraction:g})",
+                        f"{dead} of {count} tensors vanish{where} "
+                        f"({dead / count:.1%} > max-vanishing-fraction {fraction:g})",
                         source,
                     )
                 )

@@ -15,8 +15,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from gradaudit.engine.devices import resolve_device
@@ -40,12 +42,9 @@ from gradaudit.results import (
 from gradaudit.roles import (
     FileEvidence,
     TensorHint,
-    decide,
-    describe_file,
+    decide_roles,
     estimate_value,
-    file_evidence_text,
     metadata_evidence,
-    stats_evidence,
 )
 from gradaudit.scan.judge import (
     evaluate_all,
@@ -54,8 +53,10 @@ from gradaudit.scan.judge import (
     evaluate_skipped,
     find_outliers,
     gradient_health,
+    tensor_indices,
 )
 from gradaudit.selection import NameFilter
+from gradaudit.stats_table import ROLES, StatsTable
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -65,12 +66,7 @@ if TYPE_CHECKING:
 from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     DEFAULT_MEMORY_BUDGET,
-    MAX_ABS,
-    NAN,
-    NEG_INF,
-    POS_INF,
     ROW_WIDTH,
-    ZEROS,
     HostRow,
     StatsCollector,
     blocks_by_device,
@@ -81,11 +77,12 @@ from gradaudit.engine.stats import (
     merge_rows,
     not_audited_reason,
     read_blocks,
-    row_norm,
     wait_for,
 )
 
 _CPU = torch.device("cpu")
+#: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
+_OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -621,7 +618,12 @@ class PendingStats:
         return host
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
-        """Read every stats row back in one transfer and judge them by ``thresholds``."""
+        """Read every stats row back in one transfer and judge them by ``thresholds``.
+
+        The per-tensor results are a :class:`~gradaudit.stats_table.StatsTable`
+        (columns; a TensorStats is made when one is asked for), judged on the
+        columns where that is simple: a million tiny tensors make no object each.
+        """
         thresholds = thresholds or Thresholds()
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
@@ -629,39 +631,46 @@ class PendingStats:
         host = self._collector.gather(self._tickets, host_blocks)
         self._resolve_counts(host_blocks)
         with paused_gc():
-            values = _host_rows(host)  # bound to every row, before host is narrowed below
-            main = [i for i, hint in enumerate(self._hints) if hint is None or hint.aux is None]
-            if len(main) != host.shape[0]:  # derived rows ride along; not audited tensors
-                host = host[main]
-            raw = list(self._tensor_stats(values))
+            table = self._table(host)
+            hints = self._hints
+            aux = [i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None]
             derived = {
                 (stats.source, hint.aux_for, hint.aux): stats
-                for stats, hint in zip(raw, self._hints, strict=True)
+                for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
                 if hint is not None and hint.aux is not None
             }
-            hints = [self._hints[i] for i in main]
-            tensors, readings = self._with_roles([raw[i] for i in main], hints, thresholds)
-            estimates, negatives = _estimates(tensors, hints, derived)
-            findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
+            main: list[int] = []
+            if aux:  # derived rows ride along; they are not audited tensors
+                skip = set(aux)
+                main = [i for i in range(len(table)) if i not in skip]
+                host = host[main]
+                table = table.subset(main)
+                hints = [hints[i] for i in main]
+            readings = decide_roles(table, hints, thresholds.kind, self._file_evidence)
+            optimizer = np.flatnonzero(np.isin(table.role_codes, _OPTIMIZER_CODES)).tolist()
+            estimates, negatives = _estimates(
+                table.take(optimizer), [hints[i] for i in optimizer], derived
+            )
+            findings = evaluate_all(table, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds
             )
-            outliers, references = find_outliers(tensors, thresholds, findings)
-            findings = _in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
+            outliers, references = find_outliers(table, thresholds, findings)
+            findings = _in_tensor_order(table, findings + outliers) + evaluate_skipped(
                 self._skipped, thresholds
             )
-        global_row = merge_rows(host) if len(tensors) else None
+        global_row = merge_rows(host) if len(table) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host, [self._sources[i] for i in main], tensors, readings))
-        limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
+        files = tuple(self._file_results(host, table, readings))
+        limit_findings = evaluate_limits(table, findings, files, global_norm, thresholds)
         histograms = self._read_histograms()
-        if histograms and len(histograms) != len(tensors):
+        if histograms and aux:
             histograms = tuple(histograms[i] for i in main)
         return Report(
-            tensors=tensors,
+            tensors=table,
             findings=findings,
             skipped=tuple(self._skipped),
             summary=_summary(
-                tensors,
+                table,
                 findings,
                 limit_findings,
                 len(self._skipped),
@@ -680,42 +689,26 @@ class PendingStats:
             histograms=histograms,
         )
 
-    def _with_roles(
-        self,
-        tensors: list[TensorStats],
-        hints: list[TensorHint | None],
-        thresholds: Thresholds,
-    ) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
-        """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
-
-        Returns the tensors and, per source, ``(read as, evidence, thin)``.
-        """
-        by_source: dict[str | None, list[int]] = {}
-        for index, stats in enumerate(tensors):
-            by_source.setdefault(stats.source, []).append(index)
-        out = list(tensors)
-        readings: dict[str | None, tuple[str, str, bool]] = {}
-        for source, indices in by_source.items():
-            if source is None:
-                file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
-            else:
-                file_role = self._file_evidence.get(source) or stats_evidence(
-                    [tensors[i] for i in indices]
-                )
-            roles, evidences = [], []
-            for i in indices:
-                stats = tensors[i]
-                role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
-                roles.append(role)
-                evidences.append(evidence)
-                out[i] = _with_role(stats, role, evidence)
-            thin = file_role.thin and any(e == file_role.evidence for e in evidences)
-            readings[source] = (
-                describe_file(roles, file_role, evidences),
-                file_evidence_text(roles, evidences, file_role),
-                thin,
-            )
-        return tuple(out), readings
+    def _table(self, host: torch.Tensor) -> StatsTable:
+        """The collected tensors' facts and their host rows as a :class:`StatsTable`."""
+        shapes = self._shapes
+        count = len(shapes)
+        ranks = np.fromiter(map(len, shapes), dtype=np.int64, count=count)
+        starts = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(ranks, out=starts[1:])
+        dims = np.fromiter(chain.from_iterable(shapes), dtype=np.int64, count=int(starts[-1]))
+        dtypes = {name: code for code, name in enumerate(dict.fromkeys(self._dtypes))}
+        sources = {name: code for code, name in enumerate(dict.fromkeys(self._sources))}
+        return StatsTable.from_rows(
+            self._names,
+            dims,
+            starts,
+            np.fromiter(map(dtypes.__getitem__, self._dtypes), dtype=np.int16, count=count),
+            tuple(dtypes),
+            np.fromiter(map(sources.__getitem__, self._sources), dtype=np.int32, count=count),
+            tuple(sources),
+            host.numpy(),
+        )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
         """Shapes of the entries whose element count came with the rows (see :meth:`add_row`)."""
@@ -744,53 +737,27 @@ class PendingStats:
                 out[i] = ExponentHistogram(tuple(counts))
         return tuple(out)
 
-    def _tensor_stats(self, rows: Iterable[list[float]]) -> Iterator[TensorStats]:
-        """Host rows to TensorStats, in submission order.
-
-        One loop with positional arguments and :class:`HostRow`'s conversion
-        inlined: it runs once per tensor, which is what a dump of thousands of
-        tiny tensors pays for.
-        """
-        prod, sqrt = math.prod, math.sqrt
-        for name, shape, dtype, source, values in zip(
-            self._names, self._shapes, self._dtypes, self._sources, rows, strict=True
-        ):
-            numel = prod(shape)
-            nan, pos_inf, neg_inf = int(values[NAN]), int(values[POS_INF]), int(values[NEG_INF])
-            norm = row_norm(values)
-            finite = numel - nan - pos_inf - neg_inf
-            yield TensorStats(
-                name,
-                shape,
-                dtype,
-                numel,
-                nan,
-                pos_inf,
-                neg_inf,
-                int(values[ZEROS]),
-                values[MAX_ABS],
-                norm,
-                norm / sqrt(finite) if finite else None,
-                source,
-            )
-
     def _file_results(
         self,
         host: torch.Tensor,
-        sources: list[str | None],
-        tensors: Sequence[TensorStats],
+        table: StatsTable,
         readings: Mapping[str | None, tuple[str, str, bool]],
     ) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}
+        skipped = Counter(s.source for s in self._skipped)
         for path in dict.fromkeys(self._files + list(errors)):
-            indices = [i for i, source in enumerate(sources) if source == path]
-            norm = HostRow.from_values(merge_rows(host[indices]).tolist()).norm if indices else None
+            indices = table.source_indices(path)
+            norm = (
+                HostRow.from_values(merge_rows(host[torch.from_numpy(indices)]).tolist()).norm
+                if len(indices)
+                else None
+            )
             read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
                 tensors=len(indices),
-                skipped=sum(1 for s in self._skipped if s.source == path),
-                elements=sum(tensors[i].numel for i in indices),
+                skipped=skipped[path],
+                elements=int(table.numel[indices].sum()),
                 global_norm=norm,
                 error=errors.get(path),
                 excluded=self._excluded[path],
@@ -804,16 +771,6 @@ class PendingStats:
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
-
-
-def _host_rows(host: torch.Tensor, step: int = 1 << 16) -> Iterator[list[float]]:
-    """The rows of ``host`` as Python lists, a slice at a time.
-
-    ``tolist()`` of a million rows at once held a million lists of seven floats
-    (about 280 MB) next to the results being built from them.
-    """
-    for start in range(0, host.shape[0], step):
-        yield from host[start : start + step].tolist()
 
 
 #: CPU reductions for derived rows run in pieces this long, below torch's grain size
@@ -841,19 +798,16 @@ def _serial_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
     return torch.stack([p.amin() for p in _pieces(flat)]).amin().to(torch.float64)
 
 
-def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
-    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
-    copy = object.__new__(TensorStats)
-    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
-    return copy
+def _in_tensor_order(table: StatsTable, findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept).
 
-
-def _in_tensor_order(
-    tensors: Sequence[TensorStats], findings: Sequence[Finding]
-) -> tuple[Finding, ...]:
-    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
-    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
-    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
+    Only the flagged tensors are looked up (:func:`~gradaudit.scan.judge.tensor_indices`).
+    """
+    keys = {(f.source, f.tensor) for f in findings}
+    found = tensor_indices(table, keys).tolist()
+    sources, codes, names = table.sources, table.source_codes, table.names
+    order = {(sources[codes[i]], names[i]): i for i in found}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(table))))
 
 
 def _estimates(
@@ -914,7 +868,7 @@ def _estimates(
 
 
 def _summary(
-    tensors: Sequence[TensorStats],
+    tensors: StatsTable,
     findings: Sequence[Finding],
     limit_findings: Sequence[LimitFinding],
     skipped: int,
@@ -927,7 +881,7 @@ def _summary(
     return Summary(
         tensors=len(tensors),
         skipped=skipped,
-        elements=sum(t.numel for t in tensors),
+        elements=int(tensors.numel.sum()),
         global_norm=global_norm,
         nan_tensors=flagged(FindingKind.NAN),
         inf_tensors=flagged(FindingKind.INF),
