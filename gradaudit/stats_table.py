@@ -152,9 +152,10 @@ class StatsTable(Sequence[TensorStats]):
         pos_inf = rows[:, POS_INF].astype(np.int64)
         neg_inf = rows[:, NEG_INF].astype(np.int64)
         zeros = rows[:, ZEROS].astype(np.int64)
-        norm = rows[:, SCALE] * np.sqrt(rows[:, SSQ])
         finite = numel - nan - pos_inf - neg_inf
-        with np.errstate(divide="ignore", invalid="ignore"):
+        # Overflow to inf is a value here (a float64 norm beyond range), as in Python.
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            norm = rows[:, SCALE] * np.sqrt(rows[:, SSQ])
             rms = np.where(finite > 0, norm / np.sqrt(finite), np.nan)
         return cls(
             names,
