@@ -38,7 +38,9 @@ _STEP = 1 << 14
 def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> list[tuple[int, ...]]:
     """Shapes ``start`` to ``end``; shape ``i`` is ``dims[starts[i] : starts[i + 1]]``.
 
-    One pass when they share a rank: no list per shape made and thrown away.
+    One pass when they share a rank: no list per shape made and thrown away. Equal
+    shapes come as one tuple: a run of a million tensors of one shape (a collection
+    keeps every shape until it is read back) holds one tuple, not a million.
     """
     if end <= start:
         return []
@@ -49,8 +51,11 @@ def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> lis
         if rank == 0:
             return [()] * (end - start)
         columns = dims[first:last].reshape(-1, rank).T.tolist()
-        return list(zip(*columns, strict=True))
-    return [tuple(dims[starts[i] : starts[i + 1]].tolist()) for i in range(start, end)]
+        shapes: list[tuple[int, ...]] = list(zip(*columns, strict=True))
+    else:
+        shapes = [tuple(dims[starts[i] : starts[i + 1]].tolist()) for i in range(start, end)]
+    seen: dict[tuple[int, ...], tuple[int, ...]] = {}
+    return list(map(seen.setdefault, shapes, shapes))
 
 
 def numels_of(dims: np.ndarray, starts: np.ndarray) -> np.ndarray:
