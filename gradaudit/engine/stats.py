@@ -720,16 +720,21 @@ class StatsCollector:
         self._layout.check_placed()
         return list(self._blocks)
 
-    def gather(self, tickets: list[int], blocks: list[torch.Tensor]) -> torch.Tensor:
+    def gather(
+        self, tickets: list[int], blocks: list[torch.Tensor], *, fresh: bool = True
+    ) -> torch.Tensor:
         """The rows ``[len(tickets), 7]`` of ``tickets``, in that order, bucket padding taken out.
 
         ``blocks`` are :meth:`flush`'s blocks, or their host copy (one read).
-        Always a new tensor; nothing is read back (it runs on ``meta`` too).
+        A new tensor, unless ``fresh=False`` lets a single block come back as it
+        is (for a caller that only reads it: a fresh copy of a large block costs
+        its page faults); nothing is read back (it runs on ``meta`` too).
         """
         stacked = torch.cat(blocks) if blocks else torch.empty((0, ROW_WIDTH), dtype=torch.float64)
         index, padding = self._layout.index(tickets)
         if index is None:  # tickets are the blocks' rows in order: no gather
-            rows = stacked.clone() if len(blocks) == 1 else stacked
+            single = len(blocks) == 1
+            rows = stacked.clone() if single and (fresh or padding is not None) else stacked
         else:
             rows = stacked.index_select(
                 0, torch.tensor(index, dtype=torch.long, device=stacked.device)
@@ -895,10 +900,14 @@ def read_blocks(
     Blocks normally share one device; blocks spread over several devices cost
     one read for each, each queued on its own device after the ``settled``
     events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
-    in the order given.
+    in the order given; blocks already on the CPU come back as they are.
     """
     host: list[torch.Tensor | None] = [None] * len(blocks)
     for device, indices in blocks_by_device(blocks).items():
+        if device.type == "cpu":  # already on the host: no copy
+            for i in indices:
+                host[i] = blocks[i]
+            continue
         if device.type == "cuda":
             with torch.cuda.device(device):
                 wait_for(device, settled or {})

@@ -628,7 +628,7 @@ class PendingStats:
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
         # out; the merges (per file, global) then run on this host copy.
-        host = self._collector.gather(self._tickets, host_blocks)
+        host = self._collector.gather(self._tickets, host_blocks, fresh=False)
         self._resolve_counts(host_blocks)
         with paused_gc():
             table = self._table(host)
