@@ -65,7 +65,8 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         TensorStats,
     )
     from gradaudit.scan.judge import exit_code
-    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async, scan_paths
+    from gradaudit.scan.paths import scan_paths
+    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async
     from gradaudit.training.distributed import scan_paths_distributed
     from gradaudit.training.dump import save_gradients
     from gradaudit.training.gradients import collect_module, named_gradients
@@ -85,7 +86,7 @@ _LAZY: dict[str, str] = {
     "PendingStats": "gradaudit.scan.pending",
     "audit": "gradaudit.scan.pending",
     "collect_async": "gradaudit.scan.pending",
-    "scan_paths": "gradaudit.scan.pending",
+    "scan_paths": "gradaudit.scan.paths",
     "exit_code": "gradaudit.scan.judge",
     "CompareInput": "gradaudit.compare.api",
     "compare": "gradaudit.compare.api",

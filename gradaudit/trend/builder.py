@@ -517,7 +517,7 @@ def trend_paths(
     """
     # The scan core imports torch; the rest of this module (the report, the
     # policy) is pure Python that the CLI imports at start-up.
-    from gradaudit.scan.pending import scan_paths
+    from gradaudit.scan.paths import scan_paths
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()
