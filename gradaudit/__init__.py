@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         ParameterComparison,
         SideStats,
     )
+    from gradaudit.engine.options import EngineOptions
     from gradaudit.errors import (
         ExitCode,
         GradauditError,
@@ -105,6 +106,7 @@ _LAZY: dict[str, str] = {
     "SideStats": "gradaudit.compare.model",
     "scan_paths_distributed": "gradaudit.training.distributed",
     "save_gradients": "gradaudit.training.dump",
+    "EngineOptions": "gradaudit.engine.options",
     "ExitCode": "gradaudit.errors",
     "GradauditError": "gradaudit.errors",
     "InputError": "gradaudit.errors",
@@ -191,6 +193,7 @@ __all__ = [
     "ComparePolicy",
     "Comparison",
     "DualGradientStats",
+    "EngineOptions",
     "ExitCode",
     "FileResult",
     "Finding",

@@ -29,6 +29,7 @@ from gradaudit.compare.model import (
     SideStats,
 )
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choose
 from gradaudit.errors import InputError, UsageError
 from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
@@ -67,6 +68,7 @@ def compare(
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Comparison:
     """Compare in-memory gradients: ``a`` is the host (A), ``b`` the seed (B).
 
@@ -74,7 +76,8 @@ def compare(
     element raises :class:`InputError` (exit code 3); every other edge case is a
     defined result (see :class:`DualGradientStats`).
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = PendingStats(options=options)
     sides = (_Side(HOST), _Side(SEED))
     for side, tensors in zip(sides, (a, b), strict=True):
         pending.add_file(side.label)
@@ -92,11 +95,11 @@ def dual_stats(
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
+    options: EngineOptions | None = None,
 ) -> DualGradientStats:
     """Host and seed gradient norms, parameter counts and ratios, from one device->host read."""
-    return compare(
-        host, seed, thresholds=thresholds, device=device, chunk_elements=chunk_elements
-    ).dual
+    options = choose(options, EngineOptions(device, chunk_elements), IN_MEMORY)
+    return compare(host, seed, thresholds=thresholds, options=options).dual
 
 
 def compare_paths(
@@ -110,6 +113,7 @@ def compare_paths(
     device: torch.device | str | None = "auto",
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Comparison:
     """Compare two dumps, or the two prefixes of one dump (``seed_path=None``).
 
@@ -127,7 +131,8 @@ def compare_paths(
             raise UsageError("--host-prefix and --seed-prefix must differ")
     host = _Side(HOST, str(host_path), host_prefix)
     seed = _Side(SEED, str(host_path if seed_path is None else seed_path), seed_prefix)
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    keywords = EngineOptions(device, chunk_elements, engine)
+    pending = PendingStats(options=choose(options, keywords, FROM_FILES))
     errors: list[InputProblem] = []
     pending.add_file(HOST)
     pending.add_file(SEED)

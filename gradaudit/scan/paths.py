@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import FROM_FILES, EngineOptions, choose
 from gradaudit.engine.stats import DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import InputError
 from gradaudit.io import Excluded, open_source
@@ -144,6 +145,7 @@ def scan_paths(
     exclude: Sequence[str] = (),
     recursive: bool = False,
     histograms: bool = False,
+    options: EngineOptions | None = None,
 ) -> Report:
     """Audit files and directories one tensor at a time.
 
@@ -152,15 +154,11 @@ def scan_paths(
     tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
     the byte size of each tensor once it is queued. ``histograms`` also collects each
     tensor's exponent histogram (:mod:`gradaudit.precision`; one extra pass per tensor).
+    ``options`` may replace the four engine keywords (see :class:`EngineOptions`).
     """
     selection = NameFilter(tuple(include), tuple(exclude))
-    pending = PendingStats(
-        device=device,
-        chunk_elements=chunk_elements,
-        engine=engine,
-        memory_budget=memory_budget,
-        histograms=histograms,
-    )
+    keywords = EngineOptions(device, chunk_elements, engine, memory_budget)
+    pending = PendingStats(options=choose(options, keywords, FROM_FILES), histograms=histograms)
     for entry in expand_inputs(paths, recursive=recursive):
         add_input(pending, entry, selection if selection.active else None, progress)
     return pending.materialize(thresholds)

@@ -23,6 +23,7 @@ import torch
 from gradaudit.engine.devices import resolve_device
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
@@ -139,13 +140,17 @@ class PendingStats:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         collector: StatsCollector | None = None,
         histograms: bool = False,
+        options: EngineOptions | None = None,
     ) -> None:
-        self.device = None if device is None else resolve_device(device)
+        options = choose(
+            options, EngineOptions(device, chunk_elements, engine, memory_budget), IN_MEMORY
+        )
+        self.device = None if options.device is None else resolve_device(options.device)
         #: Also queue each tensor's exponent histogram (``--precision``): one extra pass.
         self.histograms = histograms
         self._histograms: list[torch.Tensor | None] = []
         self._collector = collector or StatsCollector(
-            chunk_elements, engine=engine, memory_budget=memory_budget
+            options.chunk_elements, engine=options.engine, memory_budget=options.memory_budget
         )
         self._started = time.perf_counter()
         self._names: list[str] = []
@@ -758,13 +763,15 @@ def collect_async(
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> PendingStats:
     """Queue the stats of ``tensors`` on their device without any device->host sync.
 
     Call :meth:`PendingStats.materialize` later (e.g. after ``optimizer.step()``)
     for the one read. ``device=None`` reduces each tensor where it lives.
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = PendingStats(options=options)
     pending.add_all(tensors)
     return pending
 
@@ -776,7 +783,9 @@ def audit(
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Report:
     """Audit in-memory tensors: ``collect_async(...).materialize(thresholds)``."""
-    pending = collect_async(tensors, device=device, chunk_elements=chunk_elements, engine=engine)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = collect_async(tensors, options=options)
     return pending.materialize(thresholds)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import FROM_FILES, EngineOptions, choose
 from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     MAX_ABS,
@@ -361,6 +362,7 @@ def scan_paths_distributed(
     exclude: Sequence[str] = (),
     recursive: bool = False,
     group: dist.ProcessGroup | None = None,
+    options: EngineOptions | None = None,
 ) -> Report:
     """:func:`~gradaudit.scan_paths` with the inputs split across the ranks of ``group``.
 
@@ -379,9 +381,8 @@ def scan_paths_distributed(
 
     selection = NameFilter(tuple(include), tuple(exclude))
     select = selection if selection.active else None
-    result = PendingStats(
-        device=device, chunk_elements=chunk_elements, engine=engine, memory_budget=memory_budget
-    )
+    keywords = EngineOptions(device, chunk_elements, engine, memory_budget)
+    result = PendingStats(options=choose(options, keywords, FROM_FILES))
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     plan: object = None
     if rank == 0:
@@ -548,12 +549,13 @@ def scan_under_torchrun(
     paths: Sequence[str | Path],
     env: TorchrunEnv,
     *,
-    device: str = "auto",
-    **options: Any,
+    options: EngineOptions = FROM_FILES,
+    **keywords: Any,
 ) -> Report:
     """What ``torchrun ... -m gradaudit scan`` runs on every rank: join, scan, leave.
 
-    ``options`` are :func:`scan_paths_distributed`'s keyword arguments.
+    ``keywords`` are :func:`scan_paths_distributed`'s other keyword arguments.
     """
+    device = "auto" if options.device is None else str(options.device)
     with torchrun_process_group(env, device):
-        return scan_paths_distributed(paths, device=device, **options)
+        return scan_paths_distributed(paths, options=options, **keywords)
