@@ -144,8 +144,8 @@ def scan(
     with exit_codes(debug):
         # The scan core imports torch (~1.2 s): only here, so that --help, --version and
         # shell completion start in a fraction of that.
+        from gradaudit.scan.distributed import scan_under_torchrun, torchrun_env
         from gradaudit.scan.paths import scan_paths
-        from gradaudit.training.distributed import scan_under_torchrun, torchrun_env
 
         settings = settings_from_flags(
             config,
