@@ -33,13 +33,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
 
-if TYPE_CHECKING:
-    from gradaudit.stats_table import StatsTable
+if TYPE_CHECKING:  # judging roles needs no torch: only a hint's step tensor is one
+    import torch
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
@@ -293,86 +291,10 @@ def decide(
 #: Every word :func:`role_from_name` looks for, found anywhere in a name, in any case: a
 #: name without one of them gets no role from its name (the components are compared in
 #: lower case, and ``re.IGNORECASE`` matches every character whose lower case is ASCII).
-_NAME_WORDS = re.compile(
+NAME_WORDS = re.compile(
     "|".join(map(re.escape, sorted(BUFFER_NAMES | GRADIENT_CONTAINERS | {"grad"}))),
     re.IGNORECASE,
 )
-
-
-def decide_roles(
-    table: StatsTable,
-    hints: Sequence[TensorHint | None],
-    kind: InputKind,
-    file_evidence: Mapping[str, FileEvidence],
-) -> dict[str | None, tuple[str, str, bool]]:
-    """:func:`decide` for every tensor of ``table``, set on its role columns.
-
-    Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
-    tensors with a hint or a name :func:`role_from_name` may read are decided one by
-    one; every other tensor of a file takes the file's role (or ``--kind``), which is
-    what :func:`decide` gives it, so a million plainly named tensors cost a regular
-    expression search each.
-    """
-    import numpy as np
-
-    from gradaudit.stats_table import ROLES
-
-    names = table.names
-    count = len(names)
-    special = np.fromiter(map(bool, map(_NAME_WORDS.search, names)), dtype=bool, count=count)
-    if any(hint is not None for hint in hints):
-        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
-    role_codes = np.zeros(count, dtype=np.int8)
-    evidence_codes = np.zeros(count, dtype=np.int32)
-    evidences: dict[str, int] = {"": 0}
-
-    def code_of(evidence: str) -> int:
-        return evidences.setdefault(evidence, len(evidences))
-
-    optimizer = [ROLES.index(role) for role in _OPTIMIZER_ROLES]
-    readings: dict[str | None, tuple[str, str, bool]] = {}
-    for source_code, source in enumerate(table.sources):
-        indices = np.flatnonzero(table.source_codes == source_code)
-        if not len(indices):
-            continue
-        if source is None:
-            file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
-        else:
-            file_role = file_evidence.get(source) or stats_evidence(
-                table if len(indices) == count else table.subset(indices)
-            )
-        if kind is InputKind.GRADIENTS:
-            default = Role.GRADIENT, "--kind gradients"
-        elif kind is InputKind.WEIGHTS:
-            default = Role.WEIGHT, "--kind weights"
-        else:
-            default = file_role.role, file_role.evidence
-        role_codes[indices] = ROLES.index(default[0])
-        evidence_codes[indices] = code_of(default[1])
-        for index in indices[special[indices]].tolist():
-            role, evidence = decide(names[index], hints[index], kind, file_role)
-            role_codes[index] = ROLES.index(role)
-            evidence_codes[index] = code_of(evidence)
-        roles, their_evidences = role_codes[indices], evidence_codes[indices]
-        role_counts = Counter(
-            {ROLES[c]: n for c, n in enumerate(np.bincount(roles, minlength=len(ROLES))) if n}
-        )
-        rest = their_evidences[~np.isin(roles, optimizer)]
-        unique, first, counts = np.unique(rest, return_index=True, return_counts=True)
-        by_text = list(evidences)
-        rest_counts = Counter(
-            {by_text[unique[k]]: int(counts[k]) for k in np.argsort(first, kind="stable")}
-        )
-        thin = file_role.thin and bool(
-            (their_evidences == evidences.get(file_role.evidence, -1)).any()
-        )
-        readings[source] = (
-            describe_file(role_counts, file_role),
-            file_evidence_text(rest_counts, len(rest) < len(indices), file_role),
-            thin,
-        )
-    table.with_roles(role_codes, evidence_codes, tuple(evidences))
-    return readings
 
 
 def describe_file(roles: Counter[Role], file_role: FileEvidence) -> str:

@@ -1,13 +1,29 @@
-"""Host side, pure Python: stats + policy -> findings, and report -> exit code."""
+"""Host side, pure Python: stats + policy -> findings, and report -> exit code.
+
+What :meth:`~gradaudit.scan.pending.PendingStats.materialize` does after the one
+host read is here: each tensor's role (:func:`with_roles`), the gradient
+estimates from optimizer state, the findings, their order and the summary. No
+torch, no files, no terminal: plain numbers and a policy in, results out.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds, fraction_exceeds
+from gradaudit.policy import (
+    FindingKind,
+    InputKind,
+    LimitKind,
+    Role,
+    Severity,
+    Thresholds,
+    fraction_exceeds,
+)
 from gradaudit.results import (
     FileResult,
     Finding,
@@ -16,7 +32,18 @@ from gradaudit.results import (
     OutlierReference,
     Report,
     Skipped,
+    Summary,
     TensorStats,
+)
+from gradaudit.roles import (
+    NAME_WORDS,
+    FileEvidence,
+    TensorHint,
+    decide,
+    describe_file,
+    estimate_value,
+    file_evidence_text,
+    stats_evidence,
 )
 
 if TYPE_CHECKING:
@@ -446,3 +473,181 @@ def exit_code(report: Report) -> ExitCode:
     if report.limit_findings or any(finding.failing for finding in report.findings):
         return ExitCode.FINDINGS
     return ExitCode.OK
+
+
+def with_roles(
+    table: StatsTable,
+    hints: Sequence[TensorHint | None],
+    thresholds: Thresholds,
+    file_evidence: Mapping[str, FileEvidence],
+) -> dict[str | None, tuple[str, str, bool]]:
+    """Each tensor's role decided (:func:`gradaudit.roles.decide`), set on ``table``'s columns.
+
+    ``file_evidence`` is what each file's metadata says it holds (see
+    :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
+
+    Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
+    tensors with a hint or a name :func:`role_from_name` may read are decided one by
+    one; every other tensor of a file takes the file's role (or ``--kind``), which is
+    what :func:`decide` gives it, so a million plainly named tensors cost a regular
+    expression search each.
+    """
+    import numpy as np
+
+    from gradaudit.stats_table import ROLES
+
+    kind = thresholds.kind
+    names = table.names
+    count = len(names)
+    special = np.fromiter(map(bool, map(NAME_WORDS.search, names)), dtype=bool, count=count)
+    if any(hint is not None for hint in hints):
+        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
+    role_codes = np.zeros(count, dtype=np.int8)
+    evidence_codes = np.zeros(count, dtype=np.int32)
+    evidences: dict[str, int] = {"": 0}
+
+    def code_of(evidence: str) -> int:
+        return evidences.setdefault(evidence, len(evidences))
+
+    optimizer = [ROLES.index(role) for role in _OPTIMIZER_STATE]
+    readings: dict[str | None, tuple[str, str, bool]] = {}
+    for source_code, source in enumerate(table.sources):
+        indices = np.flatnonzero(table.source_codes == source_code)
+        if not len(indices):
+            continue
+        if source is None:
+            file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
+        else:
+            file_role = file_evidence.get(source) or stats_evidence(
+                table if len(indices) == count else table.subset(indices)
+            )
+        if kind is InputKind.GRADIENTS:
+            default = Role.GRADIENT, "--kind gradients"
+        elif kind is InputKind.WEIGHTS:
+            default = Role.WEIGHT, "--kind weights"
+        else:
+            default = file_role.role, file_role.evidence
+        role_codes[indices] = ROLES.index(default[0])
+        evidence_codes[indices] = code_of(default[1])
+        for index in indices[special[indices]].tolist():
+            role, evidence = decide(names[index], hints[index], kind, file_role)
+            role_codes[index] = ROLES.index(role)
+            evidence_codes[index] = code_of(evidence)
+        roles, their_evidences = role_codes[indices], evidence_codes[indices]
+        role_counts = Counter(
+            {ROLES[c]: n for c, n in enumerate(np.bincount(roles, minlength=len(ROLES))) if n}
+        )
+        rest = their_evidences[~np.isin(roles, optimizer)]
+        unique, first, counts = np.unique(rest, return_index=True, return_counts=True)
+        by_text = list(evidences)
+        rest_counts = Counter(
+            {by_text[unique[k]]: int(counts[k]) for k in np.argsort(first, kind="stable")}
+        )
+        thin = file_role.thin and bool(
+            (their_evidences == evidences.get(file_role.evidence, -1)).any()
+        )
+        readings[source] = (
+            describe_file(role_counts, file_role),
+            file_evidence_text(rest_counts, len(rest) < len(indices), file_role),
+            thin,
+        )
+    table.with_roles(role_codes, evidence_codes, tuple(evidences))
+    return readings
+
+
+def in_tensor_order(table: StatsTable, findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept).
+
+    Only the flagged tensors are looked up (:func:`tensor_indices`).
+    """
+    keys = {(f.source, f.tensor) for f in findings}
+    found = tensor_indices(table, keys).tolist()
+    sources, codes, names = table.sources, table.source_codes, table.names
+    order = {(sources[codes[i]], names[i]): i for i in found}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(table))))
+
+
+def gradient_estimates(
+    tensors: Sequence[TensorStats],
+    hints: Sequence[TensorHint | None],
+    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
+) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, float]]]:
+    """Per-parameter gradient estimates from optimizer state, and negative second moments.
+
+    One estimate per parameter and file: the RMS norm from its second moment, the mean
+    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
+    """
+    merged: dict[tuple[str | None, str], GradientEstimate] = {}
+    negatives: list[tuple[TensorStats, float]] = []
+    for stats, hint in zip(tensors, hints, strict=True):
+        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
+            continue
+        lowest = derived.get((stats.source, stats.name, "neg"))
+        if lowest is not None and lowest.finite and lowest.max_abs > 0:
+            negatives.append((stats, -lowest.max_abs))
+        total = derived.get((stats.source, stats.name, "sum"))
+        if hint is None or hint.basis is None:
+            continue
+        basis = hint.basis
+        step_row = derived.get((stats.source, stats.name, "step"))
+        step = basis.step if step_row is None else step_row.max_abs
+        rms, mean, corrected = estimate_value(
+            basis, stats.norm, total.max_abs if total is not None and total.finite else None, step
+        )
+        if rms is None and mean is None:
+            continue
+        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
+        parameter = hint.param or key
+        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
+        label = f"from {what}"
+        if corrected and step:
+            label += f", bias-corrected at step {step:g}"
+        previous = merged.get((stats.source, parameter))
+        if previous is None:
+            previous = GradientEstimate(parameter, stats.name, stats.source, label)
+        if rms is not None:
+            previous = dataclasses.replace(
+                previous,
+                tensor=stats.name,
+                basis=label,
+                rms_norm=rms,
+                step=step,
+                bias_corrected=corrected,
+            )
+        else:
+            previous = dataclasses.replace(previous, mean_norm=mean)
+            if previous.rms_norm is None:
+                previous = dataclasses.replace(
+                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
+                )
+        merged[(stats.source, parameter)] = previous
+    return tuple(merged.values()), negatives
+
+
+def summarize(
+    tensors: StatsTable,
+    findings: Sequence[Finding],
+    limit_findings: Sequence[LimitFinding],
+    skipped: int,
+    global_norm: float,
+    excluded: int = 0,
+) -> Summary:
+    def flagged(kind: FindingKind) -> int:
+        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
+
+    return Summary(
+        tensors=len(tensors),
+        skipped=skipped,
+        elements=int(tensors.numel.sum()),
+        global_norm=global_norm,
+        nan_tensors=flagged(FindingKind.NAN),
+        inf_tensors=flagged(FindingKind.INF),
+        vanishing_tensors=flagged(FindingKind.VANISHING),
+        exploding_tensors=flagged(FindingKind.EXPLODING),
+        outlier_tensors=flagged(FindingKind.OUTLIER),
+        gradient_health=gradient_health(tensors, findings),
+        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
+        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
+        ignored_findings=sum(1 for f in findings if f.ignored),
+        excluded=excluded,
+    )
