@@ -214,6 +214,18 @@ def test_anything_else_is_left_to_the_json_parser(reader: str, text: bytes) -> N
     assert header_columns.read_columns(text, DTYPE_NAMES, native=reader == "native") is None
 
 
+def mutate(text: bytearray, mutations: list[tuple[int, int, int]]) -> None:
+    """Replace (0), insert (1) or delete (2) one byte at each place, in order."""
+    for where, how, byte in mutations:
+        where %= len(text) + 1
+        if how == 0 and where < len(text):
+            text[where] = byte
+        elif how == 1:
+            text.insert(where, byte)
+        elif where < len(text):
+            del text[where]
+
+
 _MUTATION_ALPHABET = b'{}[]":,. 0123456789-eE\\\nFU8_a'
 
 
@@ -246,14 +258,7 @@ def test_both_readers_accept_the_same_texts_with_the_same_columns(
     text = bytearray(canonical(entries, metadata))
     if spaced:  # JSON whitespace between tokens, as json.dumps writes by default
         text = bytearray(text.replace(b",", b", ").replace(b":", b": "))
-    for where, how, byte in mutations:  # replace, insert or delete one byte
-        where %= len(text) + 1
-        if how == 0 and where < len(text):
-            text[where] = byte
-        elif how == 1:
-            text.insert(where, byte)
-        elif where < len(text):
-            del text[where]
+    mutate(text, mutations)
     python = header_columns.python_columns(bytes(text), DTYPE_NAMES)
     if header_columns.native_available():
         assert as_tuple(header_columns.native_columns(bytes(text), DTYPE_NAMES)) == as_tuple(python)
@@ -302,14 +307,7 @@ def test_a_header_read_as_columns_is_the_header_the_json_path_reads(
         entries.append((index, (name, dtype, shape, position, position + size)))
         position += size
     text = bytearray(canonical([entry for _, entry in sorted(entries)], metadata))
-    for where, how, byte in mutations:
-        where %= len(text) + 1
-        if how == 0 and where < len(text):
-            text[where] = byte
-        elif how == 1:
-            text.insert(where, byte)
-        elif where < len(text):
-            del text[where]
+    mutate(text, mutations)
     data_length = max(0, position + slack)
     fast = module._from_columns(bytes(text), data_length)
     try:
