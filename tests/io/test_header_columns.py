@@ -320,9 +320,12 @@ def test_a_header_read_as_columns_is_the_header_the_json_path_reads(
         assert fast[1].names == slow[1].names
 
 
+@pytest.mark.parametrize("reader", READERS)
 def test_a_large_common_header_takes_the_column_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str
 ) -> None:
+    if reader == "python":  # as on an install without the native extension
+        monkeypatch.setattr(header_columns, "_NATIVE", None)
     entries = [(f"layer.{i}.w", "F32", [2, 2], 16 * i, 16 * i + 16) for i in range(2000)]
     path = raw_file(
         tmp_path / "many.safetensors",
@@ -337,3 +340,20 @@ def test_a_large_common_header_takes_the_column_path(
     header = read_header(path)
     assert header.metadata == {"format": "pt"}
     assert header.tensors[1999] == TensorEntry("layer.1999.w", "F32", (2, 2), 31984, 32000)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_flaw_in_a_common_header_is_named_whichever_reader_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    if reader == "python":
+        monkeypatch.setattr(header_columns, "_NATIVE", None)
+    entries = [(f"t{i}", "F32", [1], 4 * i, 4 * i + 4) for i in range(9)]
+    entries[5] = ("t5", "F32", [2], 20, 24)
+    path = raw_file(tmp_path / "bad.safetensors", canonical(entries).decode(), b"\0" * 36)
+    with pytest.raises(InputError, match='tensor "t5": shape/size mismatch'):
+        read_header(path)
+    duplicate = [*entries[:5], ("t5", "F32", [1], 20, 24), ("t5", "F32", [1], 24, 28)]
+    path = raw_file(tmp_path / "dup.safetensors", canonical(duplicate).decode(), b"\0" * 28)
+    with pytest.raises(InputError, match='duplicate tensor name "t5"'):
+        read_header(path)
