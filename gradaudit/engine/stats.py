@@ -730,10 +730,14 @@ class StatsCollector:
         is (for a caller that only reads it: a fresh copy of a large block costs
         its page faults); nothing is read back (it runs on ``meta`` too).
         """
-        stacked = torch.cat(blocks) if blocks else torch.empty((0, ROW_WIDTH), dtype=torch.float64)
+        single = len(blocks) == 1
+        if single:
+            stacked = blocks[0]
+        else:
+            empty = torch.empty((0, ROW_WIDTH), dtype=torch.float64)
+            stacked = torch.cat(blocks) if blocks else empty
         index, padding = self._layout.index(tickets)
         if index is None:  # tickets are the blocks' rows in order: no gather
-            single = len(blocks) == 1
             rows = stacked.clone() if single and (fresh or padding is not None) else stacked
         else:
             rows = stacked.index_select(

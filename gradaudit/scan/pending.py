@@ -611,7 +611,7 @@ class PendingStats:
             )
         global_row = merge_rows(host) if len(table) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host, table, readings))
+        files = tuple(self._file_results(host, table, readings, global_row))
         limit_findings = evaluate_limits(table, findings, files, global_norm, thresholds)
         histograms = self._read_histograms()
         if histograms and aux:
@@ -693,16 +693,22 @@ class PendingStats:
         host: torch.Tensor,
         table: StatsTable,
         readings: Mapping[str | None, tuple[str, str, bool]],
+        global_row: torch.Tensor | None,
     ) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}
         skipped = Counter(s.source for s in self._skipped)
         for path in dict.fromkeys(self._files + list(errors)):
             indices = table.source_indices(path)
-            norm = (
-                HostRow.from_values(merge_rows(host[torch.from_numpy(indices)]).tolist()).norm
-                if len(indices)
-                else None
-            )
+            if not len(indices):
+                norm = None
+            else:
+                # A file that holds every tensor has the global row (no copy of the rows).
+                row = (
+                    global_row
+                    if global_row is not None and len(indices) == len(table)
+                    else merge_rows(host[torch.from_numpy(indices)])
+                )
+                norm = HostRow.from_values(row.tolist()).norm
             read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
