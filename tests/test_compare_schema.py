@@ -17,7 +17,7 @@ from gradaudit.report.compare_json import (
     comparison_json_schema,
     render_comparison_json,
 )
-from gradaudit.report.json_report import json_schema
+from gradaudit.report.formats.json import json_schema
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 from tests.test_schema import _declared
 

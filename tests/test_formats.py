@@ -16,10 +16,10 @@ from gradaudit import Report, Thresholds, audit
 from gradaudit.policy import parse_fail_on
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import MAX_FLAGGED_ROWS
-from gradaudit.report.github import command, escape_data, escape_property, render_github
-from gradaudit.report.junit import render_junit
-from gradaudit.report.markdown import code, escape, render_markdown
-from gradaudit.report.table import render_table
+from gradaudit.report.formats.github import command, escape_data, escape_property, render_github
+from gradaudit.report.formats.junit import render_junit
+from gradaudit.report.formats.markdown import code, escape, render_markdown
+from gradaudit.report.formats.table import render_table
 from tests.samples import sample_report, two_file_report
 
 Golden = Callable[[str, str], None]

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from gradaudit.report import OutputFormat, RenderOptions
-from gradaudit.report.json_report import encode_float
-from gradaudit.report.table import render_table
+from gradaudit.report.formats.json import encode_float
+from gradaudit.report.formats.table import render_table
 from gradaudit.report.text import number, printable
 from tests.samples import sample_report
 

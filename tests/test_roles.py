@@ -18,7 +18,7 @@ from gradaudit import ExitCode, Thresholds, save_gradients, scan_paths
 from gradaudit.cli import app
 from gradaudit.policy import InputKind, Role
 from gradaudit.report import RenderOptions
-from gradaudit.report.json_report import json_schema, render_json
+from gradaudit.report.formats.json import json_schema, render_json
 from gradaudit.results import GradientEstimate, Report
 from tests.conftest import FIXTURES
 from tests.models import bert_like, gradients, train, weights

@@ -13,7 +13,7 @@ import torch
 
 from gradaudit import Report, Thresholds, audit
 from gradaudit.report import RenderOptions
-from gradaudit.report.json_report import SCHEMA_VERSION, json_schema, render_json
+from gradaudit.report.formats.json import SCHEMA_VERSION, json_schema, render_json
 from tests.samples import sample_report, two_file_report
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "gradaudit" / "schema" / "report.schema.json"

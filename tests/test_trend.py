@@ -26,7 +26,7 @@ from gradaudit import ExitCode, audit
 from gradaudit.cli import app
 from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.report import RenderOptions
-from gradaudit.report.trend_report import TrendFormat, render_trend_table, sparkline
+from gradaudit.report.trend_text import TrendFormat, render_trend_table, sparkline
 from gradaudit.trend import (
     TrendBuilder,
     TrendKind,

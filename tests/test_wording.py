@@ -19,7 +19,7 @@ from gradaudit import audit
 from gradaudit.cli import app
 from gradaudit.report import OutputFormat, RenderOptions
 from gradaudit.report.base import MAX_FLAGGED_ROWS
-from gradaudit.report.markdown import code
+from gradaudit.report.formats.markdown import code
 from gradaudit.report.text import layer_label, number
 
 runner = CliRunner()

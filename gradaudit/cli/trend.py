@@ -23,7 +23,7 @@ from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, PolicyError, check_kin
 from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
-from gradaudit.report.trend_report import TrendFormat
+from gradaudit.report.trend_text import TrendFormat
 from gradaudit.trend import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_TREND_FAIL_ON,

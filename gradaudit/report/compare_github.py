@@ -25,7 +25,7 @@ from gradaudit.report.compare_text import (
     side_words,
     verdict_line,
 )
-from gradaudit.report.github import command
+from gradaudit.report.formats.github import command
 from gradaudit.report.text import printable
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning"}

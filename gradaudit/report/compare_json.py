@@ -34,7 +34,7 @@ from gradaudit.report.compare_text import (
     interpretation,
     warning_count,
 )
-from gradaudit.report.json_report import encode_float, thresholds_document
+from gradaudit.report.formats.json import encode_float, thresholds_document
 from gradaudit.results import LimitFinding
 
 #: Bumped whenever a field changes meaning or disappears; adding a field keeps it.

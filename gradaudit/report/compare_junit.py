@@ -29,7 +29,7 @@ from gradaudit.report.compare_text import (
     ratio_sentence,
     side_input,
 )
-from gradaudit.report.junit import Case, add_suite, check_cases, finish
+from gradaudit.report.formats.junit import Case, add_suite, check_cases, finish
 from gradaudit.report.text import number, plural, printable
 
 COMPARISON_SUITE = "comparison"

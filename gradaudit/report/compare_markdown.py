@@ -7,7 +7,7 @@ limits, the comparison's own findings and per-tensor findings, failing first);
 the shared tensors that are flagged or could not be compared; the names only in
 A or B and the mismatches; what was compared and the policy. ``--quiet`` keeps
 the findings and the flagged rows only. Names and paths are code spans made by
-:func:`~gradaudit.report.markdown.code`, so no name can break a table or inject
+:func:`~gradaudit.report.formats.markdown.code`, so no name can break a table or inject
 markup; lists are cut at :data:`~gradaudit.report.base.MAX_FLAGGED_ROWS`
 unless ``--all`` is given.
 """
@@ -42,7 +42,7 @@ from gradaudit.report.compare_text import (
     side_words,
     verdict_line,
 )
-from gradaudit.report.markdown import (
+from gradaudit.report.formats.markdown import (
     MARK,
     VERDICT_MARK,
     code,

@@ -6,11 +6,11 @@ from enum import Enum
 
 from gradaudit._compat import assert_never
 from gradaudit.report.base import Formatter
-from gradaudit.report.github import render_github
-from gradaudit.report.json_report import render_json
-from gradaudit.report.junit import render_junit
-from gradaudit.report.markdown import render_markdown
-from gradaudit.report.table import render_table
+from gradaudit.report.formats.github import render_github
+from gradaudit.report.formats.json import render_json
+from gradaudit.report.formats.junit import render_junit
+from gradaudit.report.formats.markdown import render_markdown
+from gradaudit.report.formats.table import render_table
 
 
 class OutputFormat(str, Enum):

@@ -38,7 +38,7 @@ from gradaudit.report.fit import (
     shorten_left,
     shorten_path,
 )
-from gradaudit.report.json_report import encode_float
+from gradaudit.report.formats.json import encode_float
 from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.trend import (
     MIN_COLLAPSE_STEPS,
