@@ -1,6 +1,6 @@
-"""``--format junit``: a JUnit XML report, rendered natively by GitLab, Jenkins and most CIs.
+"""``--format junit``: JUnit XML test results, rendered natively by GitLab, Jenkins and most CIs.
 
-One ``<testsuite>`` per input file and one ``<testcase>`` per check in it:
+A scan: one ``<testsuite>`` per input file and one ``<testcase>`` per check in it:
 ``nan``, ``inf``, ``exploding``, ``vanishing``, plus ``global-norm`` and
 ``vanishing-fraction`` when those limits are set. A check fails (``<failure>``)
 when it has a failing finding in that file; its warnings and ignored findings
@@ -8,20 +8,44 @@ are listed in ``<system-out>`` of a passing test case. A file that could not
 be audited is one test case ``read`` with an ``<error>``. Built with
 ``xml.etree`` (which escapes markup); names go through :func:`printable` first,
 because XML 1.0 cannot carry control characters at all.
+
+A comparison: three ``<testsuite>`` elements.
+
+* ``comparison``: one test case per comparison check. ``normalized-ratio``
+  fails on a ratio outside ``--min-ratio``/``--max-ratio`` (or not computable
+  under them) and always reports the ratio in ``<system-out>``;
+  ``parameter-change`` fails on flagged shared tensors under
+  ``--fail-on-change`` (else lists them as warnings); ``shapes-and-dtypes``
+  lists mismatches. The last two are ``<skipped>`` when the sides share no
+  tensor name.
+* ``host: …`` and ``seed: …``: the per-tensor checks of each side, exactly as
+  a scan reports one input file. A side that could not be read, or holds
+  nothing to compare, is one test case ``read`` with an ``<error>``.
+
+A trend: one ``<testsuite>`` ``trend`` with a test case per check
+(``nonfinite``, ``spike``, ``collapse``), failing on its failing findings and
+listing its warnings in ``<system-out>``; a dump that could not be audited is
+a test case ``read`` with an ``<error>`` in a suite named after its file.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gradaudit._compat import assert_never
 from gradaudit.checks import exit_code
+from gradaudit.comparison import CompareFindingKind, Comparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
-from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
-from gradaudit.report.text import plural, printable
+from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
+from gradaudit.report.compare_text import ab_mode, finding_subjects, ratio_sentence, side_input
+from gradaudit.report.text import layer_label, number, plural, printable
+from gradaudit.report.trend_text import audited
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Finding, LimitFinding, Report
+from gradaudit.trend import TrendKind, TrendReport
 
 #: Suite name for tensors audited from memory (no input file).
 IN_MEMORY_SUITE = "gradaudit"
@@ -126,7 +150,8 @@ def _capped(lines: list[str]) -> list[str]:
     return [*lines[:MAX_FLAGGED_ROWS], more_flagged(len(lines) - MAX_FLAGGED_ROWS, "finding")]
 
 
-def render_junit(report: Report, options: RenderOptions) -> str:
+def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
+    """One suite per input file, one case per check; an unreadable file is one ``read`` error."""
     root = ET.Element("testsuites", name="gradaudit", time=f"{report.elapsed_s:.3f}")
     errors = {problem.path: problem.message for problem in report.errors}
     sources: list[str | None] = [f.path for f in report.files] or ([None] if report.tensors else [])
@@ -140,7 +165,7 @@ def render_junit(report: Report, options: RenderOptions) -> str:
     if exit_code(report) is ExitCode.INPUT_ERROR and not report.errors:
         message = nothing_to_audit(report)
         add_suite(root, IN_MEMORY_SUITE, [Case("audit", error=message)])
-    return finish(root)
+    yield finish(root)
 
 
 def finish(root: ET.Element) -> str:
@@ -150,3 +175,109 @@ def finish(root: ET.Element) -> str:
         root.set(attribute, str(sum(int(s.get(attribute, "0")) for s in suites)))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+COMPARISON_SUITE = "comparison"
+#: The comparison suite's test cases, in order.
+CHECKS = ("normalized-ratio", "parameter-change", "shapes-and-dtypes")
+NO_SHARED_NAMES = "no tensor names shared by A and B"
+
+
+def check_name(kind: CompareFindingKind) -> str:
+    """The test case a comparison finding belongs to."""
+    if kind in (
+        CompareFindingKind.ZERO_HOST_NORM,
+        CompareFindingKind.ZERO_SEED_NORM,
+        CompareFindingKind.ZERO_NORMS,
+        CompareFindingKind.RATIO_NOT_COMPUTED,
+        CompareFindingKind.RATIO_BELOW_MIN,
+        CompareFindingKind.RATIO_ABOVE_MAX,
+    ):
+        return "normalized-ratio"
+    if kind is CompareFindingKind.LARGE_CHANGE:
+        return "parameter-change"
+    if kind is CompareFindingKind.MISMATCH:
+        return "shapes-and-dtypes"
+    assert_never(kind)
+
+
+def _comparison_cases(comparison: Comparison) -> list[Case]:
+    if comparison.errors:
+        what = plural(len(comparison.errors), "input problem")
+        return [Case("compare", error=f"nothing is compared: {what}")]
+    cases = {name: Case(name) for name in CHECKS}
+    dual = comparison.dual
+    raw = "" if dual.raw_ratio is None else f" (raw ratio seed/host {number(dual.raw_ratio)})"
+    cases["normalized-ratio"].notes.append(
+        ratio_sentence(dual, ab_mode(comparison)) + raw
+    )  # always: the ratio
+    if comparison.parameters is None:
+        cases["parameter-change"].skipped = NO_SHARED_NAMES
+        cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES
+    for finding in comparison.findings:
+        text = "\n".join([finding.message, *finding_subjects(comparison, finding.kind)])
+        case = cases[check_name(finding.kind)]
+        if finding.severity is Severity.ERROR:
+            case.failures.append(text)
+        else:
+            case.notes.append(f"warning: {text}")
+    return list(cases.values())
+
+
+def _side_cases(comparison: Comparison, side: SideStats) -> list[Case]:
+    problems = [printable(e.message) for e in comparison.errors if e.path == side.path]
+    if problems and not side.params:
+        return [Case("read", error="; ".join(problems))]
+    return check_cases(comparison.report, side.label)
+
+
+def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[str]:
+    """The comparison's own checks, then each side's per-tensor checks as a scan's."""
+    root = ET.Element(
+        "testsuites", name="gradaudit compare", time=f"{comparison.report.elapsed_s:.3f}"
+    )
+    add_suite(root, COMPARISON_SUITE, _comparison_cases(comparison))
+    for side in (comparison.dual.host, comparison.dual.seed):
+        name = f"{side.label}: {printable(side_input(side))}"
+        add_suite(root, name, _side_cases(comparison, side))
+    yield finish(root)
+
+
+# ---------------------------------------------------------------------------- trend
+
+
+TREND_SUITE = "trend"
+
+
+def _trend_cases(report: TrendReport) -> list[Case]:
+    if not audited(report):
+        what = (
+            plural(len(report.errors), "input") + " could not be audited"
+            if report.errors
+            else "no floating-point tensor in any dump"
+        )
+        return [Case("audit", error=f"nothing to audit: {what}")]
+    cases = {kind: Case(kind.value) for kind in TrendKind}
+    for finding in report.findings:
+        line = f"{layer_label(finding.layer)}: {printable(finding.message)}"
+        if finding.failing:
+            cases[finding.kind].failures.append(line)
+        else:
+            cases[finding.kind].notes.append(f"warning: {line}")
+    return list(cases.values())
+
+
+def render_trend(report: TrendReport, options: RenderOptions) -> Iterator[str]:
+    """One case per trend check; one ``read`` error per dump that could not be audited."""
+    root = ET.Element("testsuites", name="gradaudit trend", time=f"{report.elapsed_s:.3f}")
+    add_suite(root, TREND_SUITE, _trend_cases(report))
+    for problem in report.errors:
+        path = printable(problem.path)
+        add_suite(root, path, [Case("read", error=printable(problem.message))])
+    yield finish(root)
+
+
+RENDERERS = Renderers(scan=render_scan, compare=render_compare, trend=render_trend)
