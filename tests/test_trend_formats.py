@@ -25,7 +25,7 @@ from gradaudit import ExitCode
 from gradaudit.cli import app
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.formats.json import TREND_SCHEMA_VERSION, json_schema
-from gradaudit.trend import TrendPolicy, TrendReport, trend_paths
+from gradaudit.trend.builder import TrendPolicy, TrendReport, trend_paths
 from tests.test_schema import _declared
 
 runner = CliRunner()

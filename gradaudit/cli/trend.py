@@ -34,12 +34,17 @@ from gradaudit.cli.visuals import (
     group_by_option,
     write_trend_plot,
 )
-from gradaudit.engine_options import Engine
+from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, parse_kinds
 from gradaudit.precision import Precision
 from gradaudit.report import OutputFormat
-from gradaudit.trend import DEFAULT_SPIKE_FACTOR, DEFAULT_TREND_FAIL_ON, TrendKind, TrendPolicy
+from gradaudit.trend.builder import (
+    DEFAULT_SPIKE_FACTOR,
+    DEFAULT_TREND_FAIL_ON,
+    TrendKind,
+    TrendPolicy,
+)
 
 TREND_EXIT_CODES_HELP = (
     "Exit codes: 0 every dump audited, no failing finding; 1 failing findings (nonfinite and "
@@ -148,7 +153,9 @@ def trend(
                 raise UsageError("--precision prints a table: use it with --format table")
             if settings.output is not None:
                 raise UsageError("--precision writes its table to stdout: leave out --output")
-        from gradaudit.trend import trend_paths  # reads files: only once there is work to do
+        from gradaudit.trend.builder import (
+            trend_paths,  # reads files: only once there is work to do
+        )
 
         report = trend_paths(
             paths,

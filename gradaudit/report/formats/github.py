@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradaudit.comparison import CompareFinding, Comparison
+from gradaudit.compare.model import CompareFinding, Comparison
 from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
@@ -37,7 +37,7 @@ from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import audited_line, nothing_to_audit, verdict_line
 from gradaudit.results import InputProblem, Report
-from gradaudit.trend import TrendReport
+from gradaudit.trend.builder import TrendReport
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning"}
 #: Tensor names quoted in one annotation before "… and N more".

@@ -23,9 +23,8 @@ from importlib import resources
 from typing import Any, Literal
 
 from gradaudit import __version__
-from gradaudit.checks import exit_code
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import (
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import (
     ComparePolicy,
     Comparison,
     DualGradientStats,
@@ -55,7 +54,8 @@ from gradaudit.results import (
     Report,
     TensorStats,
 )
-from gradaudit.trend import (
+from gradaudit.scan.judge import exit_code
+from gradaudit.trend.builder import (
     MIN_COLLAPSE_STEPS,
     MIN_SPIKE_HISTORY,
     TrendKind,

@@ -28,9 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from gradaudit.checks import exit_code
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import (
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import (
     CompareFinding,
     Comparison,
     Mismatch,
@@ -79,7 +78,8 @@ from gradaudit.report.trend_text import (
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import audited_line, flagged_tensors, unaudited, verdict_line
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
-from gradaudit.trend import TrendFinding, TrendReport, trend_exit_code
+from gradaudit.scan.judge import exit_code
+from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
 
 #: The mark before a finding, and before the verdict heading.
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}

@@ -29,9 +29,8 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.checks import exit_code
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
@@ -99,7 +98,8 @@ from gradaudit.report.verdict import (
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
-from gradaudit.trend import TrendFinding, TrendReport, trend_exit_code
+from gradaudit.scan.judge import exit_code
+from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
 
 Row = TypeVar("Row")
 
