@@ -295,7 +295,7 @@ def test_cli_bad_dump_exits_3_and_the_rest_is_still_reported(series: Path, tmp_p
 def test_cli_empty_directory_exits_3(tmp_path: Path) -> None:
     result = trend(str(tmp_path))
     assert result.exit_code == ExitCode.INPUT_ERROR
-    assert "no .safetensors files" in result.stderr
+    assert "no checkpoint file in this directory" in result.stderr
     assert "Traceback" not in result.stderr
 
 

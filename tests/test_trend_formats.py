@@ -192,3 +192,44 @@ def test_output_refuses_a_dump(series: Path) -> None:
     assert result.exit_code == ExitCode.USAGE_ERROR
     assert "gradaudit never writes to inputs" in result.stderr
     assert dump.read_bytes() == before
+
+
+# -- inputs are found as scan finds them (gradaudit.io.discover) ----------------------------
+
+
+def _dump(path: Path, scale: float = 1.0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.full((3,), scale)}, str(path))
+
+
+def test_a_dump_reached_twice_is_read_once(tmp_path: Path) -> None:
+    for step in range(3):
+        _dump(tmp_path / "d" / f"step_{step}.safetensors")
+    link = tmp_path / "step_2.safetensors"
+    link.symlink_to(tmp_path / "d" / "step_2.safetensors")
+    report = trend_paths([tmp_path / "d", tmp_path / "d" / "step_0.safetensors", link])
+    assert [s.step for s in report.steps] == [0, 1, 2]
+    assert report.errors == ()  # not "step 2 is already taken"
+
+
+def test_hidden_directories_are_never_searched_and_subdirectories_only_recursively(
+    tmp_path: Path,
+) -> None:
+    _dump(tmp_path / "step_0.safetensors")
+    _dump(tmp_path / "step_1.safetensors")
+    _dump(tmp_path / ".cache" / "step_5.safetensors")
+    _dump(tmp_path / "later" / "step_2.safetensors")
+    assert [s.step for s in trend_paths([tmp_path]).steps] == [0, 1]
+    assert [s.step for s in trend_paths([tmp_path], recursive=True).steps] == [0, 1, 2]
+    result = trend(str(tmp_path), "--recursive", "-f", "json")
+    assert result.exit_code == ExitCode.OK, result.output
+    assert [s["step"] for s in json.loads(result.stdout)["steps"]] == [0, 1, 2]
+
+
+def test_companion_files_are_passed_over(tmp_path: Path) -> None:
+    for step in range(3):
+        _dump(tmp_path / f"step_{step}.safetensors")
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    report = trend_paths([tmp_path])
+    assert [s.step for s in report.steps] == [0, 1, 2]
+    assert report.errors == ()

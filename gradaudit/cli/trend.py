@@ -166,6 +166,7 @@ def trend(
             engine=settings.engine or Engine.AUTO,
             chunk_elements=chunk_elements,
             precision=precision,
+            recursive=recursive,
         )
         verdict = emit_trend(report, settings, show_all=show_all)
         if precision is not None and report.headroom:
