@@ -36,14 +36,12 @@ from gradaudit.cli.visuals import (
 )
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, parse_kinds
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
 from gradaudit.precision import Precision
 from gradaudit.report import OutputFormat
 from gradaudit.trend.builder import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_TREND_FAIL_ON,
-    TrendKind,
-    TrendPolicy,
 )
 
 TREND_EXIT_CODES_HELP = (
@@ -55,13 +53,6 @@ TREND_EXIT_CODES_HELP = (
     "[tool.gradaudit.trend] for trend's own (spike-factor, fail-on)."
 )
 _DEFAULT_FAIL_ON = ",".join(sorted(kind.value for kind in DEFAULT_TREND_FAIL_ON))
-
-
-def _policy(spike_factor: float, vanishing: float, fail_on: str) -> TrendPolicy:
-    try:
-        return TrendPolicy(spike_factor, vanishing, parse_kinds(fail_on, TrendKind))
-    except ValueError as error:
-        raise UsageError(str(error)) from None
 
 
 @app.command(epilog=TREND_EXIT_CODES_HELP)
@@ -136,14 +127,10 @@ def trend(
             engine=engine,
             vanishing_threshold=vanishing_threshold,
             kind=kind,
+            spike_factor=spike_factor,
+            trend_fail_on=fail_on,
         )
-        policy = _policy(
-            DEFAULT_SPIKE_FACTOR if spike_factor is None else spike_factor,
-            DEFAULT_VANISHING_THRESHOLD
-            if settings.vanishing_threshold is None
-            else settings.vanishing_threshold,
-            _DEFAULT_FAIL_ON if fail_on is None else fail_on,
-        )
+        policy = settings.trend_policy()
         spec = group_by_option(group_by)
         check_device_option(settings.device or "auto")
         check_output_path(settings.output, paths, recursive=recursive, config=settings.source)
