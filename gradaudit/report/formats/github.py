@@ -101,7 +101,7 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
         name = printable(finding.tensor)
         line = command(
             _COMMAND[finding.severity],
-            f"{name}: {finding.message}",
+            f"{name}: {printable(finding.message)}",
             file=None if finding.source is None else printable(finding.source),
             title=f"gradaudit: {finding.kind.value} in {name}",
         )
@@ -150,7 +150,8 @@ def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[s
                 finding.failing,
                 command(
                     _COMMAND[finding.severity],
-                    side_words(comparison, finding.message) + _about(comparison, finding),
+                    printable(side_words(comparison, finding.message))
+                    + _about(comparison, finding),
                     title=f"gradaudit compare: {finding.kind.value}",
                 ),
             )
@@ -165,7 +166,7 @@ def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[s
                 command(
                     _COMMAND[tensor_finding.severity],
                     f"{name} ({side_name(comparison, tensor_finding.source)}): "
-                    f"{tensor_finding.message}",
+                    f"{printable(tensor_finding.message)}",
                     file=_file(comparison, tensor_finding.source),
                     title=f"gradaudit: {tensor_finding.kind.value} in {name}",
                 ),

@@ -67,7 +67,7 @@ class Case:
 
 
 def _finding_line(finding: Finding) -> str:
-    return f"{printable(finding.tensor)}: {finding.message}"
+    return f"{printable(finding.tensor)}: {printable(finding.message)}"
 
 
 def check_cases(report: Report, source: str | None) -> list[Case]:
@@ -218,7 +218,7 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
         cases["parameter-change"].skipped = NO_SHARED_NAMES
         cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES
     for finding in comparison.findings:
-        text = "\n".join([finding.message, *finding_subjects(comparison, finding.kind)])
+        text = "\n".join([printable(finding.message), *finding_subjects(comparison, finding.kind)])
         case = cases[check_name(finding.kind)]
         if finding.severity is Severity.ERROR:
             case.failures.append(text)

@@ -462,7 +462,8 @@ def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]
     limit = len(tensor_findings) if options.show_all or options.quiet else _FINDING_LIMIT
     lines = [
         Text(
-            f"{f.severity.value}: {printable(f.tensor)} ({sides}): {f.kind.value}: {f.message}",
+            f"{f.severity.value}: {printable(f.tensor)} ({sides}): {f.kind.value}: "
+            f"{printable(f.message)}",
             style=SEVERITY_STYLE[f.severity],
         )
         for f, sides in tensor_findings[:limit]
@@ -477,7 +478,7 @@ def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]
     ]
     lines += [
         Text(
-            f"{f.severity.value}: {side_words(comparison, f.message)}",
+            f"{f.severity.value}: {printable(side_words(comparison, f.message))}",
             style=SEVERITY_STYLE[f.severity],
         )
         for f in comparison.findings
@@ -495,7 +496,9 @@ def _compare_summary(comparison: Comparison) -> list[Text]:
     ]
     for skipped in report.skipped[:_LIST_LIMIT]:
         side = f"{side_name(comparison, skipped.source)} " if skipped.source else ""
-        lines.append(Text(f"skipped {side}{printable(skipped.name)}: {skipped.reason}", "dim"))
+        lines.append(
+            Text(f"skipped {side}{printable(skipped.name)}: {printable(skipped.reason)}", "dim")
+        )
     if len(report.skipped) > _LIST_LIMIT:
         lines.append(Text(f"… and {len(report.skipped) - _LIST_LIMIT} more skipped", "dim"))
     code = comparison_exit_code(comparison)
