@@ -165,6 +165,8 @@ def write_stdout(text: str | Iterable[str]) -> None:
     try:
         for chunk in [text] if isinstance(text, str) else text:
             sys.stdout.write(chunk)
+            if getattr(sys.stdout, "silenced", False):
+                break  # the reader left or stdout failed (streams.py noted it): stop rendering
         sys.stdout.flush()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
