@@ -7,7 +7,8 @@ and :func:`compare_paths` for host vs seed and A vs B; :func:`trend_paths` and
 :class:`TrendBuilder` for norms over a series of steps. Results are frozen
 dataclasses. Inside a training loop: :func:`collect_module`,
 :func:`save_gradients` and :class:`GradientMonitor`; across ranks:
-:mod:`gradaudit.training.distributed`.
+:mod:`gradaudit.training.distributed` (sharded gradients) and
+:mod:`gradaudit.scan.distributed` (a scan split across a torchrun job).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         ParameterComparison,
         SideStats,
     )
+    from gradaudit.engine.options import EngineOptions
     from gradaudit.errors import (
         ExitCode,
         GradauditError,
@@ -65,9 +67,10 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         Summary,
         TensorStats,
     )
+    from gradaudit.scan.distributed import scan_paths_distributed
     from gradaudit.scan.judge import exit_code
-    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async, scan_paths
-    from gradaudit.training.distributed import scan_paths_distributed
+    from gradaudit.scan.paths import scan_paths
+    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async
     from gradaudit.training.dump import save_gradients
     from gradaudit.training.gradients import collect_module, named_gradients
     from gradaudit.training.locate import Location, NanLocator
@@ -96,7 +99,7 @@ _LAZY: dict[str, str] = {
     "PendingStats": "gradaudit.scan.pending",
     "audit": "gradaudit.scan.pending",
     "collect_async": "gradaudit.scan.pending",
-    "scan_paths": "gradaudit.scan.pending",
+    "scan_paths": "gradaudit.scan.paths",
     "exit_code": "gradaudit.scan.judge",
     "CompareInput": "gradaudit.compare.api",
     "compare": "gradaudit.compare.api",
@@ -113,8 +116,9 @@ _LAZY: dict[str, str] = {
     "ParameterChange": "gradaudit.compare.model",
     "ParameterComparison": "gradaudit.compare.model",
     "SideStats": "gradaudit.compare.model",
-    "scan_paths_distributed": "gradaudit.training.distributed",
+    "scan_paths_distributed": "gradaudit.scan.distributed",
     "save_gradients": "gradaudit.training.dump",
+    "EngineOptions": "gradaudit.engine.options",
     "ExitCode": "gradaudit.errors",
     "GradauditError": "gradaudit.errors",
     "InputError": "gradaudit.errors",
@@ -209,6 +213,7 @@ __all__ = [
     "ComparePolicy",
     "Comparison",
     "DualGradientStats",
+    "EngineOptions",
     "ExitCode",
     "FileResult",
     "Finding",

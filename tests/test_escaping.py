@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gradaudit import ExitCode
 from gradaudit.cli import app
-from gradaudit.io.safetensors_header import show
+from gradaudit.io.files import show
 
 runner = CliRunner()
 ESCAPED = "bad\\x1bname"  # what a person sees: one backslash
