@@ -1,4 +1,4 @@
-"""Columns that the table and Markdown show alike: a header, a cell's text, its alignment.
+"""Columns that the table and Markdown show alike: a header, a getter, a formatter.
 
 A tensor's zero % or a side's ``norm/√params`` once had two definitions, one per
 format, and they drifted (the zero % column stood before NaN in the table and
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from gradaudit.compare.model import ParameterChange, SideStats
 from gradaudit.report.compare_text import change_text, shape_text
@@ -25,34 +25,47 @@ Row = TypeVar("Row")
 
 @dataclass(frozen=True)
 class Field(Generic[Row]):
-    """One column: ``header``, and the text of the cell for a row."""
+    """One column: its header, what a row holds there (``get``), and how that is written."""
 
     header: str
-    text: Callable[[Row], str]
+    get: Callable[[Row], Any]
+    format: Callable[[Any], str] = number
     justify: Literal["left", "right"] = "right"
     #: The table drops columns of lower priority first; :data:`~gradaudit.report.fit.KEEP`: never.
     priority: int = KEEP
     #: A style for the cell in a terminal (a count of NaN in red); Markdown has no colour.
     style: Callable[[Row], str] | None = None
 
+    def text(self, row: Row) -> str:
+        """The cell of ``row``."""
+        return self.format(self.get(row))
 
-def _inf(plus: int, minus: int) -> str:
-    return f"{count(plus)}/{count(minus)}"
+
+def _percent(fraction: float) -> str:
+    return f"{100.0 * fraction:.1f}"
+
+
+def _inf(counts: tuple[int, int]) -> str:
+    return f"{count(counts[0])}/{count(counts[1])}"
+
+
+def _same(text: str) -> str:
+    return text
 
 
 # A scanned tensor's numbers, in the order every format shows them.
 TENSOR_SHAPE: Field[TensorStats] = Field(
-    "shape", lambda s: "×".join(str(d) for d in s.shape) or "()", "left", priority=40
+    "shape", lambda s: s.shape, shape_text, justify="left", priority=40
 )
-TENSOR_DTYPE: Field[TensorStats] = Field("dtype", lambda s: s.dtype, "left", priority=50)
-TENSOR_NORM: Field[TensorStats] = Field("norm", lambda s: number(s.norm))
-TENSOR_RMS: Field[TensorStats] = Field("rms", lambda s: number(s.rms), priority=10)
-TENSOR_MAX_ABS: Field[TensorStats] = Field("max|g|", lambda s: number(s.max_abs), priority=30)
-TENSOR_ZERO: Field[TensorStats] = Field(
-    "zero %", lambda s: f"{100.0 * s.zero_fraction:.1f}", priority=20
+TENSOR_DTYPE: Field[TensorStats] = Field(
+    "dtype", lambda s: s.dtype, _same, justify="left", priority=50
 )
-TENSOR_NAN: Field[TensorStats] = Field("NaN", lambda s: count(s.nan), priority=70)
-TENSOR_INF: Field[TensorStats] = Field("±Inf", lambda s: _inf(s.pos_inf, s.neg_inf), priority=60)
+TENSOR_NORM: Field[TensorStats] = Field("norm", lambda s: s.norm)
+TENSOR_RMS: Field[TensorStats] = Field("rms", lambda s: s.rms, priority=10)
+TENSOR_MAX_ABS: Field[TensorStats] = Field("max|g|", lambda s: s.max_abs, priority=30)
+TENSOR_ZERO: Field[TensorStats] = Field("zero %", lambda s: s.zero_fraction, _percent, priority=20)
+TENSOR_NAN: Field[TensorStats] = Field("NaN", lambda s: s.nan, count, priority=70)
+TENSOR_INF: Field[TensorStats] = Field("±Inf", lambda s: (s.pos_inf, s.neg_inf), _inf, priority=60)
 
 
 def _nonfinite_style(side: SideStats, value: int) -> str:
@@ -61,23 +74,23 @@ def _nonfinite_style(side: SideStats, value: int) -> str:
 
 # One side of a comparison (host/seed or A/B), after its "side" and "input" cells.
 SIDE_FIELDS: tuple[Field[SideStats], ...] = (
-    Field("tensors", lambda s: count(s.tensors), priority=20),
-    Field("params", lambda s: count(s.params), priority=30),
-    Field("norm", lambda s: number(s.norm)),
-    Field("norm/√params", lambda s: number(s.norm_per_sqrt_param), priority=40),
-    Field("NaN", lambda s: count(s.nan), priority=60, style=lambda s: _nonfinite_style(s, s.nan)),
-    Field("±Inf", lambda s: count(s.inf), priority=50, style=lambda s: _nonfinite_style(s, s.inf)),
-    Field("vanishing", lambda s: count(s.vanishing_tensors), priority=10),
-    Field("exploding", lambda s: count(s.exploding_tensors), priority=15),
+    Field("tensors", lambda s: s.tensors, count, priority=20),
+    Field("params", lambda s: s.params, count, priority=30),
+    Field("norm", lambda s: s.norm),
+    Field("norm/√params", lambda s: s.norm_per_sqrt_param, priority=40),
+    Field("NaN", lambda s: s.nan, count, priority=60, style=lambda s: _nonfinite_style(s, s.nan)),
+    Field("±Inf", lambda s: s.inf, count, priority=50, style=lambda s: _nonfinite_style(s, s.inf)),
+    Field("vanishing", lambda s: s.vanishing_tensors, count, priority=10),
+    Field("exploding", lambda s: s.exploding_tensors, count, priority=15),
 )
 
 # A tensor both sides share, after its name (and the table's dtype when dtypes differ).
 CHANGE_SHAPE: Field[ParameterChange] = Field(
-    "shape", lambda c: shape_text(c.shape), "left", priority=10
+    "shape", lambda c: c.shape, shape_text, justify="left", priority=10
 )
 CHANGE_NUMBERS: tuple[Field[ParameterChange], ...] = (
-    Field("norm A", lambda c: number(c.norm_a), priority=20),
-    Field("norm B", lambda c: number(c.norm_b), priority=30),
-    Field("B/A", lambda c: number(c.ratio)),
-    Field("change", change_text, priority=40),
+    Field("norm A", lambda c: c.norm_a, priority=20),
+    Field("norm B", lambda c: c.norm_b, priority=30),
+    Field("B/A", lambda c: c.ratio),
+    Field("change", lambda c: c, change_text, priority=40),
 )
