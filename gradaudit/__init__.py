@@ -3,7 +3,8 @@
 Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
-and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
+and :func:`compare_paths` for host vs seed and A vs B; :func:`trend_paths` and
+:class:`TrendBuilder` for norms over a series of steps. Results are frozen
 dataclasses. Inside a training loop: :func:`collect_module`,
 :func:`save_gradients` and :class:`GradientMonitor`; across ranks:
 :mod:`gradaudit.training.distributed` (sharded gradients) and
@@ -79,6 +80,16 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         MonitorRecord,
         NonFiniteAction,
     )
+    from gradaudit.trend.builder import (
+        LayerTrend,
+        TrendBuilder,
+        TrendFinding,
+        TrendKind,
+        TrendPolicy,
+        TrendReport,
+        trend_exit_code,
+        trend_paths,
+    )
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
 #: most of these modules import torch, which costs about 1.2 s, and the CLI's
@@ -140,6 +151,14 @@ _LAZY: dict[str, str] = {
     "Skipped": "gradaudit.results",
     "Summary": "gradaudit.results",
     "TensorStats": "gradaudit.results",
+    "LayerTrend": "gradaudit.trend.builder",
+    "TrendBuilder": "gradaudit.trend.builder",
+    "TrendFinding": "gradaudit.trend.builder",
+    "TrendKind": "gradaudit.trend.builder",
+    "TrendPolicy": "gradaudit.trend.builder",
+    "TrendReport": "gradaudit.trend.builder",
+    "trend_exit_code": "gradaudit.trend.builder",
+    "trend_paths": "gradaudit.trend.builder",
 }
 
 #: Public functions that share their name with a subpackage. Importing a submodule
@@ -205,6 +224,7 @@ __all__ = [
     "InputError",
     "InputKind",
     "InputProblem",
+    "LayerTrend",
     "LimitFinding",
     "LimitKind",
     "LocateMode",
@@ -227,6 +247,11 @@ __all__ = [
     "Summary",
     "TensorStats",
     "Thresholds",
+    "TrendBuilder",
+    "TrendFinding",
+    "TrendKind",
+    "TrendPolicy",
+    "TrendReport",
     "UsageError",
     "__version__",
     "audit",
@@ -241,4 +266,6 @@ __all__ = [
     "save_gradients",
     "scan_paths",
     "scan_paths_distributed",
+    "trend_exit_code",
+    "trend_paths",
 ]
