@@ -256,10 +256,14 @@ def chart_lines(
     return lines
 
 
-def chart_title(layers: Sequence[Layer], spec: GroupBy) -> str:
+def chart_title(report: Report, layers: Sequence[Layer], spec: GroupBy) -> str:
+    """The chart's title names what it shows: gradient flow only when the bars are gradients."""
+    roles = {t.role for t in charted_tensors(report)}
+    # One role: name it; several (a checkpoint of neither weights nor gradients): "Tensors".
+    only = roles.pop() if len(roles) == 1 else None
+    what = {Role.GRADIENT: "Gradient flow", Role.WEIGHT: "Weights"}.get(only, "Tensors")
     return (
-        f"Gradient flow: L2 norm per layer, log10 scale · group-by {spec} · "
-        f"{plural(len(layers), 'row')}"
+        f"{what}: L2 norm per layer, log10 scale · group-by {spec} · {plural(len(layers), 'row')}"
     )
 
 
@@ -291,7 +295,7 @@ def render_chart(report: Report, options: RenderOptions, group_by: GroupBy) -> s
     buffer = io.StringIO()
     console = string_console(buffer, options)
     for line in chart_lines(
-        layers, report.thresholds, options.width, title=chart_title(layers, spec)
+        layers, report.thresholds, options.width, title=chart_title(report, layers, spec)
     ):
         console.print(line, overflow="crop", no_wrap=True)
     console.print()

@@ -62,7 +62,7 @@ TENSOR_DTYPE: Field[TensorStats] = Field(
 )
 TENSOR_NORM: Field[TensorStats] = Field("norm", lambda s: s.norm)
 TENSOR_RMS: Field[TensorStats] = Field("rms", lambda s: s.rms, priority=10)
-TENSOR_MAX_ABS: Field[TensorStats] = Field("max|g|", lambda s: s.max_abs, priority=30)
+TENSOR_MAX_ABS: Field[TensorStats] = Field("max|x|", lambda s: s.max_abs, priority=30)
 TENSOR_ZERO: Field[TensorStats] = Field("zero %", lambda s: s.zero_fraction, _percent, priority=20)
 TENSOR_NAN: Field[TensorStats] = Field("NaN", lambda s: s.nan, count, priority=70)
 TENSOR_INF: Field[TensorStats] = Field("±Inf", lambda s: (s.pos_inf, s.neg_inf), _inf, priority=60)

@@ -143,7 +143,7 @@ def flagged_line(report: Report) -> str:
     return (
         f"Flagged tensors: NaN {s.nan_tensors} · Inf {s.inf_tensors} · "
         f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}{outliers}{ignored}"
-        f" · gradient health {s.gradient_health:.3f}"
+        f" · health {s.gradient_health:.3f}"
         f"   (thresholds: vanishing < {number(t.vanishing)}, exploding > {number(t.exploding)})"
     )
 
