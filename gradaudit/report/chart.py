@@ -260,8 +260,8 @@ def chart_title(report: Report, layers: Sequence[Layer], spec: GroupBy) -> str:
     """The chart's title names what it shows: gradient flow only when the bars are gradients."""
     roles = {t.role for t in charted_tensors(report)}
     # One role: name it; several (a checkpoint of neither weights nor gradients): "Tensors".
-    only = roles.pop() if len(roles) == 1 else None
-    what = {Role.GRADIENT: "Gradient flow", Role.WEIGHT: "Weights"}.get(only, "Tensors")
+    titles: dict[Role | None, str] = {Role.GRADIENT: "Gradient flow", Role.WEIGHT: "Weights"}
+    what = titles.get(roles.pop() if len(roles) == 1 else None, "Tensors")
     return (
         f"{what}: L2 norm per layer, log10 scale · group-by {spec} · {plural(len(layers), 'row')}"
     )
