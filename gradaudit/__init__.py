@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first use
-    from gradaudit.compare.api import CompareInput, compare, compare_paths, dual_stats
-    from gradaudit.compare.checks import comparison_exit_code
-    from gradaudit.compare.model import (
+    from gradaudit.comparison.api import CompareInput, compare, compare_paths, dual_stats
+    from gradaudit.comparison.checks import comparison_exit_code
+    from gradaudit.comparison.model import (
         DEFAULT_MAX_CHANGE,
         CompareFinding,
         CompareFindingKind,
@@ -101,21 +101,21 @@ _LAZY: dict[str, str] = {
     "collect_async": "gradaudit.scan.pending",
     "scan_paths": "gradaudit.scan.paths",
     "exit_code": "gradaudit.scan.judge",
-    "CompareInput": "gradaudit.compare.api",
-    "compare": "gradaudit.compare.api",
-    "compare_paths": "gradaudit.compare.api",
-    "dual_stats": "gradaudit.compare.api",
-    "comparison_exit_code": "gradaudit.compare.checks",
-    "CompareFinding": "gradaudit.compare.model",
-    "CompareFindingKind": "gradaudit.compare.model",
-    "ComparePolicy": "gradaudit.compare.model",
-    "Comparison": "gradaudit.compare.model",
-    "DEFAULT_MAX_CHANGE": "gradaudit.compare.model",
-    "DualGradientStats": "gradaudit.compare.model",
-    "Mismatch": "gradaudit.compare.model",
-    "ParameterChange": "gradaudit.compare.model",
-    "ParameterComparison": "gradaudit.compare.model",
-    "SideStats": "gradaudit.compare.model",
+    "CompareInput": "gradaudit.comparison.api",
+    "compare": "gradaudit.comparison.api",
+    "compare_paths": "gradaudit.comparison.api",
+    "dual_stats": "gradaudit.comparison.api",
+    "comparison_exit_code": "gradaudit.comparison.checks",
+    "CompareFinding": "gradaudit.comparison.model",
+    "CompareFindingKind": "gradaudit.comparison.model",
+    "ComparePolicy": "gradaudit.comparison.model",
+    "Comparison": "gradaudit.comparison.model",
+    "DEFAULT_MAX_CHANGE": "gradaudit.comparison.model",
+    "DualGradientStats": "gradaudit.comparison.model",
+    "Mismatch": "gradaudit.comparison.model",
+    "ParameterChange": "gradaudit.comparison.model",
+    "ParameterComparison": "gradaudit.comparison.model",
+    "SideStats": "gradaudit.comparison.model",
     "scan_paths_distributed": "gradaudit.scan.distributed",
     "save_gradients": "gradaudit.training.dump",
     "EngineOptions": "gradaudit.engine.options",
@@ -161,12 +161,6 @@ _LAZY: dict[str, str] = {
     "trend_paths": "gradaudit.trend.builder",
 }
 
-#: Public functions that share their name with a subpackage. Importing a submodule
-#: binds the package on ``gradaudit`` whatever this module says, so the package is
-#: callable and calls the function (``gradaudit/compare/__init__.py``): the name
-#: is the same object, a module, whichever is imported first.
-_CALLABLE_PACKAGES = frozenset({"compare"})
-
 
 def _submodules(package: str) -> Callable[[str], types.ModuleType]:
     """A module ``__getattr__`` that imports ``package.name`` on first use.
@@ -189,8 +183,6 @@ def _submodules(package: str) -> Callable[[str], types.ModuleType]:
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
-        if name in _CALLABLE_PACKAGES:
-            return importlib.import_module(f"{__name__}.{name}")
         module = _LAZY.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module), name)

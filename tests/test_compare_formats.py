@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradaudit import ComparePolicy, Comparison, compare
-from gradaudit.compare.model import CompareFindingKind
+from gradaudit.comparison.model import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.formats.junit import CHECKS, check_name

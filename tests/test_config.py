@@ -18,7 +18,7 @@ from gradaudit.cli.config import (
     parse_setting,
     resolve,
 )
-from gradaudit.compare.model import ComparePolicy
+from gradaudit.comparison.model import ComparePolicy
 from gradaudit.engine.kernels import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import FindingKind

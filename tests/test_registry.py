@@ -20,7 +20,7 @@ import torch
 from gradaudit import audit
 from gradaudit.cli.config import Settings
 from gradaudit.cli.output import emit
-from gradaudit.compare.model import Comparison
+from gradaudit.comparison.model import Comparison
 from gradaudit.report import OutputFormat, RenderOptions, render, render_text, renderers
 from gradaudit.results import Report
 from gradaudit.trend.builder import TrendBuilder, TrendReport

@@ -44,7 +44,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from gradaudit._compat import tomllib
-from gradaudit.compare.model import (
+from gradaudit.comparison.model import (
     DEFAULT_MAX_CHANGE,
     ComparePolicy,
     check_max_change,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import Comparison
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import Comparison
 from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.report import OutputFormat, RenderOptions, render
 from gradaudit.report.base import DEFAULT_TOP_ROWS

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gradaudit.compare.model import Comparison
+from gradaudit.comparison.model import Comparison
 from gradaudit.results import Report
 from gradaudit.trend.builder import TrendReport
 

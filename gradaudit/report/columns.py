@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from gradaudit.compare.model import ParameterChange, SideStats
+from gradaudit.comparison.model import ParameterChange, SideStats
 from gradaudit.report.compare_text import change_text, shape_text
 from gradaudit.report.fit import KEEP
 from gradaudit.report.text import count, number

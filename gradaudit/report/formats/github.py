@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradaudit.compare.model import CompareFinding, Comparison
+from gradaudit.comparison.model import CompareFinding, Comparison
 from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (

@@ -23,8 +23,8 @@ from importlib import resources
 from typing import Any, Literal
 
 from gradaudit import __version__
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import (
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import (
     ComparePolicy,
     Comparison,
     DualGradientStats,

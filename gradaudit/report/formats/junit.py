@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gradaudit._compat import assert_never
-from gradaudit.compare.model import CompareFindingKind, Comparison, SideStats
+from gradaudit.comparison.model import CompareFindingKind, Comparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged

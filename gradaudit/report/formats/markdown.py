@@ -28,8 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import (
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import (
     CompareFinding,
     Comparison,
     Mismatch,

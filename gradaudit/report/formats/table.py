@@ -29,8 +29,8 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import Comparison, ParameterChange, ParameterComparison, SideStats
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
