@@ -316,16 +316,18 @@ class StatsTable(Sequence[TensorStats]):
 
     def take(self, indices: Sequence[int] | np.ndarray) -> list[TensorStats]:
         """The TensorStats of ``indices``, in that order."""
+        return list(self.each(indices))
+
+    def each(self, indices: Sequence[int] | np.ndarray) -> Iterator[TensorStats]:
+        """:meth:`take` one at a time: only a step's worth exists at once."""
         chosen = np.asarray(indices, dtype=np.int64)
-        out: list[TensorStats] = []
         for start in range(0, len(chosen), _STEP):
             part = chosen[start : start + _STEP]
             shapes = [
                 tuple(self.dims[self.starts[i] : self.starts[i + 1]].tolist())
                 for i in part.tolist()
             ]
-            out.extend(self._build(part, shapes))
-        return out
+            yield from self._build(part, shapes)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> StatsTable:
         """A table of the tensors ``indices`` (in that order), roles included."""

@@ -153,7 +153,7 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tupl
     table = _columns(tensors)
     return tuple(
         finding
-        for stats in table.take(judged_candidates(table, thresholds))
+        for stats in table.each(judged_candidates(table, thresholds))
         for finding in evaluate(stats, thresholds)
     )
 
@@ -632,22 +632,30 @@ def summarize(
     global_norm: float,
     excluded: int = 0,
 ) -> Summary:
-    def flagged(kind: FindingKind) -> int:
-        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
+    # One pass over the findings (a dump of a million flagged tensors has a million).
+    flagged: dict[FindingKind, set[tuple[str | None, str]]] = {}
+    severities: Counter[Severity] = Counter()
+    for finding in findings:
+        severities[finding.severity] += 1
+        if finding.severity is not Severity.IGNORED:
+            flagged.setdefault(finding.kind, set()).add((finding.source, finding.tensor))
+
+    def count(kind: FindingKind) -> int:
+        return len(flagged.get(kind, ()))
 
     return Summary(
         tensors=len(tensors),
         skipped=skipped,
         elements=int(tensors.numel.sum()),
         global_norm=global_norm,
-        nan_tensors=flagged(FindingKind.NAN),
-        inf_tensors=flagged(FindingKind.INF),
-        vanishing_tensors=flagged(FindingKind.VANISHING),
-        exploding_tensors=flagged(FindingKind.EXPLODING),
-        outlier_tensors=flagged(FindingKind.OUTLIER),
+        nan_tensors=count(FindingKind.NAN),
+        inf_tensors=count(FindingKind.INF),
+        vanishing_tensors=count(FindingKind.VANISHING),
+        exploding_tensors=count(FindingKind.EXPLODING),
+        outlier_tensors=count(FindingKind.OUTLIER),
         gradient_health=gradient_health(tensors, findings),
-        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
-        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
-        ignored_findings=sum(1 for f in findings if f.ignored),
+        failing_findings=severities[Severity.ERROR] + len(limit_findings),
+        warnings=severities[Severity.WARNING],
+        ignored_findings=severities[Severity.IGNORED],
         excluded=excluded,
     )
