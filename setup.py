@@ -1,4 +1,4 @@
-"""Build the optional single-pass CPU kernel (``gradaudit._native``).
+"""Build the optional single-pass CPU kernel (``gradaudit.engine._native``).
 
 Everything else is in ``pyproject.toml``. The extension is plain C with no
 torch headers (a second to compile); ``optional=True`` lets the install go on
@@ -14,8 +14,8 @@ flags = [] if sys.platform == "win32" else ["-O3", "-std=gnu99", "-pthread"]
 setup(
     ext_modules=[
         Extension(
-            "gradaudit._native",
-            sources=["gradaudit/_native.c"],
+            "gradaudit.engine._native",
+            sources=["gradaudit/engine/_native.c"],
             extra_compile_args=flags,
             extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
             optional=True,
@@ -26,8 +26,8 @@ setup(
             if sys.platform == "win32"
             else [
                 Extension(
-                    "gradaudit._mapguard",
-                    sources=["gradaudit/_mapguard.c"],
+                    "gradaudit.io._mapguard",
+                    sources=["gradaudit/io/_mapguard.c"],
                     extra_compile_args=["-O2", "-std=gnu99"],
                     optional=True,
                 )

@@ -55,8 +55,8 @@ from safetensors.torch import save_file
 import gradaudit
 from benchmarks.bench_scan import best_of as cpu_best_of
 from benchmarks.bench_scan import many_tiny, table, transformer_layout, transformer_like
-from gradaudit import native, triton_kernel
-from gradaudit.audit import PendingStats
+from gradaudit.engine import native, triton_kernel
+from gradaudit.scan.pending import PendingStats
 
 GB = 1e9
 MIB = 1024 * 1024

@@ -216,7 +216,7 @@ def _torch_free_script() -> str:
         [
             "import array, ctypes, importlib.util, mmap, sys",
             "import gradaudit.cli.app",
-            "from gradaudit import _native",
+            "from gradaudit.engine import _native",
             # gradaudit.io's __init__ imports the torch readers: load the header
             # validator (pure Python) on its own.
             "spec = importlib.util.spec_from_file_location('header', sys.argv[2])",

@@ -6,7 +6,7 @@ For float32, bfloat16 and float16 tensors of ``--mib`` MiB (gradient-like
 values, normal with scale 1e-3), in one process: the best of ``--repeats``
 runs of one ``torch.sum`` pass (the yardstick), of the default stats row
 (``StatsCollector.row``, the engine ``auto`` picks) and of
-:func:`gradaudit.precision_kernel.exponent_histogram`. The histogram is opt-in
+:func:`gradaudit.engine.histogram.exponent_histogram`. The histogram is opt-in
 and not part of the single pass; folding it into the kernels is left for later.
 """
 
@@ -17,8 +17,8 @@ import argparse
 import torch
 
 from benchmarks.bench_scan import best_of, table
-from gradaudit.precision_kernel import exponent_histogram
-from gradaudit.stats import StatsCollector
+from gradaudit.engine.histogram import exponent_histogram
+from gradaudit.engine.stats import StatsCollector
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,25 +6,23 @@ device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
 and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
 dataclasses. Inside a training loop: :func:`collect_module`,
 :func:`save_gradients` and :class:`GradientMonitor`; across ranks:
-:mod:`gradaudit.distributed`.
+:mod:`gradaudit.training.distributed`.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first use
-    from gradaudit.audit import PendingEntry, PendingStats, audit, collect_async, scan_paths
-    from gradaudit.checks import exit_code
-    from gradaudit.compare import CompareInput, compare, compare_paths, dual_stats
-    from gradaudit.compare_checks import comparison_exit_code
-    from gradaudit.comparison import (
+    from gradaudit.compare.api import CompareInput, compare, compare_paths, dual_stats
+    from gradaudit.compare.checks import comparison_exit_code
+    from gradaudit.compare.model import (
         DEFAULT_MAX_CHANGE,
         CompareFinding,
         CompareFindingKind,
@@ -36,8 +34,6 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         ParameterComparison,
         SideStats,
     )
-    from gradaudit.distributed import scan_paths_distributed
-    from gradaudit.dump import save_gradients
     from gradaudit.errors import (
         ExitCode,
         GradauditError,
@@ -46,9 +42,6 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         NonFiniteGradientWarning,
         UsageError,
     )
-    from gradaudit.locate import Location, NanLocator
-    from gradaudit.module import collect_module, named_gradients
-    from gradaudit.monitor import GradientMonitor, LocateMode, MonitorRecord, NonFiniteAction
     from gradaudit.policy import (
         DEFAULT_EXPLODING_THRESHOLD,
         DEFAULT_FAIL_ON,
@@ -71,48 +64,60 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         Summary,
         TensorStats,
     )
+    from gradaudit.scan.judge import exit_code
+    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async, scan_paths
+    from gradaudit.training.distributed import scan_paths_distributed
+    from gradaudit.training.dump import save_gradients
+    from gradaudit.training.gradients import collect_module, named_gradients
+    from gradaudit.training.locate import Location, NanLocator
+    from gradaudit.training.monitor import (
+        GradientMonitor,
+        LocateMode,
+        MonitorRecord,
+        NonFiniteAction,
+    )
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
 #: most of these modules import torch, which costs about 1.2 s, and the CLI's
 #: --help, --version and shell completion need none of them.
 _LAZY: dict[str, str] = {
-    "PendingEntry": "gradaudit.audit",
-    "PendingStats": "gradaudit.audit",
-    "audit": "gradaudit.audit",
-    "collect_async": "gradaudit.audit",
-    "scan_paths": "gradaudit.audit",
-    "exit_code": "gradaudit.checks",
-    "CompareInput": "gradaudit.compare",
-    "compare": "gradaudit.compare",
-    "compare_paths": "gradaudit.compare",
-    "dual_stats": "gradaudit.compare",
-    "comparison_exit_code": "gradaudit.compare_checks",
-    "CompareFinding": "gradaudit.comparison",
-    "CompareFindingKind": "gradaudit.comparison",
-    "ComparePolicy": "gradaudit.comparison",
-    "Comparison": "gradaudit.comparison",
-    "DEFAULT_MAX_CHANGE": "gradaudit.comparison",
-    "DualGradientStats": "gradaudit.comparison",
-    "Mismatch": "gradaudit.comparison",
-    "ParameterChange": "gradaudit.comparison",
-    "ParameterComparison": "gradaudit.comparison",
-    "SideStats": "gradaudit.comparison",
-    "scan_paths_distributed": "gradaudit.distributed",
-    "save_gradients": "gradaudit.dump",
+    "PendingEntry": "gradaudit.scan.pending",
+    "PendingStats": "gradaudit.scan.pending",
+    "audit": "gradaudit.scan.pending",
+    "collect_async": "gradaudit.scan.pending",
+    "scan_paths": "gradaudit.scan.pending",
+    "exit_code": "gradaudit.scan.judge",
+    "CompareInput": "gradaudit.compare.api",
+    "compare": "gradaudit.compare.api",
+    "compare_paths": "gradaudit.compare.api",
+    "dual_stats": "gradaudit.compare.api",
+    "comparison_exit_code": "gradaudit.compare.checks",
+    "CompareFinding": "gradaudit.compare.model",
+    "CompareFindingKind": "gradaudit.compare.model",
+    "ComparePolicy": "gradaudit.compare.model",
+    "Comparison": "gradaudit.compare.model",
+    "DEFAULT_MAX_CHANGE": "gradaudit.compare.model",
+    "DualGradientStats": "gradaudit.compare.model",
+    "Mismatch": "gradaudit.compare.model",
+    "ParameterChange": "gradaudit.compare.model",
+    "ParameterComparison": "gradaudit.compare.model",
+    "SideStats": "gradaudit.compare.model",
+    "scan_paths_distributed": "gradaudit.training.distributed",
+    "save_gradients": "gradaudit.training.dump",
     "ExitCode": "gradaudit.errors",
     "GradauditError": "gradaudit.errors",
     "InputError": "gradaudit.errors",
     "NonFiniteGradientError": "gradaudit.errors",
     "NonFiniteGradientWarning": "gradaudit.errors",
     "UsageError": "gradaudit.errors",
-    "Location": "gradaudit.locate",
-    "NanLocator": "gradaudit.locate",
-    "collect_module": "gradaudit.module",
-    "named_gradients": "gradaudit.module",
-    "GradientMonitor": "gradaudit.monitor",
-    "LocateMode": "gradaudit.monitor",
-    "MonitorRecord": "gradaudit.monitor",
-    "NonFiniteAction": "gradaudit.monitor",
+    "Location": "gradaudit.training.locate",
+    "NanLocator": "gradaudit.training.locate",
+    "collect_module": "gradaudit.training.gradients",
+    "named_gradients": "gradaudit.training.gradients",
+    "GradientMonitor": "gradaudit.training.monitor",
+    "LocateMode": "gradaudit.training.monitor",
+    "MonitorRecord": "gradaudit.training.monitor",
+    "NonFiniteAction": "gradaudit.training.monitor",
     "DEFAULT_EXPLODING_THRESHOLD": "gradaudit.policy",
     "DEFAULT_FAIL_ON": "gradaudit.policy",
     "DEFAULT_VANISHING_THRESHOLD": "gradaudit.policy",
@@ -133,44 +138,46 @@ _LAZY: dict[str, str] = {
     "TensorStats": "gradaudit.results",
 }
 
+#: Public functions that share their name with a subpackage. Importing a submodule
+#: binds the package on ``gradaudit`` whatever this module says, so the package is
+#: callable and calls the function (``gradaudit/compare/__init__.py``): the name
+#: is the same object, a module, whichever is imported first.
+_CALLABLE_PACKAGES = frozenset({"compare"})
+
+
+def _submodules(package: str) -> Callable[[str], types.ModuleType]:
+    """A module ``__getattr__`` that imports ``package.name`` on first use.
+
+    ``import gradaudit`` used to import every submodule as a side effect, so
+    ``gradaudit.results.…`` worked without importing it: it still does, in every
+    subpackage too (``gradaudit.engine.stats.…``).
+    """
+
+    def submodule(name: str) -> types.ModuleType:
+        if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return submodule
+
 
 # Hidden from mypy, which would otherwise accept any name as ``Any``: it checks the
 # names against the TYPE_CHECKING imports above instead.
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
+        if name in _CALLABLE_PACKAGES:
+            return importlib.import_module(f"{__name__}.{name}")
         module = _LAZY.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module), name)
             globals()[name] = value
             return value
-        # ``import gradaudit`` used to import every submodule as a side effect, so
-        # ``gradaudit.distributed.…`` worked without importing it: it still does.
-        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            return importlib.import_module(f"{__name__}.{name}")
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _submodules(__name__)(name)
 
     def __dir__() -> list[str]:
         return sorted(set(globals()) | set(__all__))
 
-
-class _Package(types.ModuleType):
-    """Keeps ``gradaudit.audit`` and ``gradaudit.compare`` the functions.
-
-    Importing a submodule binds it on its package: ``import gradaudit.audit``
-    (which the CLI and the engine do) would set ``gradaudit.audit`` to the
-    module, and the lazy lookup of the function would never run. The eager
-    ``from gradaudit.audit import audit`` this replaces bound the function
-    last; this keeps that promise whatever is imported first.
-    """
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == f"{__name__}.{name}":
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "DEFAULT_EXPLODING_THRESHOLD",

@@ -1,6 +1,6 @@
 """What counts as a problem, and which problems fail a run.
 
-Kept apart from ``checks.py`` (which applies it) so that result types can
+Kept apart from ``scan/judge.py`` (which applies it) so that result types can
 record the policy they were judged by without importing any logic. The range
 rule of every setting lives here once, as a ``check_*`` function that both
 :class:`Thresholds` and the config-file loader call, so a value is judged the

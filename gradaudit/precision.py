@@ -5,7 +5,7 @@ histogram of log2 gradient magnitudes drawn against fp16's range. This module
 is the host side of that figure: the bin layout of an *exponent histogram*
 (counts per binary exponent of |x|), the formats, and what a histogram says
 about each format. The counting itself is device work in
-:mod:`gradaudit.precision_kernel`; nothing here needs torch.
+:mod:`gradaudit.engine.histogram`; nothing here needs torch.
 
 Why a histogram by exponent alone is not enough
 -----------------------------------------------

@@ -241,7 +241,7 @@ class Summary:
     #: Findings on tensors matched by ``--ignore``: not failing, not warnings, still counted.
     ignored_findings: int = 0
     outlier_tensors: int = 0
-    #: One number in [0, 1]: see :func:`gradaudit.checks.gradient_health`.
+    #: One number in [0, 1]: see :func:`gradaudit.scan.judge.gradient_health`.
     gradient_health: float = 1.0
 
 

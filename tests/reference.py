@@ -1,6 +1,6 @@
 """An independent float64 reference for the engine: plain Python over the values.
 
-It shares no code with ``gradaudit.stats``: values are converted to Python
+It shares no code with ``gradaudit.engine.stats``: values are converted to Python
 floats (exact for every audited dtype) and reduced with ``math.fsum`` after
 scaling by the largest magnitude, which neither overflows nor loses precision.
 """

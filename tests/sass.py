@@ -115,8 +115,8 @@ def compile_all(targets: list[int]) -> list[dict[str, Any]]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gradaudit import triton_kernel
-    from gradaudit._triton_rows import merge_partials, table_rows
+    from gradaudit.engine import triton_kernel
+    from gradaudit.engine._triton_rows import merge_partials, table_rows
 
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
     results = []

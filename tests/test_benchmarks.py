@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_gpu
-from gradaudit import native
+from gradaudit.engine import native
 
 
 def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:

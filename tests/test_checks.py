@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gradaudit import ExitCode, FindingKind, Severity, Thresholds, audit, exit_code
-from gradaudit.checks import evaluate
 from gradaudit.policy import parse_fail_on
 from gradaudit.results import InputProblem, TensorStats
+from gradaudit.scan.judge import evaluate
 
 
 def stats(**overrides: object) -> TensorStats:

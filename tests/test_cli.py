@@ -12,8 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gradaudit import ExitCode, native
+from gradaudit import ExitCode
 from gradaudit.cli import app
+from gradaudit.engine import native
 from tests.conftest import FIXTURES, WriteDump
 
 runner = CliRunner()
@@ -215,7 +216,7 @@ def test_internal_error_exits_4_with_a_hint(
         raise RuntimeError("simulated bug")
 
     # scan imports the core when it runs; patch where it looks the function up
-    monkeypatch.setattr(importlib.import_module("gradaudit.audit"), "scan_paths", boom)
+    monkeypatch.setattr(importlib.import_module("gradaudit.scan.pending"), "scan_paths", boom)
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr
@@ -285,7 +286,7 @@ def test_auto_engine_is_native_on_the_cpu_where_built(write_dump: WriteDump) -> 
 def test_without_the_native_build_auto_is_eager_and_native_is_a_usage_error(
     write_dump: WriteDump, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gradaudit.native._module", None)
+    monkeypatch.setattr("gradaudit.engine.native._module", None)
     path = str(write_dump({"w": torch.ones(3)}))
     result = scan(path, "--format", "json")
     assert result.exit_code == ExitCode.OK

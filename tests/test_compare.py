@@ -23,7 +23,7 @@ from gradaudit import (
     comparison_exit_code,
     dual_stats,
 )
-from gradaudit.comparison import scaled_ratio
+from gradaudit.compare.model import scaled_ratio
 from gradaudit.policy import PolicyError
 from tests.grafted import grads, grafted_model
 
@@ -128,7 +128,7 @@ def test_every_input_form_gives_the_same_result() -> None:
 
 def test_both_sides_are_read_back_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
     # ``gradaudit.audit`` is the function; the module is reached through importlib.
-    engine = importlib.import_module("gradaudit.audit")
+    engine = importlib.import_module("gradaudit.scan.pending")
     calls: list[int] = []
     real = engine.read_blocks
 

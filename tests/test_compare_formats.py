@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradaudit import ComparePolicy, Comparison, compare
-from gradaudit.comparison import CompareFindingKind
+from gradaudit.compare.model import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.compare_junit import CHECKS, check_name, render_comparison_junit

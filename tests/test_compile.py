@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gradaudit.kernels import collect_rows
-from gradaudit.stats import HostRow, StatsCollector, read_rows
+from gradaudit.engine.kernels import collect_rows
+from gradaudit.engine.stats import HostRow, StatsCollector, read_rows
 from tests.reference import reference_stats
 
 

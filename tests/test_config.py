@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gradaudit.comparison import ComparePolicy
-from gradaudit.config import (
+from gradaudit.cli.config import (
     COMMANDS,
     KEYS,
     Settings,
@@ -17,8 +16,9 @@ from gradaudit.config import (
     parse_setting,
     resolve,
 )
+from gradaudit.compare.model import ComparePolicy
+from gradaudit.engine.kernels import Engine
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind
 from gradaudit.report import OutputFormat
 

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 import gradaudit
-from gradaudit import audit, collect_async, staging, triton_kernel
-from gradaudit.audit import PendingStats, scan_paths
-from gradaudit.stats import AUDITED_DTYPES
+from gradaudit import audit, collect_async
+from gradaudit.engine import staging, triton_kernel
+from gradaudit.engine.stats import AUDITED_DTYPES
+from gradaudit.scan.pending import PendingStats, scan_paths
 from tests.reference import reference_stats
 
 pytestmark = [
@@ -71,7 +72,7 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     model = grafted_model()
     on_cpu = compare(model.host, model.seed)
     model.cuda()
-    engine = importlib.import_module("gradaudit.audit")
+    engine = importlib.import_module("gradaudit.scan.pending")
     calls: list[int] = []
     real = engine.read_blocks
 

@@ -20,11 +20,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from gradaudit import ExitCode, Thresholds, audit, native
+from gradaudit import ExitCode, Thresholds, audit
 from gradaudit.cli import app
+from gradaudit.engine import native
+from gradaudit.engine.stats import (
+    AUDITED_DTYPES,
+    COMPLEX_DTYPES,
+    FLOAT8_DTYPES,
+    HostRow,
+    StatsCollector,
+)
+from gradaudit.engine.stats import read_rows as read_stats_rows
 from gradaudit.policy import FindingKind, Severity
-from gradaudit.stats import AUDITED_DTYPES, COMPLEX_DTYPES, FLOAT8_DTYPES, HostRow, StatsCollector
-from gradaudit.stats import read_rows as read_stats_rows
 from tests.reference import Reference
 
 CPU_ENGINES = ["eager", "native"] if native.available() else ["eager"]

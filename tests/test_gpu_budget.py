@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from gradaudit import triton_kernel
+from gradaudit.engine import triton_kernel
 from tests.sass import BUDGET, budget
 
 pytestmark = pytest.mark.skipif(

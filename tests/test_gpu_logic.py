@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from gradaudit import GradientMonitor, triton_kernel
-from gradaudit.audit import PendingEntry, PendingStats
-from gradaudit.stats import ROW_WIDTH, SCALE, StatsCollector
+from gradaudit import GradientMonitor
+from gradaudit.engine import triton_kernel
+from gradaudit.engine.stats import ROW_WIDTH, SCALE, StatsCollector
+from gradaudit.scan.pending import PendingEntry, PendingStats
 
 
 class _NoopLaunch:

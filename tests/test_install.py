@@ -8,9 +8,9 @@ This one fails instead, so CI cannot pass with the native engine silently absent
 
 from __future__ import annotations
 
-from gradaudit import native
-from gradaudit.kernels import Engine
-from gradaudit.stats import resolve_engine
+from gradaudit.engine import native
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.stats import resolve_engine
 
 
 def test_the_native_extension_is_built() -> None:

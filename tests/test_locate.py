@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradaudit.locate import NanLocator
+from gradaudit.training.locate import NanLocator
 
 # torch's note that the first module's input needs no gradient: expected here.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")

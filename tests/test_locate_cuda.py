@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradaudit.locate import NanLocator
-from gradaudit.precision_kernel import exponent_histogram
+from gradaudit.engine.histogram import exponent_histogram
+from gradaudit.training.locate import NanLocator
 
 pytestmark = [
     pytest.mark.cuda,

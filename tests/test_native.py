@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradaudit
-from gradaudit import audit, native
-from gradaudit.stats import HostRow, StatsCollector, read_rows
+from gradaudit import audit
+from gradaudit.engine import native
+from gradaudit.engine.stats import HostRow, StatsCollector, read_rows
 from tests.reference import reference_stats
 from tests.test_stats import HUGE, assert_matches_reference
 

@@ -18,7 +18,7 @@ from gradaudit import Thresholds, audit
 from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.policy import Severity
 from gradaudit.report.chart import drawn_severity, layer_status, report_layers
-from gradaudit.trend import trend_paths
+from gradaudit.trend.builder import trend_paths
 
 pytest.importorskip("matplotlib")
 

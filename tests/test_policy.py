@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gradaudit import ExitCode, FindingKind, Severity, Thresholds, audit, exit_code, scan_paths
-from gradaudit.checks import evaluate_limits
 from gradaudit.policy import LimitKind, PolicyError, fraction_exceeds, parse_fail_on
 from gradaudit.results import FileResult, LimitFinding
+from gradaudit.scan.judge import evaluate_limits
 from tests.conftest import WriteDump
 
 

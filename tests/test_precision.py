@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.precision import (
     FORMATS,
     ExponentHistogram,
@@ -24,7 +25,6 @@ from gradaudit.precision import (
     layout,
     scale_log2,
 )
-from gradaudit.precision_kernel import exponent_histogram
 
 TORCH_DTYPES = {
     Precision.FP16: torch.float16,

@@ -11,7 +11,7 @@ from fixtures.make_series import STEPS, write_series
 from gradaudit import ExitCode, scan_paths
 from gradaudit.cli import app
 from gradaudit.precision import Precision, precision_report
-from gradaudit.trend import trend_paths
+from gradaudit.trend.builder import trend_paths
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,7 @@ def test_readme_pre_commit_example_args_work(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> None:
-    from gradaudit.config import COMMANDS, load_config
+    from gradaudit.cli.config import COMMANDS, load_config
 
     tomls = [block for _, block in blocks("toml")]
     assert len(tomls) >= 2

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from gradaudit import audit
-from gradaudit.checks import cast_limits, gradient_health
 from gradaudit.policy import CAST_TARGETS, FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 from gradaudit.roles import stats_evidence
+from gradaudit.scan.judge import cast_limits, gradient_health
 from tests.models import gradients
 
 _TORCH = {

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit.staging import ALIGNMENT, HostToDevice
+from gradaudit.engine.staging import ALIGNMENT, HostToDevice
 
 
 @dataclass

@@ -91,22 +91,24 @@ _API = """
 import sys, types
 import gradaudit
 assert "torch" not in sys.modules, "import gradaudit imported torch"
-import gradaudit.audit, gradaudit.compare  # the submodules first: the names stay functions
-audit_module = sys.modules["gradaudit.audit"]
-compare_module = sys.modules["gradaudit.compare"]
+package = gradaudit.compare  # the name first: the package, which calls the function
+import gradaudit.scan.pending, gradaudit.compare.api  # then the submodules
+import gradaudit.compare as imported
+audit_module = sys.modules["gradaudit.scan.pending"]
 assert gradaudit.audit is audit_module.audit, gradaudit.audit
-assert gradaudit.compare is compare_module.compare, gradaudit.compare
+assert gradaudit.compare is package is imported is sys.modules["gradaudit.compare"]
+assert isinstance(package, types.ModuleType) and callable(package)
 from gradaudit import audit, compare, scan_paths
-assert audit is audit_module.audit and compare is compare_module.compare
+assert audit is audit_module.audit and compare is package
 assert scan_paths is audit_module.scan_paths
 for name in gradaudit.__all__:
     value = getattr(gradaudit, name)
-    assert not isinstance(value, types.ModuleType), name
+    assert not isinstance(value, types.ModuleType) or name == "compare", name
 assert set(gradaudit.__all__) <= set(dir(gradaudit))
 namespace = {}
 exec("from gradaudit import *", namespace)
 assert set(gradaudit.__all__) <= set(namespace)
-assert gradaudit.stats.ROW_WIDTH == 7  # submodules still reachable as attributes
+assert gradaudit.engine.stats.ROW_WIDTH == 7  # submodules still reachable as attributes
 try:
     gradaudit.no_such_name
 except AttributeError as error:

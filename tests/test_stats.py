@@ -9,8 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit import TensorStats, audit, collect_async, native
-from gradaudit.stats import (
+from gradaudit import TensorStats, audit, collect_async
+from gradaudit.engine import native
+from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     NAN,
     SCALE,

@@ -27,7 +27,7 @@ from gradaudit.cli import app
 from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.report import RenderOptions
 from gradaudit.report.trend_report import TrendFormat, render_trend_table, sparkline
-from gradaudit.trend import (
+from gradaudit.trend.builder import (
     TrendBuilder,
     TrendKind,
     TrendPolicy,
@@ -116,7 +116,7 @@ def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
     import importlib
 
     # trend_paths imports the scan core when it runs (the CLI starts without torch)
-    core = importlib.import_module("gradaudit.audit")
+    core = importlib.import_module("gradaudit.scan.pending")
     calls: list[list[str]] = []
     real = core.scan_paths
 

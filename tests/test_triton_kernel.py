@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from gradaudit import audit, triton_kernel
-from gradaudit.audit import PendingStats
-from gradaudit.kernels import Engine
-from gradaudit.stats import HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit import audit
+from gradaudit.engine import triton_kernel
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.stats import HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit.scan.pending import PendingStats
 from tests.reference import reference_stats
 from tests.test_native import flat_tensors
 from tests.test_stats import assert_matches_reference
@@ -169,7 +170,7 @@ def test_auto_uses_triton_for_cuda_tensors_only() -> None:
 def test_triton_engine_without_triton_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gradaudit.stats import EngineUnavailable
+    from gradaudit.engine.stats import EngineUnavailable
 
     monkeypatch.setattr(triton_kernel, "installed", lambda: False)
     assert not uses_triton(Engine.AUTO)
@@ -195,7 +196,7 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
 ) -> None:
     """No C compiler for Triton's launcher, say: auto's numbers come from eager instead,
     and the failure is remembered for the process: the next collector does not try again."""
-    monkeypatch.setattr("gradaudit.native._module", None)  # auto -> eager on the CPU
+    monkeypatch.setattr("gradaudit.engine.native._module", None)  # auto -> eager on the CPU
     tries: list[int] = []
 
     def broken() -> object:
@@ -227,7 +228,7 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
 def test_triton_by_name_that_cannot_compile_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gradaudit.stats import EngineUnavailable
+    from gradaudit.engine.stats import EngineUnavailable
 
     monkeypatch.setattr(triton_kernel, "_kernels", _broken_kernel)
     collector = StatsCollector(engine="triton")

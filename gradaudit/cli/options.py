@@ -2,7 +2,7 @@
 
 A command declares them with these ``Annotated`` aliases (defaults are
 ``None`` so a flag that was not given never hides the config file's value) and
-turns the values into :class:`~gradaudit.config.Settings` with
+turns the values into :class:`~gradaudit.cli.config.Settings` with
 :func:`settings_from_flags`::
 
     @app.command()
@@ -31,8 +31,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gradaudit.config import KEYS, SettingError, Settings, parse_setting, resolve
-from gradaudit.engine_options import Engine
+from gradaudit.cli.config import KEYS, SettingError, Settings, parse_setting, resolve
+from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_FAIL_ON, FAIL_ON_WORDS
 from gradaudit.report import OutputFormat

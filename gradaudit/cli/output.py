@@ -15,17 +15,17 @@ from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from gradaudit.checks import exit_code
 from gradaudit.cli.app import output_width, say, use_color
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import Comparison
-from gradaudit.config import Settings
+from gradaudit.cli.config import Settings
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import Comparison
 from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
+from gradaudit.scan.judge import exit_code
 
 
 def check_output_path(

@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from gradaudit.checks import exit_code
 from gradaudit.cli.app import (
     EXIT_CODES_HELP,
     app,
@@ -35,12 +34,13 @@ from gradaudit.cli.options import (
 from gradaudit.cli.output import check_output_path, emit_report, render_options, write_stdout
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
-from gradaudit.engine_options import DEFAULT_MEMORY_BUDGET, Engine
+from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine
 from gradaudit.errors import ExitCode, UsageError
 from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
 from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.results import Report
+from gradaudit.scan.judge import exit_code
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -144,8 +144,8 @@ def scan(
     with exit_codes(debug):
         # The scan core imports torch (~1.2 s): only here, so that --help, --version and
         # shell completion start in a fraction of that.
-        from gradaudit.audit import scan_paths
-        from gradaudit.distributed import scan_under_torchrun, torchrun_env
+        from gradaudit.scan.pending import scan_paths
+        from gradaudit.training.distributed import scan_under_torchrun, torchrun_env
 
         settings = settings_from_flags(
             config,

@@ -17,14 +17,14 @@ from gradaudit.cli.visuals import (
     group_by_option,
     write_trend_plot,
 )
-from gradaudit.engine_options import Engine
+from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, PolicyError, check_kind, parse_kinds
 from gradaudit.precision import Precision
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.text import printable
 from gradaudit.report.trend_report import TrendFormat
-from gradaudit.trend import (
+from gradaudit.trend.builder import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_TREND_FAIL_ON,
     TrendKind,

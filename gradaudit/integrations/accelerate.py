@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradaudit.monitor import GradientMonitor, MonitorRecord
+from gradaudit.training.monitor import GradientMonitor, MonitorRecord
 
 __all__ = ["accelerate_step"]
 

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 from gradaudit.integrations.scalars import record_scalars
-from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 from gradaudit.policy import Thresholds
+from gradaudit.training.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments

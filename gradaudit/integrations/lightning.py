@@ -23,8 +23,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 from gradaudit.policy import Thresholds
+from gradaudit.training.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
 
 __all__ = ["GradauditCallback"]
 

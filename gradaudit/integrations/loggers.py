@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.monitor import MonitorRecord
+from gradaudit.training.monitor import MonitorRecord
 
 __all__ = ["ScalarLogger", "TensorBoardLogger", "WandbLogger", "log_record"]
 

@@ -16,7 +16,7 @@ Everything here reads the host copy the monitor already made: no device access.
 
 from __future__ import annotations
 
-from gradaudit.monitor import MonitorRecord
+from gradaudit.training.monitor import MonitorRecord
 
 #: The prefix of every key.
 PREFIX = "gradaudit"

@@ -104,7 +104,7 @@ class TensorSource(Protocol):
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         """Yield CPU tensors, one at a time, never all at once.
 
-        The collector moves each to the audit device (:mod:`gradaudit.staging`
+        The collector moves each to the audit device (:mod:`gradaudit.engine.staging`
         overlaps that copy with reading the next tensor).
 
         A name that ``select`` rejects is yielded as :class:`Excluded` before its data

@@ -6,7 +6,7 @@ lists every tensor of the state dict by its fully qualified name (``model.layers
 (one per rank holding a shard), and ``__R_K.distcp`` files holding each chunk as a
 ``torch.save`` record at a byte offset. This reader needs no process group and never
 assembles a tensor: each chunk is loaded on its own, reduced to a stats row, and the rows
-merge with the engine's rule (:meth:`gradaudit.audit.PendingStats.add_pieces`). Memory is
+merge with the engine's rule (:meth:`gradaudit.scan.pending.PendingStats.add_pieces`). Memory is
 bounded by the largest chunk, not the largest tensor or the state dict.
 
 Safety, in the order it is checked:

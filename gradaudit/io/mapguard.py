@@ -2,7 +2,7 @@
 
 Readers map their files (zero copies); when a file is truncated under a map, a read of
 a page past its new end raises SIGBUS, whose default action kills the process without
-a word. The C helper ``gradaudit._mapguard`` installs a SIGBUS handler that, for an
+a word. The C helper ``gradaudit.io._mapguard`` installs a SIGBUS handler that, for an
 address inside a range registered here, maps zero pages over the rest of that range and
 sets the range's flag, so every reader (the native kernel's threads, torch's, zlib's)
 simply carries on. :meth:`MapGuard.changed` is asked before the file's results are
@@ -35,7 +35,7 @@ CHANGED = (
 
 def _load() -> ModuleType | None:
     try:
-        from gradaudit import _mapguard  # type: ignore[attr-defined]
+        from gradaudit.io import _mapguard  # type: ignore[attr-defined]
     except ImportError:
         return None
     module: ModuleType = _mapguard

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradaudit.engine.stats import hides_values
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.safetensors_header import show
 from gradaudit.policy import Role
@@ -52,7 +53,6 @@ from gradaudit.roles import (
     TensorHint,
     container_hint,
 )
-from gradaudit.stats import hides_values
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
 ROOT_NAME = "<root>"

@@ -13,6 +13,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
+from gradaudit.engine.stats import dtype_skip_reason, hides_values
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
@@ -25,7 +26,6 @@ from gradaudit.io.safetensors_header import (
     read_header_open,
 )
 from gradaudit.results import Skipped
-from gradaudit.stats import dtype_skip_reason, hides_values
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
 TORCH_DTYPES: dict[str, torch.dtype] = {

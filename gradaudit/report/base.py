@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gradaudit.comparison import Comparison
+from gradaudit.compare.model import Comparison
 from gradaudit.results import Report
 
 #: Rows shown by default in the table: the flagged tensors plus this many of the largest norms.

@@ -12,7 +12,7 @@ leaves it out).
 
 from __future__ import annotations
 
-from gradaudit.comparison import CompareFinding, Comparison
+from gradaudit.compare.model import CompareFinding, Comparison
 from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (

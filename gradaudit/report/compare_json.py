@@ -15,8 +15,8 @@ from importlib import resources
 from typing import Any
 
 from gradaudit import __version__
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import (
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import (
     ComparePolicy,
     Comparison,
     DualGradientStats,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from gradaudit._compat import assert_never
-from gradaudit.comparison import CompareFindingKind, Comparison, SideStats
+from gradaudit.compare.model import CompareFindingKind, Comparison, SideStats
 from gradaudit.policy import Severity
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.compare_text import (

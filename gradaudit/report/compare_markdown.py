@@ -14,8 +14,8 @@ unless ``--all`` is given.
 
 from __future__ import annotations
 
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import (
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import (
     CompareFinding,
     Comparison,
     Mismatch,

@@ -16,8 +16,8 @@ import io
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.compare_checks import comparison_exit_code
-from gradaudit.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
+from gradaudit.compare.checks import comparison_exit_code
+from gradaudit.compare.model import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged

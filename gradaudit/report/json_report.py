@@ -14,7 +14,6 @@ from importlib import resources
 from typing import Any
 
 from gradaudit import __version__
-from gradaudit.checks import exit_code
 from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.verdict import findings_by_tensor
@@ -26,6 +25,7 @@ from gradaudit.results import (
     Report,
     TensorStats,
 )
+from gradaudit.scan.judge import exit_code
 
 #: Bumped whenever a field changes meaning or disappears; adding a field keeps it.
 #: The document is described by ``gradaudit/schema/report.schema.json``.

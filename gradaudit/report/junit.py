@@ -15,13 +15,13 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.text import plural, printable
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Finding, LimitFinding, Report
+from gradaudit.scan.judge import exit_code
 
 #: Suite name for tensors audited from memory (no input file).
 IN_MEMORY_SUITE = "gradaudit"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 
-from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import audited_line, flagged_tensors, unaudited, verdict_line
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
+from gradaudit.scan.judge import exit_code
 
 #: Flagged rows shown without ``--all``.
 

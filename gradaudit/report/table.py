@@ -13,7 +13,6 @@ import io
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions, more_flagged
@@ -37,6 +36,7 @@ from gradaudit.report.verdict import (
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
+from gradaudit.scan.judge import exit_code
 
 _STATUS_ORDER = tuple(FindingKind)
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}

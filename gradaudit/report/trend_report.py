@@ -40,7 +40,7 @@ from gradaudit.report.fit import (
 )
 from gradaudit.report.json_report import encode_float
 from gradaudit.report.text import layer_label, number, plural, printable
-from gradaudit.trend import (
+from gradaudit.trend.builder import (
     MIN_COLLAPSE_STEPS,
     MIN_SPIKE_HISTORY,
     LayerTrend,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-from gradaudit.checks import exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Role
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, Skipped, TensorStats
+from gradaudit.scan.judge import exit_code
 
 #: Short role names for table cells.
 ROLE_LABELS: dict[Role, str] = {

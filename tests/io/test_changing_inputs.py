@@ -24,7 +24,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.io import mapguard
 
 needs_guard = pytest.mark.skipif(
-    not mapguard.available(), reason="the SIGBUS guard (gradaudit._mapguard) is not built"
+    not mapguard.available(), reason="the SIGBUS guard (gradaudit.io._mapguard) is not built"
 )
 
 #: Runs the CLI with one reader wrapped so that it truncates its file to one page once

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradaudit import audit, native, scan_paths
+from gradaudit import audit, scan_paths
+from gradaudit.engine import native
 from gradaudit.io.base import TensorRun
 from gradaudit.io.safetensors_source import SafetensorsSource
 from tests.hostile import raw_safetensors

@@ -1,4 +1,4 @@
-"""The single-pass CPU kernel (``gradaudit/_native.c``), when it was built.
+"""The single-pass CPU kernel (``gradaudit/engine/_native.c``), when it was built.
 
 It reads each element once and writes the engine's stats row straight into a
 float64 tensor, for contiguous CPU tensors of every audited dtype (float32,
@@ -24,7 +24,7 @@ _ABI = 2
 
 def _load() -> ModuleType | None:
     try:
-        from gradaudit import _native  # type: ignore[attr-defined]
+        from gradaudit.engine import _native  # type: ignore[attr-defined]
     except ImportError:
         return None
     if getattr(_native, "ABI", None) != _ABI:

@@ -1,4 +1,4 @@
-"""The Triton source of the single-pass kernels (see :mod:`gradaudit.triton_kernel`).
+"""The Triton source of the single-pass kernels (see :mod:`gradaudit.engine.triton_kernel`).
 
 A module of its own, imported on first use only (importing it imports Triton,
 and ``triton.jit`` reads ``TRITON_INTERPRET`` then). The kernels are at module

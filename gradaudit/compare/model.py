@@ -3,7 +3,7 @@
 Kept out of ``results.py`` on purpose: these types build on the audit results
 (a :class:`Comparison` holds the :class:`~gradaudit.results.Report` of both sides)
 but nothing in a scan needs them, so the dependency runs one way only. The logic
-that fills them lives in ``compare.py``; this module is data plus the small
+that fills them lives in ``compare/api.py``; this module is data plus the small
 arithmetic that defines the ratios, so that the formula exists exactly once.
 """
 

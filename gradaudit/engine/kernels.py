@@ -5,7 +5,7 @@ or one chunk of a large tensor (``m == 1``). Two kernels compute the same
 thing: the eager one is the reference and runs on every device, the compiled
 one fuses every statistic into one pass with ``torch.compile``.
 
-On the CPU both lose to the native single-pass kernel (:mod:`gradaudit.native`,
+On the CPU both lose to the native single-pass kernel (:mod:`gradaudit.engine.native`,
 which does not take blocks: it reads tensors in place). Measured on the 2-core
 CPU this project targets (see ``benchmarks/``), the compiled kernel is not
 faster than the cache-aware eager one and costs seconds of compilation, so
@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from gradaudit.devices import stream_key
-from gradaudit.engine_options import Engine as Engine  # where the torch side finds it
+from gradaudit.engine.devices import stream_key
+from gradaudit.engine.options import Engine as Engine  # where the torch side finds it
 
 INF = math.inf
 
@@ -201,7 +201,7 @@ def collect_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     the whole collection fused into their compiled step. Each tensor is one
     row (no chunking, no buckets): under ``torch.compile`` the reductions
     stream without temporaries, eagerly they would not — use the
-    :class:`~gradaudit.stats.StatsCollector` there.
+    :class:`~gradaudit.engine.stats.StatsCollector` there.
     """
     rows = []
     for tensor in tensors:

@@ -27,15 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradaudit.audit import PendingEntry, PendingStats
-from gradaudit.dtensor import is_dtensor
-from gradaudit.errors import InputError, UsageError
-from gradaudit.kernels import Engine
-from gradaudit.policy import Thresholds
-from gradaudit.results import InputProblem, Report, Skipped
-from gradaudit.roles import FileEvidence
-from gradaudit.selection import NameFilter
-from gradaudit.stats import (
+from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     MAX_ABS,
     NAN,
@@ -53,6 +47,12 @@ from gradaudit.stats import (
     merge_rows,
     not_audited_reason,
 )
+from gradaudit.errors import InputError, UsageError
+from gradaudit.policy import Thresholds
+from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.roles import FileEvidence
+from gradaudit.scan.pending import PendingEntry, PendingStats
+from gradaudit.selection import NameFilter
 
 __all__ = [
     "TorchrunEnv",

@@ -5,7 +5,7 @@ queues the device work for every gradient and returns a :class:`PendingStats`
 without reading anything back, so the loop never waits for the device.
 Gradients that are ``DTensor`` shards (FSDP2, tensor parallel), or plain
 tensors with a process group passed, are combined across ranks by
-:mod:`gradaudit.distributed`.
+:mod:`gradaudit.training.distributed`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
-from gradaudit.audit import PendingStats
-from gradaudit.dtensor import is_dtensor
-from gradaudit.stats import StatsCollector
+from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.stats import StatsCollector
+from gradaudit.scan.pending import PendingStats
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -123,7 +123,7 @@ def collect_gradients(
     """
     named = list(gradients)
     if group is not None or any(is_dtensor(grad) for _, grad in named):
-        from gradaudit.distributed import collect_sharded
+        from gradaudit.training.distributed import collect_sharded
 
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())

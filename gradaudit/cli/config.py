@@ -40,14 +40,14 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from gradaudit._compat import tomllib
-from gradaudit.comparison import (
+from gradaudit.compare.model import (
     DEFAULT_MAX_CHANGE,
     ComparePolicy,
     check_max_change,
     check_max_ratio,
     check_min_ratio,
 )
-from gradaudit.engine_options import Engine
+from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import (
     DEFAULT_EXPLODING_THRESHOLD,

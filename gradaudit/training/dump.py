@@ -10,9 +10,9 @@ from typing import TypeAlias, cast
 
 import torch
 
-from gradaudit.dtensor import is_dtensor
+from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.io.safetensors_writer import build_header, layout_order, write_safetensors
-from gradaudit.module import ParametersInput, named_gradients
+from gradaudit.training.gradients import ParametersInput, named_gradients
 
 __all__ = ["DUMP_SUFFIX", "RESERVED_METADATA", "DumpInput", "dump_metadata", "save_gradients"]
 

@@ -2,7 +2,7 @@
 
 ``monitor.step()`` goes between ``backward()`` and ``optimizer.step()``. On a
 collecting step it queues the stats of every gradient on the device
-(:func:`~gradaudit.module.collect_gradients`) and starts their copy to the host
+(:func:`~gradaudit.training.gradients.collect_gradients`) and starts their copy to the host
 (:meth:`PendingStats.prefetch`); the report is built at the next call, when the
 copy has long finished, so the loop never waits for the current step's work.
 
@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Literal, cast, get_args
 
 import torch
 
-from gradaudit.dtensor import is_dtensor
-from gradaudit.dump import save_gradients
+from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.stats import StatsCollector
 from gradaudit.errors import NonFiniteGradientError, NonFiniteGradientWarning
-from gradaudit.locate import Location, NanLocator
-from gradaudit.module import ParametersInput, collect_gradients, named_gradients
 from gradaudit.policy import Thresholds
 from gradaudit.results import Report
-from gradaudit.stats import StatsCollector
+from gradaudit.training.dump import save_gradients
+from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
+from gradaudit.training.locate import Location, NanLocator
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from gradaudit.audit import PendingStats
+    from gradaudit.scan.pending import PendingStats
 
 __all__ = ["GradientMonitor", "MonitorRecord", "NonFiniteAction"]
 
@@ -76,7 +76,7 @@ class MonitorRecord:
 
     @property
     def gradient_health(self) -> float:
-        """One number in [0, 1] for dashboards (:func:`gradaudit.checks.gradient_health`)."""
+        """One number in [0, 1] for dashboards (:func:`gradaudit.scan.judge.gradient_health`)."""
         return self.report.summary.gradient_health
 
     @property

@@ -19,18 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradaudit.checks import (
-    evaluate_all,
-    evaluate_limits,
-    evaluate_optimizer_state,
-    evaluate_skipped,
-    find_outliers,
-    gradient_health,
-)
-from gradaudit.devices import resolve_device
-from gradaudit.dtensor import is_dtensor
+from gradaudit.engine.devices import resolve_device
+from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.staging import CudaChannel, HostToDevice
 from gradaudit.errors import InputError
-from gradaudit.kernels import Engine
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import (
@@ -54,15 +47,22 @@ from gradaudit.roles import (
     metadata_evidence,
     stats_evidence,
 )
+from gradaudit.scan.judge import (
+    evaluate_all,
+    evaluate_limits,
+    evaluate_optimizer_state,
+    evaluate_skipped,
+    find_outliers,
+    gradient_health,
+)
 from gradaudit.selection import NameFilter
-from gradaudit.staging import CudaChannel, HostToDevice
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
     from gradaudit.io.discover import Expanded
     from gradaudit.precision import ExponentHistogram
 
-from gradaudit.stats import (
+from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     DEFAULT_MEMORY_BUDGET,
     MAX_ABS,
@@ -288,7 +288,7 @@ class PendingStats:
         if is_dtensor(tensor):
             raise TypeError(
                 f"{name!r} is a DTensor: its stats need its shards on every rank; use "
-                "gradaudit.collect_module (or gradaudit.distributed.collect_sharded)"
+                "gradaudit.collect_module (or gradaudit.training.distributed.collect_sharded)"
             )
         # Per-tensor costs add up with 100,000 tiny tensors (each line here was
         # measured): the skip reason is only worked out for a tensor that has one,
@@ -309,7 +309,7 @@ class PendingStats:
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
         if self.histograms:
-            from gradaudit.precision_kernel import exponent_histogram
+            from gradaudit.engine.histogram import exponent_histogram
 
             # A derived row (a second moment's sum, a step) is not a tensor of the file.
             derived = hint is not None and hint.aux is not None

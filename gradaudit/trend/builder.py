@@ -5,7 +5,7 @@ steps together shows where it began: which layer's norm spiked first, at which
 step the first NaN/Inf appeared and in which tensor, which layer died.
 
 The pass is streaming: dumps are ordered by their step from the headers alone,
-then audited one at a time with :func:`gradaudit.audit.scan_paths` (one host
+then audited one at a time with :func:`gradaudit.scan.pending.scan_paths` (one host
 read each). Only per-layer numbers are kept between dumps (a few floats per
 layer and step), never a tensor, so memory does not grow with the dumps' size.
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from gradaudit.engine_options import Engine
+from gradaudit.engine.options import Engine
 from gradaudit.errors import ExitCode, InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
@@ -110,7 +110,7 @@ class StepResult:
     global_norm: float | None
     #: Tensors holding at least one NaN or ±Inf.
     nonfinite_tensors: int
-    #: :func:`gradaudit.checks.gradient_health` of the dump, judged by the trend's thresholds.
+    #: :func:`gradaudit.scan.judge.gradient_health` of the dump, judged by the trend's thresholds.
     gradient_health: float = 1.0
     #: What the dump was read as (:mod:`gradaudit.roles`).
     read_as: str = "gradients"
@@ -517,7 +517,7 @@ def trend_paths(
     """
     # The scan core imports torch; the rest of this module (the report, the
     # policy) is pure Python that the CLI imports at start-up.
-    from gradaudit.audit import scan_paths
+    from gradaudit.scan.pending import scan_paths
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()

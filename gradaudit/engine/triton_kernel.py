@@ -10,10 +10,10 @@ Launching per tensor would cost more on the host than the GPU takes to read
 the tensor (a launch and a merge are tens of microseconds; an H100 reads a
 4 MiB gradient in about 1.3 µs). So tensors are not launched one by one:
 a :class:`TritonBatch` gathers every tensor of one device until the
-collector settles, then one :func:`~gradaudit._triton_rows.table_rows`
+collector settles, then one :func:`~gradaudit.engine._triton_rows.table_rows`
 launch per dtype reduces all of them, reading a table of (first program,
 element offset, length, span) rows, and one
-:func:`~gradaudit._triton_rows.merge_partials` launch merges every tensor's
+:func:`~gradaudit.engine._triton_rows.merge_partials` launch merges every tensor's
 partial rows into its stats row (the multi-tensor-apply pattern of
 ``torch._foreach_*``). The host work per tensor is a few integer
 operations and appends; ``benchmarks/bench_gpu.py`` measures it.
@@ -60,7 +60,7 @@ KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 DTYPES = frozenset(KINDS)
 #: Bytes one 128-bit load takes: offsets are aligned to this many bytes.
 VECTOR_BYTES = 16
-#: Columns of a table row (see :mod:`gradaudit._triton_rows`).
+#: Columns of a table row (see :mod:`gradaudit.engine._triton_rows`).
 TABLE_WIDTH = 4
 
 
@@ -203,7 +203,7 @@ def mark_warm(device: torch.device) -> None:
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The Triton functions, imported once (after ``TRITON_INTERPRET`` is known)."""
-    from gradaudit._triton_rows import merge_partials, table_rows
+    from gradaudit.engine._triton_rows import merge_partials, table_rows
 
     return table_rows, merge_partials
 

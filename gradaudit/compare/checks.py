@@ -1,6 +1,6 @@
 """Host side, pure Python: per-parameter A vs B, comparison findings, exit code.
 
-The comparison counterpart of ``checks.py``: plain numbers and a policy in,
+The comparison counterpart of ``scan/judge.py``: plain numbers and a policy in,
 results out; no torch, no files, no terminal.
 """
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from gradaudit.checks import exit_code
-from gradaudit.comparison import (
+from gradaudit.compare.model import (
     CompareFinding,
     CompareFindingKind,
     ComparePolicy,
@@ -24,6 +23,7 @@ from gradaudit.comparison import (
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.results import TensorStats
+from gradaudit.scan.judge import exit_code
 
 
 def compare_tensors(

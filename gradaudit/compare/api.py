@@ -1,12 +1,12 @@
 """Host vs seed gradient intensity, and A vs B per parameter.
 
-Both sides are collected into ONE :class:`~gradaudit.audit.PendingStats`, each
+Both sides are collected into ONE :class:`~gradaudit.scan.pending.PendingStats`, each
 tensor labelled with its side (``"host"`` / ``"seed"``) as its ``source``, and
 materialised once: a single device->host read for both sides together. The
 per-source merge that a scan does per file (the overflow-safe ``merge_rows``)
 then gives each side's global norm. Everything after that read is host-side
-arithmetic on plain numbers (``comparison.py`` for the ratios,
-``compare_checks.py`` for the per-parameter table and the findings). Never
+arithmetic on plain numbers (``compare/model.py`` for the ratios,
+``compare/checks.py`` for the per-parameter table and the findings). Never
 prints, never exits.
 """
 
@@ -20,9 +20,8 @@ from pathlib import Path
 
 import torch
 
-from gradaudit.audit import PendingStats, TensorInput
-from gradaudit.compare_checks import compare_tensors, comparison_findings
-from gradaudit.comparison import (
+from gradaudit.compare.checks import compare_tensors, comparison_findings
+from gradaudit.compare.model import (
     HOST,
     SEED,
     ComparePolicy,
@@ -30,11 +29,12 @@ from gradaudit.comparison import (
     DualGradientStats,
     SideStats,
 )
+from gradaudit.engine.kernels import Engine
 from gradaudit.errors import InputError, UsageError
-from gradaudit.kernels import Engine
 from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
 from gradaudit.roles import TensorHint
+from gradaudit.scan.pending import PendingStats, TensorInput
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).

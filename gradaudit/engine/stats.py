@@ -23,13 +23,13 @@ The merge rule (:func:`merge_rows`) combines rows of chunks into a tensor,
 tensors into a file or a whole scan, and shards and ranks: counts add, maxima
 take the max, and sums of squares add after rescaling to the largest scale.
 
-How the work is cut (the kernels live in :mod:`gradaudit.kernels`)
+How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 ------------------------------------------------------------------
-* With the native engine (:mod:`gradaudit.native`, what ``auto`` picks on the
+* With the native engine (:mod:`gradaudit.engine.native`, what ``auto`` picks on the
   CPU), contiguous CPU tensors are not cut at all: they are referenced in a
   batch and reduced in place by one call that splits the batch's bytes
   between threads.
-* With the Triton kernel (:mod:`gradaudit.triton_kernel`, what ``auto``
+* With the Triton kernel (:mod:`gradaudit.engine.triton_kernel`, what ``auto``
   picks for CUDA tensors), contiguous float32/16/bf16 tensors of any size
   are not cut or copied either: they wait, referenced, until the collector
   settles, and then every tensor of one dtype on one device is reduced by
@@ -58,11 +58,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradaudit import native, triton_kernel
-from gradaudit.devices import stream_key
-from gradaudit.engine_options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
+from gradaudit.engine import native, triton_kernel
+from gradaudit.engine.devices import stream_key
+from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import UsageError
-from gradaudit.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 
 NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
 ROW_WIDTH = 7
@@ -102,7 +102,7 @@ FLOAT8_DTYPES: frozenset[torch.dtype] = frozenset(
 )
 
 #: Complex dtypes: audited through the float64 modulus of each element
-#: (:func:`~gradaudit.kernels.complex_magnitudes`), NaN/Inf in either part counting.
+#: (:func:`~gradaudit.engine.kernels.complex_magnitudes`), NaN/Inf in either part counting.
 COMPLEX_DTYPES: frozenset[torch.dtype] = frozenset(
     {torch.complex32, torch.complex64, torch.complex128}
 )
@@ -478,7 +478,7 @@ class StatsCollector:
         """Triton compiles on first use and needs a C compiler and a supported GPU.
 
         Whatever stops it is remembered for the whole process
-        (:func:`~gradaudit.triton_kernel.failure`): ``auto`` goes on with the
+        (:func:`~gradaudit.engine.triton_kernel.failure`): ``auto`` goes on with the
         eager kernel and never tries again, ``triton`` asked for by name is a
         usage error.
         """

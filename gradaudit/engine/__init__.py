@@ -1,0 +1,18 @@
+"""The device side: tensors in, stats rows out, read back to the host once.
+
+``stats`` holds the stats row (its slots, the merge rule, the one host read)
+and the collector that buckets and chunks tensors; the kernels that compute a
+row are ``kernels`` (eager and ``torch.compile``), ``native`` (the C kernel in
+``_native.c``) and ``triton_kernel`` (``_triton_rows``); ``staging`` overlaps
+host-to-device copies, ``devices`` resolves ``--device``, ``histogram`` is the
+opt-in exponent histogram. ``options`` is the only module here without torch:
+the CLI declares ``--engine`` and ``--max-memory`` with it at start-up, so this
+``__init__`` imports nothing.
+"""
+
+from typing import TYPE_CHECKING
+
+from gradaudit import _submodules
+
+if not TYPE_CHECKING:  # ``gradaudit.engine.<module>`` without importing it first
+    __getattr__ = _submodules(__name__)

@@ -1,0 +1,14 @@
+"""Files or tensors in, a :class:`~gradaudit.results.Report` out.
+
+``pending`` collects named tensors on the device (nothing read back) and reads
+the files a scan is given; ``judge`` turns the stats read back into findings
+and a report into an exit code, in pure Python. This ``__init__`` imports
+nothing: ``judge`` is on the CLI's start-up path, which must not import torch.
+"""
+
+from typing import TYPE_CHECKING
+
+from gradaudit import _submodules
+
+if not TYPE_CHECKING:  # ``gradaudit.scan.<module>`` without importing it first
+    __getattr__ = _submodules(__name__)
