@@ -214,11 +214,15 @@ def _torch_free_script() -> str:
     """
     return "\n".join(
         [
-            "import array, ctypes, importlib.util, mmap, sys",
+            "import array, ctypes, importlib.util, mmap, os, sys",
             "import gradaudit.cli.app",
             "from gradaudit.engine import _native",
             # gradaudit.io's __init__ imports the torch readers: load the header
-            # validator (pure Python) on its own.
+            # validator (pure Python) on its own, after the file helpers it imports.
+            "path = os.path.join(os.path.dirname(sys.argv[2]), 'files.py')",
+            "spec = importlib.util.spec_from_file_location('gradaudit.io.files', path)",
+            "files = sys.modules['gradaudit.io.files'] = importlib.util.module_from_spec(spec)",
+            "spec.loader.exec_module(files)",
             "spec = importlib.util.spec_from_file_location('header', sys.argv[2])",
             "module = sys.modules['header'] = importlib.util.module_from_spec(spec)",
             "spec.loader.exec_module(module)",

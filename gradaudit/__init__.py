@@ -6,7 +6,8 @@ device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
 and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
 dataclasses. Inside a training loop: :func:`collect_module`,
 :func:`save_gradients` and :class:`GradientMonitor`; across ranks:
-:mod:`gradaudit.training.distributed`.
+:mod:`gradaudit.training.distributed` (sharded gradients) and
+:mod:`gradaudit.scan.distributed` (a scan split across a torchrun job).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         ParameterComparison,
         SideStats,
     )
+    from gradaudit.engine.options import EngineOptions
     from gradaudit.errors import (
         ExitCode,
         GradauditError,
@@ -64,9 +66,10 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         Summary,
         TensorStats,
     )
+    from gradaudit.scan.distributed import scan_paths_distributed
     from gradaudit.scan.judge import exit_code
-    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async, scan_paths
-    from gradaudit.training.distributed import scan_paths_distributed
+    from gradaudit.scan.paths import scan_paths
+    from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async
     from gradaudit.training.dump import save_gradients
     from gradaudit.training.gradients import collect_module, named_gradients
     from gradaudit.training.locate import Location, NanLocator
@@ -85,7 +88,7 @@ _LAZY: dict[str, str] = {
     "PendingStats": "gradaudit.scan.pending",
     "audit": "gradaudit.scan.pending",
     "collect_async": "gradaudit.scan.pending",
-    "scan_paths": "gradaudit.scan.pending",
+    "scan_paths": "gradaudit.scan.paths",
     "exit_code": "gradaudit.scan.judge",
     "CompareInput": "gradaudit.compare.api",
     "compare": "gradaudit.compare.api",
@@ -102,8 +105,9 @@ _LAZY: dict[str, str] = {
     "ParameterChange": "gradaudit.compare.model",
     "ParameterComparison": "gradaudit.compare.model",
     "SideStats": "gradaudit.compare.model",
-    "scan_paths_distributed": "gradaudit.training.distributed",
+    "scan_paths_distributed": "gradaudit.scan.distributed",
     "save_gradients": "gradaudit.training.dump",
+    "EngineOptions": "gradaudit.engine.options",
     "ExitCode": "gradaudit.errors",
     "GradauditError": "gradaudit.errors",
     "InputError": "gradaudit.errors",
@@ -190,6 +194,7 @@ __all__ = [
     "ComparePolicy",
     "Comparison",
     "DualGradientStats",
+    "EngineOptions",
     "ExitCode",
     "FileResult",
     "Finding",

@@ -31,11 +31,13 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
+
+if TYPE_CHECKING:  # judging roles needs no torch: only a hint's step tensor is one
+    import torch
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {

@@ -216,7 +216,7 @@ def test_internal_error_exits_4_with_a_hint(
         raise RuntimeError("simulated bug")
 
     # scan imports the core when it runs; patch where it looks the function up
-    monkeypatch.setattr(importlib.import_module("gradaudit.scan.pending"), "scan_paths", boom)
+    monkeypatch.setattr(importlib.import_module("gradaudit.scan.paths"), "scan_paths", boom)
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr

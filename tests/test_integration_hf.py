@@ -157,3 +157,16 @@ def test_nan_in_the_default_mode_warns_one_step_late_and_training_goes_on(
     assert trainer.state.global_step == STEPS  # training went on
     row = next(r for r in _train_logs(trainer) if r.get("gradaudit/stats_step") == 2)
     assert row["gradaudit/nonfinite_tensors"] == len(steps[2].nonfinite)
+
+
+def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path) -> None:
+    from gradaudit.integrations.hf import GradauditCallback
+
+    callback = GradauditCallback(every=1, sync=True, dump_dir=None, locate="always")
+    _trainer(tmp_path, callback).train()
+    assert callback.monitor is not None
+    assert [step for step, _ in callback.monitor.locations] == list(range(1, STEPS + 1))
+    with pytest.raises(ValueError, match="locate_every"):
+        GradauditCallback(locate_every=0)
+    with pytest.raises(TypeError):
+        GradauditCallback(evry=1)  # type: ignore[call-arg]

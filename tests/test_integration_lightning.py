@@ -191,3 +191,19 @@ def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
             assert a.global_norm == pytest.approx(norm_a, rel=1e-6)
     keys = set().union(*(row.keys() for row in _metrics(tmp_path)))
     assert {"gradaudit/optimizer_0/global_norm", "gradaudit/optimizer_1/global_norm"} <= keys
+
+
+def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path) -> None:
+    from gradaudit.integrations.lightning import GradauditCallback
+
+    callback = GradauditCallback(
+        every=1, sync=True, dump_dir=None, locate="always", on_nonfinite="ignore", history=2
+    )
+    _fit(tmp_path, _automatic(), callback)
+    (monitor,) = callback.monitors.values()
+    assert [step for step, _ in monitor.locations] == [STEPS - 2, STEPS - 1]
+    assert not any(location.found for _, location in monitor.locations)
+    with pytest.raises(ValueError, match="locate must be"):
+        GradauditCallback(locate="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        GradauditCallback(evry=1)  # type: ignore[call-arg]

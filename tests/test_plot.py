@@ -110,7 +110,7 @@ def test_missing_matplotlib_is_a_usage_error_before_any_work(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     called: list[object] = []
-    core = importlib.import_module("gradaudit.scan.pending")
+    core = importlib.import_module("gradaudit.scan.paths")
     monkeypatch.setattr(core, "scan_paths", lambda *a, **k: called.append(a))
     target = tmp_path / "flow.png"
     result = scan(str(write_dump({"w": torch.ones(2)})), "--plot", str(target))

@@ -92,7 +92,7 @@ import sys, types
 import gradaudit
 assert "torch" not in sys.modules, "import gradaudit imported torch"
 package = gradaudit.compare  # the name first: the package, which calls the function
-import gradaudit.scan.pending, gradaudit.compare.api  # then the submodules
+import gradaudit.scan.pending, gradaudit.scan.paths, gradaudit.compare.api  # then the submodules
 import gradaudit.compare as imported
 audit_module = sys.modules["gradaudit.scan.pending"]
 assert gradaudit.audit is audit_module.audit, gradaudit.audit
@@ -100,7 +100,7 @@ assert gradaudit.compare is package is imported is sys.modules["gradaudit.compar
 assert isinstance(package, types.ModuleType) and callable(package)
 from gradaudit import audit, compare, scan_paths
 assert audit is audit_module.audit and compare is package
-assert scan_paths is audit_module.scan_paths
+assert scan_paths is sys.modules["gradaudit.scan.paths"].scan_paths
 for name in gradaudit.__all__:
     value = getattr(gradaudit, name)
     assert not isinstance(value, types.ModuleType) or name == "compare", name

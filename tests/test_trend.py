@@ -116,7 +116,7 @@ def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
     import importlib
 
     # trend_paths imports the scan core when it runs (the CLI starts without torch)
-    core = importlib.import_module("gradaudit.scan.pending")
+    core = importlib.import_module("gradaudit.scan.paths")
     calls: list[list[str]] = []
     real = core.scan_paths
 

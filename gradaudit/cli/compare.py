@@ -32,7 +32,7 @@ from gradaudit.cli.options import (
 )
 from gradaudit.cli.output import check_output_path, emit_comparison
 from gradaudit.compare.model import DEFAULT_MAX_CHANGE
-from gradaudit.engine.options import Engine
+from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 
@@ -154,8 +154,10 @@ def compare(
             seed_prefix=seed_prefix,
             thresholds=thresholds,
             policy=policy,
-            device=settings.device or "auto",
-            engine=settings.engine or Engine.AUTO,
-            chunk_elements=chunk_elements,
+            options=EngineOptions(
+                device=settings.device or "auto",
+                chunk_elements=chunk_elements,
+                engine=settings.engine or Engine.AUTO,
+            ),
         )
         raise typer.Exit(int(emit_comparison(comparison, settings, show_all=show_all, top=top)))

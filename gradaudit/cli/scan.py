@@ -34,7 +34,7 @@ from gradaudit.cli.options import (
 from gradaudit.cli.output import check_output_path, emit_report, render_options, write_stdout
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
-from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine
+from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
 from gradaudit.errors import ExitCode, UsageError
 from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
 from gradaudit.report import OutputFormat
@@ -144,8 +144,8 @@ def scan(
     with exit_codes(debug):
         # The scan core imports torch (~1.2 s): only here, so that --help, --version and
         # shell completion start in a fraction of that.
-        from gradaudit.scan.pending import scan_paths
-        from gradaudit.training.distributed import scan_under_torchrun, torchrun_env
+        from gradaudit.scan.distributed import scan_under_torchrun, torchrun_env
+        from gradaudit.scan.paths import scan_paths
 
         settings = settings_from_flags(
             config,
@@ -187,26 +187,28 @@ def scan(
             raise UsageError(
                 "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
             )
+        engine_options = EngineOptions(
+            device=settings.device or "auto",
+            chunk_elements=chunk_elements,
+            engine=settings.engine or Engine.AUTO,
+            memory_budget=max_memory * 1024 * 1024,
+        )
         options: dict[str, Any] = {
             "thresholds": thresholds,
-            "chunk_elements": chunk_elements,
-            "engine": settings.engine or Engine.AUTO,
-            "memory_budget": max_memory * 1024 * 1024,
             "include": include or (),
             "exclude": exclude or (),
             "recursive": recursive,
+            "options": engine_options,
         }
         if precision is not None:
             options["histograms"] = True
         if job is not None:
-            report = scan_under_torchrun(paths, job, device=settings.device or "auto", **options)
+            report = scan_under_torchrun(paths, job, **options)
             if job.rank != 0:  # every rank has the report; rank 0 alone prints it
                 raise typer.Exit(int(exit_code(report)))
         else:
             with progress_bar(total, wants_progress(progress, machine, total)) as advance:
-                report = scan_paths(
-                    paths, device=settings.device or "auto", progress=advance, **options
-                )
+                report = scan_paths(paths, progress=advance, **options)
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
         verdict = emit_report(report, settings, show_all=show_all, top=top)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +29,11 @@ from gradaudit.compare.model import (
     SideStats,
 )
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choose
 from gradaudit.errors import InputError, UsageError
 from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
-from gradaudit.roles import TensorHint
+from gradaudit.scan.paths import read_file
 from gradaudit.scan.pending import PendingStats, TensorInput
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
@@ -68,6 +68,7 @@ def compare(
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Comparison:
     """Compare in-memory gradients: ``a`` is the host (A), ``b`` the seed (B).
 
@@ -75,7 +76,8 @@ def compare(
     element raises :class:`InputError` (exit code 3); every other edge case is a
     defined result (see :class:`DualGradientStats`).
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = PendingStats(options=options)
     sides = (_Side(HOST), _Side(SEED))
     for side, tensors in zip(sides, (a, b), strict=True):
         pending.add_file(side.label)
@@ -93,11 +95,11 @@ def dual_stats(
     thresholds: Thresholds | None = None,
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
+    options: EngineOptions | None = None,
 ) -> DualGradientStats:
     """Host and seed gradient norms, parameter counts and ratios, from one device->host read."""
-    return compare(
-        host, seed, thresholds=thresholds, device=device, chunk_elements=chunk_elements
-    ).dual
+    options = choose(options, EngineOptions(device, chunk_elements), IN_MEMORY)
+    return compare(host, seed, thresholds=thresholds, options=options).dual
 
 
 def compare_paths(
@@ -111,6 +113,7 @@ def compare_paths(
     device: torch.device | str | None = "auto",
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Comparison:
     """Compare two dumps, or the two prefixes of one dump (``seed_path=None``).
 
@@ -128,7 +131,8 @@ def compare_paths(
             raise UsageError("--host-prefix and --seed-prefix must differ")
     host = _Side(HOST, str(host_path), host_prefix)
     seed = _Side(SEED, str(host_path if seed_path is None else seed_path), seed_prefix)
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    keywords = EngineOptions(device, chunk_elements, engine)
+    pending = PendingStats(options=choose(options, keywords, FROM_FILES))
     errors: list[InputProblem] = []
     pending.add_file(HOST)
     pending.add_file(SEED)
@@ -146,40 +150,29 @@ def _read(
     errors: list[InputProblem],
 ) -> None:
     """Collect one file into its side(s); a file that fails half-way contributes nothing."""
-    from gradaudit.io import Excluded, open_source
-    from gradaudit.io.base import Pieces
-
     path = sides[0].path
     assert path is not None
-    routes = sorted(sides, key=lambda side: len(side.prefix or ""), reverse=True)
-    outside = _outside_reason(sides)
-    part = pending.child()
-    try:
-        reader = open_source(path)
-        hints: Mapping[str, TensorHint] = {}
-        for route in sides:
-            hints = part.read_hints(reader, route.label)
-        for item in reader.items():
-            if isinstance(item, Excluded):  # no selection is passed, so none come
-                continue
-            name = item.name if isinstance(item, Skipped | Pieces) else item[0]
-            side = next((s for s in routes if name.startswith(s.prefix or "")), None)
-            if side is None:
-                part.skip(Skipped(name, outside, sides[0].label if len(sides) == 1 else None))
-            elif isinstance(item, Skipped):
-                part.skip(dataclasses.replace(item, source=side.label))
-            elif isinstance(item, Pieces):
-                part.add_pieces(
-                    name, item.shape, item.dtype, item.load(), side.label, hints.get(name)
-                )
-            else:
-                part.queue_with_hint(name, item[1], side.label, hints.get(name))
-        part.settle()
-        reader.check_unchanged()  # every byte is read: a file that changed meanwhile is an error
-    except InputError as error:
-        errors.append(InputProblem(path, error.cause))
-        return
-    pending.absorb(part)
+    problem = read_file(pending, path, routing=_Routes(sides))
+    if problem is not None:
+        errors.append(problem)
+
+
+class _Routes:
+    """Each tensor of a file to its side: by name prefix, the longer prefix first.
+
+    The :class:`~gradaudit.scan.paths.Routing` of a compare; a name that matches no
+    side's prefix is skipped ("not compared").
+    """
+
+    def __init__(self, sides: tuple[_Side, ...]) -> None:
+        self.labels = tuple(side.label for side in sides)
+        self._routes = sorted(sides, key=lambda side: len(side.prefix or ""), reverse=True)
+        self._outside = _outside_reason(sides)
+        self._within = sides[0].label if len(sides) == 1 else None
+
+    def route(self, name: str) -> str | Skipped:
+        side = next((s for s in self._routes if name.startswith(s.prefix or "")), None)
+        return Skipped(name, self._outside, self._within) if side is None else side.label
 
 
 def _outside_reason(sides: tuple[_Side, ...]) -> str:

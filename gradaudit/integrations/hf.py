@@ -25,40 +25,33 @@ first (:meth:`GradauditCallback.attach`) so TensorBoard or W&B reporters see the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from transformers import TrainerCallback
 
 from gradaudit.integrations.scalars import record_scalars
-from gradaudit.policy import Thresholds
-from gradaudit.training.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+from gradaudit.training.monitor import GradientMonitor, MonitorOptions, MonitorRecord
 
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+    from typing_extensions import Unpack
 
 __all__ = ["GradauditCallback"]
 
 
 class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
-    """Gradient stats every ``every`` optimizer steps; options as :class:`GradientMonitor`'s.
+    """Gradient stats every ``every`` optimizer steps; ``options`` as :class:`GradientMonitor`'s.
+
+    Every monitor option (``every``, ``dump_dir``, ``on_nonfinite``, ``sync``,
+    ``locate``, …: :class:`~gradaudit.training.monitor.MonitorOptions`) is passed
+    through, with the monitor's defaults.
 
     ``per_layer`` adds one ``gradaudit/norm/<parameter>`` key per parameter to the logs.
     The monitor is :attr:`monitor` once training has begun.
     """
 
-    def __init__(
-        self,
-        *,
-        every: int = 100,
-        dump_dir: str | Path | None = "grad_dumps",
-        on_nonfinite: NonFiniteAction = "dump",
-        sync: bool = False,
-        history: int = 32,
-        max_dumps: int = 3,
-        thresholds: Thresholds | None = None,
-        per_layer: bool = False,
-    ) -> None:
+    def __init__(self, *, per_layer: bool = False, **options: Unpack[MonitorOptions]) -> None:
         if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
             import transformers
 
@@ -66,16 +59,8 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
                 f"transformers {transformers.__version__} has no on_pre_optimizer_step event "
                 "(added in 4.45): upgrade it, or call GradientMonitor.step() yourself"
             )
-        self._options: dict[str, Any] = {
-            "every": every,
-            "dump_dir": dump_dir,
-            "on_nonfinite": on_nonfinite,
-            "sync": sync,
-            "history": history,
-            "max_dumps": max_dumps,
-            "thresholds": thresholds,
-        }
-        GradientMonitor([], **self._options)  # the monitor's own checks, now, not at train()
+        self._options = options
+        GradientMonitor(torch.nn.Module(), **options)  # the monitor's own checks, now
         self.per_layer = per_layer
         self.monitor: GradientMonitor | None = None
         self._unlogged: MonitorRecord | None = None

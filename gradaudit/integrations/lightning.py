@@ -17,48 +17,39 @@ optimization alike (``self.optimizers().step()`` goes through it). So:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.policy import Thresholds
-from gradaudit.training.monitor import GradientMonitor, MonitorRecord, NonFiniteAction
+from gradaudit.training.monitor import GradientMonitor, MonitorOptions, MonitorRecord
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["GradauditCallback"]
 
 
 class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
-    """Gradient stats every ``every`` steps of each optimizer; options as the monitor's.
+    """Gradient stats every ``every`` steps of each optimizer; ``options`` as the monitor's.
+
+    Every :class:`~gradaudit.training.monitor.MonitorOptions` key is passed through
+    with the monitor's defaults. ``locate`` needs the module itself, so it works
+    with one optimizer (its monitor then watches ``pl_module``); with several it
+    is refused at the first step.
 
     ``per_layer`` logs one ``gradaudit/norm/<parameter>`` key per parameter too;
     ``log=False`` logs nothing (the records are in :attr:`monitors`' histories).
     """
 
     def __init__(
-        self,
-        *,
-        every: int = 100,
-        dump_dir: str | Path | None = "grad_dumps",
-        on_nonfinite: NonFiniteAction = "dump",
-        sync: bool = False,
-        history: int = 32,
-        max_dumps: int = 3,
-        thresholds: Thresholds | None = None,
-        per_layer: bool = False,
-        log: bool = True,
+        self, *, per_layer: bool = False, log: bool = True, **options: Unpack[MonitorOptions]
     ) -> None:
         super().__init__()
-        self._options: dict[str, Any] = {
-            "every": every,
-            "on_nonfinite": on_nonfinite,
-            "sync": sync,
-            "history": history,
-            "max_dumps": max_dumps,
-            "thresholds": thresholds,
-        }
-        GradientMonitor([], dump_dir=None, **self._options)  # its checks, now
+        dump_dir = options.pop("dump_dir", "grad_dumps")
+        self._options = options
+        self._monitor_over(torch.nn.Module(), None)  # the monitor's own checks, now
         self.dump_dir = None if dump_dir is None else Path(dump_dir)
         self.per_layer = per_layer
         self.log_metrics = log
@@ -87,11 +78,23 @@ class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
     ) -> GradientMonitor:
         """A monitor over the parameters ``optimizer`` updates, by their module names."""
         mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        params = [(n, p) for n, p in pl_module.named_parameters() if id(p) in mine]
+        model: Any = [(n, p) for n, p in pl_module.named_parameters() if id(p) in mine]
+        if self._options.get("locate", "off") != "off":
+            if index is not None:
+                raise ValueError(
+                    "locate needs one optimizer over the whole module; this LightningModule "
+                    "has several: drop locate=, or call GradientMonitor yourself"
+                )
+            model = pl_module
         dump_dir = self.dump_dir
         if dump_dir is not None and index is not None:
             dump_dir = dump_dir / f"optimizer_{index}"
-        return GradientMonitor(params, dump_dir=dump_dir, **self._options)
+        return self._monitor_over(model, dump_dir)
+
+    def _monitor_over(self, model: Any, dump_dir: Path | None) -> GradientMonitor:
+        options = self._options.copy()
+        options["dump_dir"] = dump_dir
+        return GradientMonitor(model, **options)
 
     def _log(self, pl_module: Any, record: MonitorRecord, prefix: str) -> None:
         for name, value in record_scalars(record, per_layer=self.per_layer, prefix=prefix).items():

@@ -14,8 +14,8 @@ from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
 from gradaudit.io.dcp import DcpSource, is_dcp_directory
 from gradaudit.io.deepspeed import DeepSpeedSource, is_deepspeed_checkpoint
 from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
+from gradaudit.io.files import check_regular_file
 from gradaudit.io.hf_checkpoint import TrainerCheckpointSource, is_trainer_checkpoint
-from gradaudit.io.safetensors_header import check_regular_file
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.sniff import sniff

@@ -44,7 +44,7 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
-from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
+from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.results import Skipped
 
 #: The metadata file's name inside a DCP directory.

@@ -36,8 +36,8 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
+from gradaudit.io.files import show
 from gradaudit.io.nested import walk_checkpoint
-from gradaudit.io.safetensors_header import show
 from gradaudit.io.torch_pickle import TorchPickleSource
 
 MODEL_STATES = "mp_rank_00_model_states.pt"

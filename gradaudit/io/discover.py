@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from gradaudit.io.dcp import DATA_SUFFIX, METADATA_NAME, is_dcp_directory
 from gradaudit.io.deepspeed import is_deepspeed_checkpoint
+from gradaudit.io.files import describe_os_error, show
 from gradaudit.io.hf_checkpoint import is_trainer_checkpoint
-from gradaudit.io.safetensors_header import describe_os_error, show
 from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
 from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
-from gradaudit.io.safetensors_header import open_checked, show
+from gradaudit.io.files import open_checked, show
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.torch_pickle import TorchPickleSource

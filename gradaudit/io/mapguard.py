@@ -20,7 +20,7 @@ import weakref
 from types import ModuleType
 
 from gradaudit.errors import InputError
-from gradaudit.io.safetensors_header import FileIdentity
+from gradaudit.io.files import FileIdentity
 
 #: The causes a reader gives for a file that changed while it was read.
 CHANGED_SIZE = (

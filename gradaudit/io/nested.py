@@ -44,7 +44,7 @@ import torch
 
 from gradaudit.engine.stats import hides_values
 from gradaudit.io.base import Excluded, Select, SourceItem
-from gradaudit.io.safetensors_header import show
+from gradaudit.io.files import show
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
 from gradaudit.roles import (

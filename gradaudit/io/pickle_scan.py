@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from gradaudit.io.safetensors_header import show
+from gradaudit.io.files import show
 
 #: Opcodes that push a string (module or attribute names for ``STACK_GLOBAL``).
 _STRING_OPS = frozenset(

@@ -16,11 +16,9 @@ size). It never reads the tensor data and never writes.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,23 +29,19 @@ from typing import Any, BinaryIO, NoReturn, overload
 import numpy as np
 
 from gradaudit.errors import InputError
+from gradaudit.io.files import SHOW_LIMIT, FileIdentity, describe_os_error, open_checked, show
 from gradaudit.no_gc import paused_gc
 
 __all__ = [
     "MAX_HEADER_BYTES",
     "SAFETENSORS_DTYPE_SIZES",
     "UNSUPPORTED_SAFETENSORS_DTYPES",
-    "FileIdentity",
     "SafetensorsHeader",
     "TensorEntry",
     "TensorTable",
-    "check_regular_file",
     "classify_head",
-    "describe_os_error",
-    "open_checked",
     "read_header",
     "read_header_open",
-    "show",
     "sniff_kind",
 ]
 
@@ -94,7 +88,6 @@ _SNIFF_BYTES = 64
 _TENSOR_KEYS = ("dtype", "shape", "data_offsets")
 _TENSOR_KEY_SET = frozenset(_TENSOR_KEYS)
 _METADATA_KEY = "__metadata__"
-_SHOW_LIMIT = 60
 
 _FOREIGN_KINDS = {
     "zip": "looks like a zip archive (a PyTorch checkpoint?), not safetensors",
@@ -216,25 +209,6 @@ class TensorTable(Sequence[TensorEntry]):
 
 
 @dataclass(frozen=True)
-class FileIdentity:
-    """Which file, in which state: compared before a file's results are kept.
-
-    Device and inode say the path still names the file that was validated (an
-    ``os.replace`` swaps the inode); size and modification time say it was not
-    rewritten in place.
-    """
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, info: os.stat_result) -> FileIdentity:
-        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-
-@dataclass(frozen=True)
 class SafetensorsHeader:
     """A safetensors header that passed every structural check."""
 
@@ -277,16 +251,6 @@ class _JsonObject(tuple[tuple[str, Any], ...]):
         return self
 
 
-def show(text: str, limit: int = _SHOW_LIMIT) -> str:
-    """Quote a string from the file for a one-line message.
-
-    Names come from a possibly hostile file: control characters, bidi overrides or a
-    megabyte-long name must not reach a terminal or a CI log as-is.
-    """
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
-    return f'"{shown}..."' if len(text) > limit else f'"{shown}"'
-
-
 def _show_value(value: Any) -> str:
     """Render a JSON value for a message, bounded in length."""
     if isinstance(value, _JsonObject):
@@ -294,7 +258,7 @@ def _show_value(value: Any) -> str:
     if isinstance(value, str):
         return show(value)
     text = json.dumps(value)
-    return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT] + "..."
+    return text if len(text) <= SHOW_LIMIT else text[:SHOW_LIMIT] + "..."
 
 
 def _json_type(value: Any) -> str:
@@ -312,112 +276,6 @@ def _json_type(value: Any) -> str:
     if isinstance(value, float):
         return "number"
     return "null"
-
-
-def describe_os_error(error: OSError) -> str:
-    """One plain-English line for an OSError, without paths or tracebacks."""
-    known = {
-        errno.ENOENT: "no such file",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.ELOOP: "symlink loop (too many levels of symbolic links)",
-        errno.EISDIR: "is a directory",
-        errno.ENOTDIR: "a component of the path is not a directory",
-        errno.ENAMETOOLONG: "file name too long",
-        errno.EIO: "I/O error while reading",
-    }
-    if error.errno in known:
-        return known[error.errno]
-    reason = (error.strerror or type(error).__name__).strip().splitlines()
-    return reason[0].lower() if reason else "cannot read the file"
-
-
-def _file_type(mode: int) -> str | None:
-    """Name a non-regular file type for the message, or None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode):
-        return "character device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    return "unknown file type"
-
-
-def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
-    """Check with ``lstat``/``stat`` only that ``path`` is a non-empty, readable regular file.
-
-    Nothing is opened: opening a FIFO blocks until a writer appears and opening a device
-    can have side effects, so the file type is settled from metadata first. Shared with the
-    other readers (PyTorch pickles), which must refuse the same inputs.
-
-    Returns the ``stat`` result of the target (symlinks followed). Raises
-    :class:`InputError` for a missing file, a dangling symlink, a symlink loop, a
-    directory, a FIFO, socket or device, a file that cannot be read, or an empty file.
-    """
-    path = os.fspath(path)
-    try:
-        info = os.lstat(path)
-    except OSError as error:
-        raise InputError(path, describe_os_error(error)) from None
-    except ValueError:  # an embedded NUL: no file can have that name
-        raise InputError(path, "invalid path (it contains a NUL byte)") from None
-    if stat.S_ISLNK(info.st_mode):
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            try:
-                target = f" (its target {show(os.readlink(path), limit=400)} does not exist)"
-            except (OSError, ValueError):
-                target = ""
-            raise InputError(path, f"dangling symlink{target}") from None
-        except OSError as error:
-            raise InputError(path, describe_os_error(error)) from None
-    kind = _file_type(info.st_mode)
-    if kind == "directory":
-        raise InputError(path, "is a directory, not a file")
-    if kind is not None:
-        raise InputError(path, f"not a regular file ({kind})")
-    if not os.access(path, os.R_OK):
-        raise InputError(path, "permission denied")
-    if info.st_size == 0:
-        raise InputError(path, "empty file (0 bytes)")
-    return info
-
-
-def open_checked(path: str) -> tuple[BinaryIO, int]:
-    """Open a file that :func:`check_regular_file` accepted; return it and its size.
-
-    ``O_NONBLOCK`` and the ``fstat`` re-check close the race in which the path is swapped
-    for a FIFO between the ``stat`` and the ``open``: the open cannot block and the
-    descriptor, not the path, is what gets read. The size comes from the descriptor too.
-    """
-    path = os.fspath(path)
-    check_regular_file(path)
-    flags = os.O_RDONLY
-    for name in ("O_NONBLOCK", "O_NOCTTY", "O_CLOEXEC", "O_BINARY"):
-        flags |= getattr(os, name, 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as error:
-        raise InputError(path, describe_os_error(error)) from None
-    try:
-        info = os.fstat(fd)
-        kind = _file_type(info.st_mode)
-        if kind is not None:
-            raise InputError(path, f"not a regular file ({kind}); it changed while being opened")
-        return os.fdopen(fd, "rb"), info.st_size
-    except InputError:
-        os.close(fd)
-        raise
-    except OSError as error:
-        os.close(fd)
-        raise InputError(path, describe_os_error(error)) from None
 
 
 def classify_head(head: bytes, file_size: int) -> str | None:

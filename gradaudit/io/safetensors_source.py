@@ -16,13 +16,13 @@ import torch
 from gradaudit.engine.stats import dtype_skip_reason, hides_values
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
+from gradaudit.io.files import open_checked
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
 from gradaudit.io.safetensors_header import (
     DTYPE_NAMES,
     SIZES_BY_CODE,
     SafetensorsHeader,
     TensorTable,
-    open_checked,
     read_header_open,
 )
 from gradaudit.results import Skipped

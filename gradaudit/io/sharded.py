@@ -25,13 +25,8 @@ from typing import Any, NoReturn
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import RunItem, Select, SourceItem
-from gradaudit.io.safetensors_header import (
-    SafetensorsHeader,
-    describe_os_error,
-    open_checked,
-    read_header,
-    show,
-)
+from gradaudit.io.files import describe_os_error, open_checked, show
+from gradaudit.io.safetensors_header import SafetensorsHeader, read_header
 from gradaudit.io.safetensors_source import SafetensorsSource
 
 #: File name ending of a sharded safetensors index (compared in lower case).

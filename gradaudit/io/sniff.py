@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass
 
 from gradaudit.errors import InputError
+from gradaudit.io.files import describe_os_error, open_checked
 from gradaudit.io.pickle_scan import pickle_globals
-from gradaudit.io.safetensors_header import classify_head, describe_os_error, open_checked
+from gradaudit.io.safetensors_header import classify_head
 
 #: Bytes read to identify a file: enough for every signature below (tar's is at 257).
 HEAD_BYTES = 512

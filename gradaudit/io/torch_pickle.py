@@ -34,10 +34,10 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
+from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, show
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
-from gradaudit.io.safetensors_header import FileIdentity, describe_os_error, open_checked, show
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
 from gradaudit.roles import TensorHint

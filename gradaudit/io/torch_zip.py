@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from gradaudit.errors import InputError
+from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard
-from gradaudit.io.safetensors_header import describe_os_error, open_checked, show
 
 #: CRC-32 is computed over slices of this many bytes (a view into the map, never a copy).
 CRC_CHUNK_BYTES = 64 << 20

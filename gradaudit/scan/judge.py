@@ -1,10 +1,17 @@
-"""Host side, pure Python: stats + policy -> findings, and report -> exit code."""
+"""Host side, pure Python: stats + policy -> findings, and report -> exit code.
+
+What :meth:`~gradaudit.scan.pending.PendingStats.materialize` does after the one
+host read is here: each tensor's role (:func:`with_roles`), the gradient
+estimates from optimizer state, the findings, their order and the summary. No
+torch, no files, no terminal: plain numbers and a policy in, results out.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds, fraction_exceeds
@@ -16,7 +23,17 @@ from gradaudit.results import (
     OutlierReference,
     Report,
     Skipped,
+    Summary,
     TensorStats,
+)
+from gradaudit.roles import (
+    FileEvidence,
+    TensorHint,
+    decide,
+    describe_file,
+    estimate_value,
+    file_evidence_text,
+    stats_evidence,
 )
 
 _OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
@@ -352,3 +369,143 @@ def exit_code(report: Report) -> ExitCode:
     if report.limit_findings or any(finding.failing for finding in report.findings):
         return ExitCode.FINDINGS
     return ExitCode.OK
+
+
+def with_roles(
+    tensors: list[TensorStats],
+    hints: list[TensorHint | None],
+    thresholds: Thresholds,
+    file_evidence: Mapping[str, FileEvidence],
+) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
+    """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
+
+    ``file_evidence`` is what each file's metadata says it holds (see
+    :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
+
+    Returns the tensors and, per source, ``(read as, evidence, thin)``.
+    """
+    by_source: dict[str | None, list[int]] = {}
+    for index, stats in enumerate(tensors):
+        by_source.setdefault(stats.source, []).append(index)
+    out = list(tensors)
+    readings: dict[str | None, tuple[str, str, bool]] = {}
+    for source, indices in by_source.items():
+        if source is None:
+            file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
+        else:
+            file_role = file_evidence.get(source) or stats_evidence([tensors[i] for i in indices])
+        roles, evidences = [], []
+        for i in indices:
+            stats = tensors[i]
+            role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
+            roles.append(role)
+            evidences.append(evidence)
+            out[i] = _with_role(stats, role, evidence)
+        thin = file_role.thin and any(e == file_role.evidence for e in evidences)
+        readings[source] = (
+            describe_file(roles, file_role, evidences),
+            file_evidence_text(roles, evidences, file_role),
+            thin,
+        )
+    return tuple(out), readings
+
+
+def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
+    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
+    copy = object.__new__(TensorStats)
+    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
+    return copy
+
+
+def in_tensor_order(
+    tensors: Sequence[TensorStats], findings: Sequence[Finding]
+) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
+    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
+
+
+def gradient_estimates(
+    tensors: Sequence[TensorStats],
+    hints: Sequence[TensorHint | None],
+    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
+) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, float]]]:
+    """Per-parameter gradient estimates from optimizer state, and negative second moments.
+
+    One estimate per parameter and file: the RMS norm from its second moment, the mean
+    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
+    """
+    merged: dict[tuple[str | None, str], GradientEstimate] = {}
+    negatives: list[tuple[TensorStats, float]] = []
+    for stats, hint in zip(tensors, hints, strict=True):
+        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
+            continue
+        lowest = derived.get((stats.source, stats.name, "neg"))
+        if lowest is not None and lowest.finite and lowest.max_abs > 0:
+            negatives.append((stats, -lowest.max_abs))
+        total = derived.get((stats.source, stats.name, "sum"))
+        if hint is None or hint.basis is None:
+            continue
+        basis = hint.basis
+        step_row = derived.get((stats.source, stats.name, "step"))
+        step = basis.step if step_row is None else step_row.max_abs
+        rms, mean, corrected = estimate_value(
+            basis, stats.norm, total.max_abs if total is not None and total.finite else None, step
+        )
+        if rms is None and mean is None:
+            continue
+        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
+        parameter = hint.param or key
+        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
+        label = f"from {what}"
+        if corrected and step:
+            label += f", bias-corrected at step {step:g}"
+        previous = merged.get((stats.source, parameter))
+        if previous is None:
+            previous = GradientEstimate(parameter, stats.name, stats.source, label)
+        if rms is not None:
+            previous = dataclasses.replace(
+                previous,
+                tensor=stats.name,
+                basis=label,
+                rms_norm=rms,
+                step=step,
+                bias_corrected=corrected,
+            )
+        else:
+            previous = dataclasses.replace(previous, mean_norm=mean)
+            if previous.rms_norm is None:
+                previous = dataclasses.replace(
+                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
+                )
+        merged[(stats.source, parameter)] = previous
+    return tuple(merged.values()), negatives
+
+
+def summarize(
+    tensors: Sequence[TensorStats],
+    findings: Sequence[Finding],
+    limit_findings: Sequence[LimitFinding],
+    skipped: int,
+    global_norm: float,
+    excluded: int = 0,
+) -> Summary:
+    def flagged(kind: FindingKind) -> int:
+        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
+
+    return Summary(
+        tensors=len(tensors),
+        skipped=skipped,
+        elements=sum(t.numel for t in tensors),
+        global_norm=global_norm,
+        nan_tensors=flagged(FindingKind.NAN),
+        inf_tensors=flagged(FindingKind.INF),
+        vanishing_tensors=flagged(FindingKind.VANISHING),
+        exploding_tensors=flagged(FindingKind.EXPLODING),
+        outlier_tensors=flagged(FindingKind.OUTLIER),
+        gradient_health=gradient_health(tensors, findings),
+        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
+        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
+        ignored_findings=sum(1 for f in findings if f.ignored),
+        excluded=excluded,
+    )

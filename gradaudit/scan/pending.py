@@ -1,5 +1,7 @@
-"""Orchestration: named tensors or files in, a :class:`Report` out.
+"""Collection on the device: named tensors in, pending stats rows out, one host read.
 
+Reading files into a :class:`PendingStats` is :mod:`gradaudit.scan.paths`; what
+happens after the host read (roles, findings, summary) is :mod:`gradaudit.scan.judge`.
 Never prints, never exits: the CLI decides what a report means for the
 terminal and the process. Collection (device work only) and materialisation
 (the one host read) are separate steps so a training loop can collect between
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,30 +24,21 @@ from gradaudit.engine.bulk import native_segments
 from gradaudit.engine.devices import resolve_device
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
-from gradaudit.errors import InputError
 from gradaudit.no_gc import paused_gc
-from gradaudit.policy import FindingKind, Role, Severity, Thresholds
+from gradaudit.policy import Role, Thresholds
 from gradaudit.results import (
     FileResult,
-    Finding,
-    GradientEstimate,
     InputProblem,
-    LimitFinding,
     Report,
     Skipped,
-    Summary,
     TensorStats,
 )
 from gradaudit.roles import (
     FileEvidence,
     TensorHint,
-    decide,
-    describe_file,
-    estimate_value,
-    file_evidence_text,
     metadata_evidence,
-    stats_evidence,
 )
 from gradaudit.scan.judge import (
     evaluate_all,
@@ -54,9 +46,11 @@ from gradaudit.scan.judge import (
     evaluate_optimizer_state,
     evaluate_skipped,
     find_outliers,
-    gradient_health,
+    gradient_estimates,
+    in_tensor_order,
+    summarize,
+    with_roles,
 )
-from gradaudit.selection import NameFilter
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -151,13 +145,17 @@ class PendingStats:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         collector: StatsCollector | None = None,
         histograms: bool = False,
+        options: EngineOptions | None = None,
     ) -> None:
-        self.device = None if device is None else resolve_device(device)
+        options = choose(
+            options, EngineOptions(device, chunk_elements, engine, memory_budget), IN_MEMORY
+        )
+        self.device = None if options.device is None else resolve_device(options.device)
         #: Also queue each tensor's exponent histogram (``--precision``): one extra pass.
         self.histograms = histograms
         self._histograms: list[torch.Tensor | None] = []
         self._collector = collector or StatsCollector(
-            chunk_elements, engine=engine, memory_budget=memory_budget
+            options.chunk_elements, engine=options.engine, memory_budget=options.memory_budget
         )
         self._started = time.perf_counter()
         self._names: list[str] = []
@@ -552,15 +550,10 @@ class PendingStats:
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        """Collect one expanded input: a file, or a path that was skipped or is bad."""
-        from gradaudit.io.discover import BadInput, SkippedPath
+        """Collect one expanded input (see :func:`gradaudit.scan.paths.add_input`)."""
+        from gradaudit.scan.paths import add_input
 
-        if isinstance(entry, SkippedPath):
-            self.skip(Skipped(entry.path, entry.reason, entry.within))
-        elif isinstance(entry, BadInput):
-            self.add_error(InputProblem(entry.path, entry.cause))
-        else:
-            self.add_path(entry.path, select, progress)
+        add_input(self, entry, select, progress)
 
     def add_path(
         self,
@@ -568,52 +561,10 @@ class PendingStats:
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        """Collect one file; a file that fails is recorded as an error and contributes nothing.
+        """Collect one file (see :func:`gradaudit.scan.paths.add_path`)."""
+        from gradaudit.scan.paths import add_path
 
-        The file is collected into a :meth:`child` and absorbed only when it was
-        read to the end, so a file that fails half-way leaves no partial rows.
-        ``select`` keeps tensors by name; ``progress`` hears each tensor's bytes.
-        """
-        from gradaudit.io import Excluded, open_source
-        from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
-
-        self.add_file(path)
-        part = self.child()
-        try:
-            source = open_source(path)
-            hints = part.read_hints(source, path)
-            stream: Iterator[RunItem] = (
-                source.runs()
-                if select is None and not hints and isinstance(source, RunSource)
-                else source.items(select)
-            )
-            for item in stream:
-                if isinstance(item, TensorRun):
-                    part.queue_run(item, path)
-                    if progress is not None:
-                        progress(item.data.numel())
-                elif isinstance(item, Excluded):
-                    part.exclude(path)
-                elif isinstance(item, Skipped):
-                    part.skip(dataclasses.replace(item, source=path))
-                elif isinstance(item, Pieces):
-                    part.add_pieces(
-                        item.name, item.shape, item.dtype, item.load(), path, hints.get(item.name)
-                    )
-                    if progress is not None:
-                        progress(math.prod(item.shape) * item.dtype.itemsize)
-                else:
-                    name, tensor = item
-                    part.queue_with_hint(name, tensor, path, hints.get(name))
-                    if progress is not None:
-                        progress(tensor.numel() * tensor.element_size())
-            part.settle()
-            # Only now has every byte been read: a file that changed meanwhile is an error.
-            source.check_unchanged()
-        except InputError as error:
-            self.add_error(InputProblem(path, error.cause))
-            return
-        self.absorb(part)
+        add_path(self, path, select, progress)
 
     def prefetch(self) -> None:
         """Start copying the rows collected so far to the host, without waiting for it.
@@ -687,13 +638,15 @@ class PendingStats:
                 if hint is not None and hint.aux is not None
             }
             hints = [self._hints[i] for i in main]
-            tensors, readings = self._with_roles([raw[i] for i in main], hints, thresholds)
-            estimates, negatives = _estimates(tensors, hints, derived)
+            tensors, readings = with_roles(
+                [raw[i] for i in main], hints, thresholds, self._file_evidence
+            )
+            estimates, negatives = gradient_estimates(tensors, hints, derived)
             findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds
             )
             outliers, references = find_outliers(tensors, thresholds, findings)
-            findings = _in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
+            findings = in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
                 self._skipped, thresholds
             )
         global_row = merge_rows(host) if len(tensors) else None
@@ -707,7 +660,7 @@ class PendingStats:
             tensors=tensors,
             findings=findings,
             skipped=tuple(self._skipped),
-            summary=_summary(
+            summary=summarize(
                 tensors,
                 findings,
                 limit_findings,
@@ -726,43 +679,6 @@ class PendingStats:
             outlier_references=references,
             histograms=histograms,
         )
-
-    def _with_roles(
-        self,
-        tensors: list[TensorStats],
-        hints: list[TensorHint | None],
-        thresholds: Thresholds,
-    ) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
-        """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
-
-        Returns the tensors and, per source, ``(read as, evidence, thin)``.
-        """
-        by_source: dict[str | None, list[int]] = {}
-        for index, stats in enumerate(tensors):
-            by_source.setdefault(stats.source, []).append(index)
-        out = list(tensors)
-        readings: dict[str | None, tuple[str, str, bool]] = {}
-        for source, indices in by_source.items():
-            if source is None:
-                file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
-            else:
-                file_role = self._file_evidence.get(source) or stats_evidence(
-                    [tensors[i] for i in indices]
-                )
-            roles, evidences = [], []
-            for i in indices:
-                stats = tensors[i]
-                role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
-                roles.append(role)
-                evidences.append(evidence)
-                out[i] = _with_role(stats, role, evidence)
-            thin = file_role.thin and any(e == file_role.evidence for e in evidences)
-            readings[source] = (
-                describe_file(roles, file_role, evidences),
-                file_evidence_text(roles, evidences, file_role),
-                thin,
-            )
-        return tuple(out), readings
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
         """Shapes of the entries whose element count came with the rows (see :meth:`add_row`)."""
@@ -888,120 +804,21 @@ def _serial_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
     return torch.stack([p.amin() for p in _pieces(flat)]).amin().to(torch.float64)
 
 
-def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
-    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
-    copy = object.__new__(TensorStats)
-    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
-    return copy
-
-
-def _in_tensor_order(
-    tensors: Sequence[TensorStats], findings: Sequence[Finding]
-) -> tuple[Finding, ...]:
-    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
-    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
-    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
-
-
-def _estimates(
-    tensors: Sequence[TensorStats],
-    hints: Sequence[TensorHint | None],
-    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
-) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, float]]]:
-    """Per-parameter gradient estimates from optimizer state, and negative second moments.
-
-    One estimate per parameter and file: the RMS norm from its second moment, the mean
-    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
-    """
-    merged: dict[tuple[str | None, str], GradientEstimate] = {}
-    negatives: list[tuple[TensorStats, float]] = []
-    for stats, hint in zip(tensors, hints, strict=True):
-        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
-            continue
-        lowest = derived.get((stats.source, stats.name, "neg"))
-        if lowest is not None and lowest.finite and lowest.max_abs > 0:
-            negatives.append((stats, -lowest.max_abs))
-        total = derived.get((stats.source, stats.name, "sum"))
-        if hint is None or hint.basis is None:
-            continue
-        basis = hint.basis
-        step_row = derived.get((stats.source, stats.name, "step"))
-        step = basis.step if step_row is None else step_row.max_abs
-        rms, mean, corrected = estimate_value(
-            basis, stats.norm, total.max_abs if total is not None and total.finite else None, step
-        )
-        if rms is None and mean is None:
-            continue
-        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
-        parameter = hint.param or key
-        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
-        label = f"from {what}"
-        if corrected and step:
-            label += f", bias-corrected at step {step:g}"
-        previous = merged.get((stats.source, parameter))
-        if previous is None:
-            previous = GradientEstimate(parameter, stats.name, stats.source, label)
-        if rms is not None:
-            previous = dataclasses.replace(
-                previous,
-                tensor=stats.name,
-                basis=label,
-                rms_norm=rms,
-                step=step,
-                bias_corrected=corrected,
-            )
-        else:
-            previous = dataclasses.replace(previous, mean_norm=mean)
-            if previous.rms_norm is None:
-                previous = dataclasses.replace(
-                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
-                )
-        merged[(stats.source, parameter)] = previous
-    return tuple(merged.values()), negatives
-
-
-def _summary(
-    tensors: Sequence[TensorStats],
-    findings: Sequence[Finding],
-    limit_findings: Sequence[LimitFinding],
-    skipped: int,
-    global_norm: float,
-    excluded: int = 0,
-) -> Summary:
-    def flagged(kind: FindingKind) -> int:
-        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
-
-    return Summary(
-        tensors=len(tensors),
-        skipped=skipped,
-        elements=sum(t.numel for t in tensors),
-        global_norm=global_norm,
-        nan_tensors=flagged(FindingKind.NAN),
-        inf_tensors=flagged(FindingKind.INF),
-        vanishing_tensors=flagged(FindingKind.VANISHING),
-        exploding_tensors=flagged(FindingKind.EXPLODING),
-        outlier_tensors=flagged(FindingKind.OUTLIER),
-        gradient_health=gradient_health(tensors, findings),
-        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
-        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
-        ignored_findings=sum(1 for f in findings if f.ignored),
-        excluded=excluded,
-    )
-
-
 def collect_async(
     tensors: TensorInput,
     *,
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> PendingStats:
     """Queue the stats of ``tensors`` on their device without any device->host sync.
 
     Call :meth:`PendingStats.materialize` later (e.g. after ``optimizer.step()``)
     for the one read. ``device=None`` reduces each tensor where it lives.
     """
-    pending = PendingStats(device=device, chunk_elements=chunk_elements, engine=engine)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = PendingStats(options=options)
     pending.add_all(tensors)
     return pending
 
@@ -1013,44 +830,9 @@ def audit(
     device: torch.device | str | None = None,
     chunk_elements: int | None = None,
     engine: Engine | str = Engine.AUTO,
+    options: EngineOptions | None = None,
 ) -> Report:
     """Audit in-memory tensors: ``collect_async(...).materialize(thresholds)``."""
-    pending = collect_async(tensors, device=device, chunk_elements=chunk_elements, engine=engine)
-    return pending.materialize(thresholds)
-
-
-def scan_paths(
-    paths: Sequence[str | os.PathLike[str]],
-    *,
-    thresholds: Thresholds | None = None,
-    device: torch.device | str | None = "auto",
-    chunk_elements: int | None = None,
-    engine: Engine | str = Engine.AUTO,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    progress: Callable[[int], None] | None = None,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    recursive: bool = False,
-    histograms: bool = False,
-) -> Report:
-    """Audit files and directories one tensor at a time.
-
-    A bad input is recorded and the others are still audited. Directories are searched for
-    checkpoint files (``recursive`` descends); ``include``/``exclude`` are glob patterns on
-    tensor names (see :class:`gradaudit.selection.NameFilter`). ``progress`` is called with
-    the byte size of each tensor once it is queued. ``histograms`` also collects each
-    tensor's exponent histogram (:mod:`gradaudit.precision`; one extra pass per tensor).
-    """
-    from gradaudit.io import expand_inputs
-
-    selection = NameFilter(tuple(include), tuple(exclude))
-    pending = PendingStats(
-        device=device,
-        chunk_elements=chunk_elements,
-        engine=engine,
-        memory_budget=memory_budget,
-        histograms=histograms,
-    )
-    for entry in expand_inputs(paths, recursive=recursive):
-        pending.add_input(entry, selection if selection.active else None, progress)
+    options = choose(options, EngineOptions(device, chunk_elements, engine), IN_MEMORY)
+    pending = collect_async(tensors, options=options)
     return pending.materialize(thresholds)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
 
 import torch
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from gradaudit.scan.pending import PendingStats
 
-__all__ = ["GradientMonitor", "MonitorRecord", "NonFiniteAction"]
+__all__ = ["GradientMonitor", "MonitorOptions", "MonitorRecord", "NonFiniteAction"]
 
 #: What a monitor does when a collected step has NaN or Inf gradients:
 #: ``dump`` writes a dump and warns; ``raise`` writes a dump and raises
@@ -52,6 +52,27 @@ NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
 #: never, from the first collected NaN/Inf until a step is located, or every
 #: ``locate_every`` steps.
 LocateMode = Literal["off", "on_nonfinite", "always"]
+
+
+class MonitorOptions(TypedDict, total=False):
+    """:class:`GradientMonitor`'s keyword options, for adapters that build monitors.
+
+    The framework callbacks (:mod:`gradaudit.integrations`) take these as
+    ``**options`` and hand them to the monitors they build, so a new monitor option
+    reaches every adapter without being declared again; the monitor's signature
+    holds the defaults and :class:`GradientMonitor` checks the values.
+    """
+
+    every: int
+    dump_dir: str | Path | None
+    on_nonfinite: NonFiniteAction
+    sync: bool
+    history: int
+    max_dumps: int
+    thresholds: Thresholds | None
+    locate: LocateMode
+    locate_every: int
+
 
 #: Names listed in a warning or error message before "and N more".
 _NAMES_SHOWN = 5

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from gradaudit.engine.options import Engine
+from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import ExitCode, InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
@@ -517,7 +517,7 @@ def trend_paths(
     """
     # The scan core imports torch; the rest of this module (the report, the
     # policy) is pure Python that the CLI imports at start-up.
-    from gradaudit.scan.pending import scan_paths
+    from gradaudit.scan.paths import scan_paths
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()
@@ -529,15 +529,14 @@ def trend_paths(
     thresholds = Thresholds(
         vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset(), kind=kind
     )
+    options = EngineOptions(device, chunk_elements, engine)
     first: FileResult | None = None
     headroom: list[tuple[int, Headroom]] = []
     for dump in dumps:
         report = scan_paths(
             [dump.path],
             thresholds=thresholds,
-            device=device,
-            chunk_elements=chunk_elements,
-            engine=engine,
+            options=options,
             histograms=precision is not None,
         )
         if report.errors:

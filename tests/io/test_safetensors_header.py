@@ -26,13 +26,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gradaudit.errors import ExitCode, InputError
+from gradaudit.io.files import check_regular_file
 from gradaudit.io.safetensors_header import (
     MAX_HEADER_BYTES,
     SAFETENSORS_DTYPE_SIZES,
     UNSUPPORTED_SAFETENSORS_DTYPES,
     SafetensorsHeader,
     TensorEntry,
-    check_regular_file,
     read_header,
     sniff_kind,
 )
