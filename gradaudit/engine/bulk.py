@@ -26,13 +26,12 @@ from dataclasses import dataclass
 import torch
 
 _dtype = operator.attrgetter("dtype")
-_device = operator.attrgetter("device")
+_is_cpu = operator.attrgetter("is_cpu")
 _layout = operator.attrgetter("layout")
 _shape = operator.attrgetter("shape")
 _itemsize = operator.attrgetter("itemsize")
 #: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,9 @@ def native_segments(
     take: list[bool] | None = None
     if not kinds <= codes.keys():
         take = [dtype in codes for dtype in dtypes]
-    if set(map(_device, tensors)) != {_CPU} or set(map(_layout, tensors)) != {torch.strided}:
-        placed = [t.device == _CPU and t.layout is torch.strided for t in tensors]
+    # is_cpu, not device: a bool is cheaper to hand back than a new torch.device each.
+    if set(map(_is_cpu, tensors)) != {True} or set(map(_layout, tensors)) != {torch.strided}:
+        placed = [t.is_cpu and t.layout is torch.strided for t in tensors]
         take = placed if take is None else list(map(operator.and_, take, placed))
     if take is None:
         contiguous = list(map(torch.Tensor.is_contiguous, tensors))
