@@ -155,6 +155,23 @@ def test_half_blocks_with_and_without_specials_merge(path: str, dtype: torch.dty
     assert got.max_abs == 300.0
 
 
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_tails_read_nothing_past_the_tensor(path: str, dtype: torch.dtype) -> None:
+    """Every tail length, with specials in the tail and NaN in the bytes just past the end:
+    the last elements (masked vector loads for float32) must count exactly those elements."""
+    gen = torch.Generator().manual_seed(12)
+    for numel in [*range(0, 48), 4095, 4097, 4096 + 15]:
+        buffer = torch.full((numel + 40,), math.nan, dtype=torch.float64)
+        buffer[:numel] = torch.randn(numel, generator=gen, dtype=torch.float64)
+        for offset, value in enumerate([0.0, math.inf, -math.inf, math.nan, -0.0]):
+            if numel > offset:
+                buffer[numel - 1 - offset] = value
+        tensor = buffer.to(dtype)[:numel]  # contiguous, followed by NaN in memory
+        got = native_row(tensor, threads=1)
+        assert_matches_reference(tensor, got)
+        assert got.zeros == int((tensor.double() == 0).sum())
+
+
 def test_every_fp8_bit_pattern() -> None:
     """All 256 patterns of both fp8 formats, together and one by one."""
     bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)

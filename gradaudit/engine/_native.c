@@ -300,26 +300,40 @@ AVX2_INLINE __m256i classify32(lanes_t *l, __m256i b) {
 }
 
 AVX2 static void avx2_f32(const uint32_t *x, size_t n, acc_t *a) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     uint32_t peak = 0;
+    uint64_t masked = 0;
     size_t done = 0;
-    while (n - done >= 16) {
-        size_t len = (n - done < BLOCK ? n - done : BLOCK) & ~(size_t)15;
+    while (done < n) {
+        size_t len = n - done < BLOCK ? n - done : BLOCK;
+        size_t whole = len & ~(size_t)15;
         const uint32_t *p = x + done;
         lanes_t l;
         lanes_init(&l);
-        for (size_t i = 0; i < len; i += 16) {
+        for (size_t i = 0; i < whole; i += 16) {
             PREFETCH(p + i);
             __m256i f0 = classify32(&l, _mm256_loadu_si256((const __m256i *)(p + i)));
             __m256i f1 = classify32(&l, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
             square8(&l, _mm256_castsi256_ps(f0), 0);
             square8(&l, _mm256_castsi256_ps(f1), 1);
         }
+        /* The last 1-15 elements by masked loads, not the scalar loop: with 100,000
+         * tensors of a few hundred elements the scalar tails were a fifth of the kernel's
+         * time (perf). A masked load reads no byte outside the tensor; the lanes it
+         * leaves out read as +0.0, so they count as zeros, taken back below. */
+        for (size_t i = whole; i < len; i += 8) {
+            size_t k = len - i < 8 ? len - i : 8;
+            __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane);
+            __m256i f = classify32(&l, _mm256_maskload_epi32((const int *)(p + i), mask));
+            square8(&l, _mm256_castsi256_ps(f), 0);
+            masked += 8 - k;
+        }
         lanes_fold(&l, a, &peak, 0);
         done += len;
     }
+    a->zeros -= masked;
     double peak_value = f32_from_bits(peak);
     if (peak_value > a->max_abs) a->max_abs = peak_value;
-    portable_f32(x + done, n - done, a);
 }
 
 /* 16 half-precision words: counts on 16-bit lanes, values widened to float32. */
