@@ -39,7 +39,7 @@ def mixed() -> dict[str, torch.Tensor]:
 
 
 def test_segments_and_others_cover_the_list_in_order() -> None:
-    tensors = [*mixed().values(), torch.randn(4, 4).to_sparse()]
+    tensors = [*mixed().values(), *other_layouts().values(), torch.ones(2)]
     codes = {torch.float32: 0, torch.float16: 2}
     segments, others = native_segments(tensors, codes)
     covered = sorted([i for s in segments for i in range(s.start, s.stop)] + others)
@@ -59,6 +59,33 @@ def test_segments_and_others_cover_the_list_in_order() -> None:
             or tensor.dtype not in codes
             or not tensor.is_contiguous()
         )
+
+
+def other_layouts() -> dict[str, torch.Tensor]:
+    """One CPU float32 tensor of each layout that is not strided."""
+    dense = torch.randn(4, 4)
+    return {
+        "coo": dense.to_sparse(),
+        "csr": dense.to_sparse_csr(),
+        "csc": dense.to_sparse_csc(),
+        "bsr": dense.to_sparse_bsr((2, 2)),
+        "bsc": dense.to_sparse_bsc((2, 2)),
+        "mkldnn": dense.to_mkldnn(),
+    }
+
+
+@pytest.mark.parametrize("layout", list(other_layouts()))
+def test_a_tensor_of_another_layout_is_never_read_as_strided(layout: str) -> None:
+    """The common case skips the pass over layouts: another layout must still be told apart
+    (sparse COO is not contiguous, compressed sparse layouts raise in is_contiguous(), mkldnn
+    in data_ptr()), alone or among plain tensors."""
+    odd = other_layouts()[layout]
+    plain = [torch.ones(3), torch.full((5,), 2.0)]
+    codes = {torch.float32: 0}
+    assert native_segments([odd], codes) == ([], [0])
+    segments, others = native_segments([plain[0], odd, plain[1]], codes)
+    assert others == [1]
+    assert [(s.start, s.stop) for s in segments] == [(0, 1), (2, 3)]
 
 
 def test_anything_but_plain_tensors_takes_the_per_tensor_path() -> None:
@@ -111,3 +138,13 @@ def test_values_are_taken_before_collect_returns() -> None:
     report = pending.materialize()
     assert all(s.nan == 0 for s in report.tensors)
     assert report.tensors[9].max_abs == 10.0
+
+
+@needs_native
+def test_audit_skips_other_layouts_among_plain_tensors() -> None:
+    odd = other_layouts()
+    tensors = {"a": torch.ones(3), **odd, "b": torch.zeros(2)}
+    report = audit(tensors)
+    assert [s.name for s in report.tensors] == ["a", "b"]
+    assert [s.name for s in report.skipped] == list(odd)
+    assert all("not audited" in s.reason for s in report.skipped)

@@ -27,7 +27,6 @@ import torch
 
 _dtype = operator.attrgetter("dtype")
 _is_cpu = operator.attrgetter("is_cpu")
-_layout = operator.attrgetter("layout")
 _shape = operator.attrgetter("shape")
 _itemsize = operator.attrgetter("itemsize")
 #: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
@@ -63,22 +62,21 @@ def native_segments(
         return [], list(range(count))
     dtypes = list(map(_dtype, tensors))
     kinds = set(dtypes)
-    #: Whether each tensor is the native kernel's as it is; None while every one is.
-    take: list[bool] | None = None
-    if not kinds <= codes.keys():
-        take = [dtype in codes for dtype in dtypes]
-    # is_cpu, not device: a bool is cheaper to hand back than a new torch.device each.
-    if set(map(_is_cpu, tensors)) != {True} or set(map(_layout, tensors)) != {torch.strided}:
-        placed = [t.is_cpu and t.layout is torch.strided for t in tensors]
-        take = placed if take is None else list(map(operator.and_, take, placed))
-    if take is None:
-        contiguous = list(map(torch.Tensor.is_contiguous, tensors))
-        if not all(contiguous):
-            take = contiguous
-    else:  # is_contiguous() raises for a sparse tensor: asked only of the others
-        take = [ok and t.is_contiguous() for ok, t in zip(take, tensors, strict=True)]
-    if take is None:
-        return [_segment(tensors, dtypes, codes, kinds, 0, count)], []
+    if kinds <= codes.keys() and set(map(_is_cpu, tensors)) == {True}:
+        # The common case: one segment, and no pass over the layouts. Of the other
+        # layouts a CPU tensor can have, sparse COO is not contiguous, the compressed
+        # sparse ones raise in is_contiguous() and mkldnn in data_ptr(): each sends the
+        # list the careful way below (tests/test_bulk.py holds one of each).
+        try:
+            if all(map(torch.Tensor.is_contiguous, tensors)):
+                return [_segment(tensors, dtypes, codes, kinds, 0, count)], []
+        except RuntimeError:
+            pass
+    # Whether each tensor is the native kernel's as it is.
+    take = [
+        dtype in codes and t.is_cpu and t.layout is torch.strided and t.is_contiguous()
+        for dtype, t in zip(dtypes, tensors, strict=True)
+    ]
     segments: list[Segment] = []
     others: list[int] = []
     start = None
