@@ -3,7 +3,8 @@
 Library API: :func:`audit` for in-memory tensors, :func:`collect_async` +
 :meth:`PendingStats.materialize` to collect inside a training loop without a
 device sync, :func:`scan_paths` for files; :func:`dual_stats`, :func:`compare`
-and :func:`compare_paths` for host vs seed and A vs B. Results are frozen
+and :func:`compare_paths` for host vs seed and A vs B; :func:`trend_paths` and
+:class:`TrendBuilder` for norms over a series of steps. Results are frozen
 dataclasses. Inside a training loop: :func:`collect_module`,
 :func:`save_gradients` and :class:`GradientMonitor`; across ranks:
 :mod:`gradaudit.training.distributed` (sharded gradients) and
@@ -21,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first use
-    from gradaudit.compare.api import CompareInput, compare, compare_paths, dual_stats
-    from gradaudit.compare.checks import comparison_exit_code
-    from gradaudit.compare.model import (
+    from gradaudit.comparison.api import CompareInput, compare, compare_paths, dual_stats
+    from gradaudit.comparison.checks import comparison_exit_code
+    from gradaudit.comparison.model import (
         DEFAULT_MAX_CHANGE,
         CompareFinding,
         CompareFindingKind,
@@ -79,6 +80,16 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         MonitorRecord,
         NonFiniteAction,
     )
+    from gradaudit.trend.builder import (
+        LayerTrend,
+        TrendBuilder,
+        TrendFinding,
+        TrendKind,
+        TrendPolicy,
+        TrendReport,
+        trend_exit_code,
+        trend_paths,
+    )
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
 #: most of these modules import torch, which costs about 1.2 s, and the CLI's
@@ -90,21 +101,21 @@ _LAZY: dict[str, str] = {
     "collect_async": "gradaudit.scan.pending",
     "scan_paths": "gradaudit.scan.paths",
     "exit_code": "gradaudit.scan.judge",
-    "CompareInput": "gradaudit.compare.api",
-    "compare": "gradaudit.compare.api",
-    "compare_paths": "gradaudit.compare.api",
-    "dual_stats": "gradaudit.compare.api",
-    "comparison_exit_code": "gradaudit.compare.checks",
-    "CompareFinding": "gradaudit.compare.model",
-    "CompareFindingKind": "gradaudit.compare.model",
-    "ComparePolicy": "gradaudit.compare.model",
-    "Comparison": "gradaudit.compare.model",
-    "DEFAULT_MAX_CHANGE": "gradaudit.compare.model",
-    "DualGradientStats": "gradaudit.compare.model",
-    "Mismatch": "gradaudit.compare.model",
-    "ParameterChange": "gradaudit.compare.model",
-    "ParameterComparison": "gradaudit.compare.model",
-    "SideStats": "gradaudit.compare.model",
+    "CompareInput": "gradaudit.comparison.api",
+    "compare": "gradaudit.comparison.api",
+    "compare_paths": "gradaudit.comparison.api",
+    "dual_stats": "gradaudit.comparison.api",
+    "comparison_exit_code": "gradaudit.comparison.checks",
+    "CompareFinding": "gradaudit.comparison.model",
+    "CompareFindingKind": "gradaudit.comparison.model",
+    "ComparePolicy": "gradaudit.comparison.model",
+    "Comparison": "gradaudit.comparison.model",
+    "DEFAULT_MAX_CHANGE": "gradaudit.comparison.model",
+    "DualGradientStats": "gradaudit.comparison.model",
+    "Mismatch": "gradaudit.comparison.model",
+    "ParameterChange": "gradaudit.comparison.model",
+    "ParameterComparison": "gradaudit.comparison.model",
+    "SideStats": "gradaudit.comparison.model",
     "scan_paths_distributed": "gradaudit.scan.distributed",
     "save_gradients": "gradaudit.training.dump",
     "EngineOptions": "gradaudit.engine.options",
@@ -140,13 +151,15 @@ _LAZY: dict[str, str] = {
     "Skipped": "gradaudit.results",
     "Summary": "gradaudit.results",
     "TensorStats": "gradaudit.results",
+    "LayerTrend": "gradaudit.trend.builder",
+    "TrendBuilder": "gradaudit.trend.builder",
+    "TrendFinding": "gradaudit.trend.builder",
+    "TrendKind": "gradaudit.trend.builder",
+    "TrendPolicy": "gradaudit.trend.builder",
+    "TrendReport": "gradaudit.trend.builder",
+    "trend_exit_code": "gradaudit.trend.builder",
+    "trend_paths": "gradaudit.trend.builder",
 }
-
-#: Public functions that share their name with a subpackage. Importing a submodule
-#: binds the package on ``gradaudit`` whatever this module says, so the package is
-#: callable and calls the function (``gradaudit/compare/__init__.py``): the name
-#: is the same object, a module, whichever is imported first.
-_CALLABLE_PACKAGES = frozenset({"compare"})
 
 
 def _submodules(package: str) -> Callable[[str], types.ModuleType]:
@@ -170,8 +183,6 @@ def _submodules(package: str) -> Callable[[str], types.ModuleType]:
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
-        if name in _CALLABLE_PACKAGES:
-            return importlib.import_module(f"{__name__}.{name}")
         module = _LAZY.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module), name)
@@ -205,6 +216,7 @@ __all__ = [
     "InputError",
     "InputKind",
     "InputProblem",
+    "LayerTrend",
     "LimitFinding",
     "LimitKind",
     "LocateMode",
@@ -227,6 +239,11 @@ __all__ = [
     "Summary",
     "TensorStats",
     "Thresholds",
+    "TrendBuilder",
+    "TrendFinding",
+    "TrendKind",
+    "TrendPolicy",
+    "TrendReport",
     "UsageError",
     "__version__",
     "audit",
@@ -241,4 +258,6 @@ __all__ = [
     "save_gradients",
     "scan_paths",
     "scan_paths_distributed",
+    "trend_exit_code",
+    "trend_paths",
 ]

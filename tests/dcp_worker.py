@@ -45,7 +45,7 @@ def scan_split(out: Path) -> dict[str, Any]:
     """``scan_paths_distributed`` over the DCP directory and the gathered file, chunks counted."""
     from gradaudit import scan_paths_distributed
     from gradaudit.io import dcp as dcp_reader
-    from gradaudit.report.json_report import to_document
+    from gradaudit.report.formats.json import to_document
 
     loads = [0]
     real = dcp_reader.load_chunk

@@ -179,7 +179,7 @@ def run_fsdp(world: int, out: Path) -> dict[str, Any]:
 def run_scan(out: Path) -> dict[str, Any]:
     """scan_paths_distributed over the files the test wrote into ``out/scan``."""
     from gradaudit import scan_paths_distributed
-    from gradaudit.report.json_report import to_document
+    from gradaudit.report.formats.json import to_document
 
     paths = (out / "scan_paths.txt").read_text(encoding="utf-8").splitlines()
     document = to_document(scan_paths_distributed(paths, device="cpu"))

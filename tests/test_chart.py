@@ -164,3 +164,15 @@ def test_no_chart_wins(write_dump: WriteDump) -> None:
     result = runner.invoke(app, ["scan", str(write_dump({"w": torch.ones(2)})), "--no-chart"])
     assert result.exit_code == ExitCode.OK
     assert "Gradient flow" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("kind", "title"), [("gradients", "Gradient flow:"), ("weights", "Weights:")]
+)
+def test_chart_title_names_what_the_bars_are(write_dump: WriteDump, kind: str, title: str) -> None:
+    path = str(write_dump({"enc.weight": torch.ones(4), "dec.weight": torch.full((4,), 0.5)}))
+    result = runner.invoke(app, ["scan", path, "--chart", "--kind", kind], env={"COLUMNS": "100"})
+    assert result.exit_code == ExitCode.OK, result.output
+    titles = [line for line in result.stdout.splitlines() if "L2 norm per layer" in line]
+    assert len(titles) == 1
+    assert titles[0].startswith(title)

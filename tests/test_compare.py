@@ -23,7 +23,7 @@ from gradaudit import (
     comparison_exit_code,
     dual_stats,
 )
-from gradaudit.compare.model import scaled_ratio
+from gradaudit.comparison.model import scaled_ratio
 from gradaudit.policy import PolicyError
 from tests.grafted import grads, grafted_model
 

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from gradaudit import ComparePolicy, Comparison, compare
-from gradaudit.compare.model import CompareFindingKind
-from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.comparison.model import CompareFindingKind
+from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.base import MAX_FLAGGED_ROWS
-from gradaudit.report.compare_junit import CHECKS, check_name, render_comparison_junit
-from gradaudit.report.compare_markdown import render_comparison_markdown
+from gradaudit.report.formats.junit import CHECKS, check_name
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 
 Golden = Callable[[str, str], None]
@@ -32,7 +31,7 @@ SUFFIX = {
 
 
 def render(fmt: OutputFormat, comparison: Comparison, **options: object) -> str:
-    return comparison_formatter(fmt)(comparison, RenderOptions(width=140, **options))  # type: ignore[arg-type]
+    return render_text(comparison, fmt, RenderOptions(width=140, **options))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -104,7 +103,7 @@ def test_every_comparison_finding_has_a_junit_test_case() -> None:
 
 
 def test_junit_counts_match_the_verdict(gated: Comparison) -> None:
-    root = ET.fromstring(render_comparison_junit(gated, RenderOptions()))
+    root = ET.fromstring(render_text(gated, OutputFormat.JUNIT, RenderOptions()))
     assert root.get("failures") == "3"
     assert root.get("tests") == "13"
     failed = {
@@ -126,7 +125,7 @@ def test_junit_counts_match_the_verdict(gated: Comparison) -> None:
 
 def test_junit_skips_per_parameter_checks_without_shared_names() -> None:
     c = compare({"h": torch.ones(4)}, {"s": torch.ones(2)})
-    root = ET.fromstring(render_comparison_junit(c, RenderOptions()))
+    root = ET.fromstring(render_text(c, OutputFormat.JUNIT, RenderOptions()))
     suite = root.find("testsuite[@name='comparison']")
     assert suite is not None
     assert suite.get("skipped") == "2"
@@ -157,10 +156,10 @@ def test_markdown_cuts_long_lists_unless_all() -> None:
     a = {f"p{i:03d}": torch.ones(2) for i in range(count)}
     b = {f"p{i:03d}": torch.full((2,), 100.0) for i in range(count)}
     c = compare(a, b)
-    cut = render_comparison_markdown(c, RenderOptions())
+    cut = render_text(c, OutputFormat.MARKDOWN, RenderOptions())
     assert cut.count("⚠️ changed") == MAX_FLAGGED_ROWS
     assert "… and 5 more flagged tensors (--all)" in cut
-    everything = render_comparison_markdown(c, RenderOptions(show_all=True))
+    everything = render_text(c, OutputFormat.MARKDOWN, RenderOptions(show_all=True))
     assert everything.count("⚠️ changed") == count
 
 

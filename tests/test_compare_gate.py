@@ -254,7 +254,7 @@ def test_output_is_never_an_input_and_never_half_written(
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(importlib.import_module("gradaudit.compare.api"), "compare_paths", crash)
+    monkeypatch.setattr(importlib.import_module("gradaudit.comparison.api"), "compare_paths", crash)
     crashed = gate(grafted, "-o", str(target))
     assert crashed.exit_code == ExitCode.INTERNAL_ERROR
     assert not target.exists()

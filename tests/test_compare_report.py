@@ -10,12 +10,7 @@ import pytest
 import torch
 
 from gradaudit import Thresholds, compare
-from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
-from gradaudit.report.compare_github import render_comparison_github
-from gradaudit.report.compare_json import render_comparison_json
-from gradaudit.report.compare_junit import render_comparison_junit
-from gradaudit.report.compare_markdown import render_comparison_markdown
-from gradaudit.report.compare_table import render_comparison_table
+from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.compare_text import interpretation
 from tests.samples import sample_comparison
 
@@ -27,43 +22,37 @@ def strict(text: str) -> Any:
 def test_every_output_format_has_a_comparison_formatter() -> None:
     comparison = sample_comparison()
     for fmt in OutputFormat:
-        text = comparison_formatter(fmt)(comparison, RenderOptions())
+        text = render_text(comparison, fmt, RenderOptions())
         assert text.endswith("\n")
         assert "decoder.bias" in text
 
 
-def test_the_map_is_the_renderers() -> None:
-    assert comparison_formatter(OutputFormat.TABLE) is render_comparison_table
-    assert comparison_formatter(OutputFormat.JSON) is render_comparison_json
-    assert comparison_formatter(OutputFormat.MARKDOWN) is render_comparison_markdown
-    assert comparison_formatter(OutputFormat.GITHUB) is render_comparison_github
-    assert comparison_formatter(OutputFormat.JUNIT) is render_comparison_junit
-
-
 def test_comparison_table_golden(golden: Callable[[str, str], None]) -> None:
-    text = render_comparison_table(sample_comparison(), RenderOptions(width=120, color=False))
+    text = render_text(
+        sample_comparison(), OutputFormat.TABLE, RenderOptions(width=120, color=False)
+    )
     golden("compare_table_120.txt", text)
 
 
 def test_comparison_table_colour_only_when_asked() -> None:
     comparison = sample_comparison()
-    assert "\x1b" not in render_comparison_table(comparison, RenderOptions(color=False))
-    assert "\x1b[" in render_comparison_table(comparison, RenderOptions(color=True))
+    assert "\x1b" not in render_text(comparison, OutputFormat.TABLE, RenderOptions(color=False))
+    assert "\x1b[" in render_text(comparison, OutputFormat.TABLE, RenderOptions(color=True))
 
 
 def test_top_and_all_choose_the_unflagged_rows() -> None:
     a = {f"p{i:02d}": torch.ones(4) for i in range(30)}
     b = {f"p{i:02d}": torch.full((4,), 1.0 + i / 100) for i in range(30)}
     c = compare(a, b)
-    top = render_comparison_table(c, RenderOptions(top=3))
+    top = render_text(c, OutputFormat.TABLE, RenderOptions(top=3))
     assert [f"p{i:02d}" for i in range(30) if f"p{i:02d} " in top] == ["p27", "p28", "p29"]
     assert "27 more shared tensors not shown" in top
-    everything = render_comparison_table(c, RenderOptions(show_all=True))
+    everything = render_text(c, OutputFormat.TABLE, RenderOptions(show_all=True))
     assert all(f"p{i:02d} " in everything for i in range(30))
 
 
 def test_json_document() -> None:
-    doc = strict(render_comparison_json(sample_comparison(), RenderOptions()))
+    doc = strict(render_text(sample_comparison(), OutputFormat.JSON, RenderOptions()))
     assert doc["kind"] == "comparison"
     assert doc["schema_version"] == 1
     assert set(doc["dual"]) >= {
@@ -111,7 +100,7 @@ def test_json_document() -> None:
 
 def test_json_writes_an_infinite_ratio_as_a_string() -> None:
     c = compare({"h": torch.zeros(3)}, {"s": torch.ones(3)}, thresholds=Thresholds())
-    doc = strict(render_comparison_json(c, RenderOptions()))
+    doc = strict(render_text(c, OutputFormat.JSON, RenderOptions()))
     assert doc["dual"]["raw_ratio"] == "Infinity"
     assert doc["dual"]["normalized_ratio"] == "Infinity"
     assert doc["findings"][0]["kind"] == "zero_host_norm"

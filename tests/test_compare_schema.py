@@ -11,13 +11,8 @@ import pytest
 import torch
 
 from gradaudit import ComparePolicy, Comparison, Thresholds, compare
-from gradaudit.report import RenderOptions
-from gradaudit.report.compare_json import (
-    COMPARISON_SCHEMA_VERSION,
-    comparison_json_schema,
-    render_comparison_json,
-)
-from gradaudit.report.json_report import json_schema
+from gradaudit.report import OutputFormat, RenderOptions, render_text
+from gradaudit.report.formats.json import COMPARISON_SCHEMA_VERSION, json_schema
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 from tests.test_schema import _declared
 
@@ -44,11 +39,14 @@ def comparisons(directory: Path) -> list[Comparison]:
 @pytest.fixture
 def documents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.chdir(tmp_path)
-    return [json.loads(render_comparison_json(c, RenderOptions())) for c in comparisons(tmp_path)]
+    return [
+        json.loads(render_text(c, OutputFormat.JSON, RenderOptions()))
+        for c in comparisons(tmp_path)
+    ]
 
 
 def test_schema_file_is_the_one_the_package_ships() -> None:
-    schema = comparison_json_schema()
+    schema = json_schema("comparison")
     assert schema == json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
     assert schema["properties"]["schema_version"]["const"] == COMPARISON_SCHEMA_VERSION
     assert schema["properties"]["kind"] == {
@@ -60,7 +58,7 @@ def test_schema_file_is_the_one_the_package_ships() -> None:
 def test_shared_parts_match_the_report_schema() -> None:
     # The same policy object and number encodings as a scan report, written out in each file
     # so that each schema stands alone; they must not drift apart.
-    report, comparison = json_schema(), comparison_json_schema()
+    report, comparison = json_schema(), json_schema("comparison")
     assert comparison["properties"]["thresholds"] == {
         **report["properties"]["thresholds"],
         "description": comparison["properties"]["thresholds"]["description"],
@@ -72,8 +70,8 @@ def test_shared_parts_match_the_report_schema() -> None:
 def test_documents_validate_against_the_schema(documents: list[Any]) -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
     validator_class = jsonschema.Draft202012Validator
-    validator_class.check_schema(comparison_json_schema())
-    validator = validator_class(comparison_json_schema())
+    validator_class.check_schema(json_schema("comparison"))
+    validator = validator_class(json_schema("comparison"))
     for document in documents:
         errors = sorted(validator.iter_errors(document), key=str)
         assert not errors, errors[0]
@@ -94,7 +92,7 @@ def test_the_documents_cover_every_branch(documents: list[Any]) -> None:
 
 def test_schema_rejects_what_it_should(documents: list[Any]) -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
-    validator = jsonschema.Draft202012Validator(comparison_json_schema())
+    validator = jsonschema.Draft202012Validator(json_schema("comparison"))
     document = documents[0]
     bad_ratio = json.loads(json.dumps(document))
     bad_ratio["dual"]["normalized_ratio"] = "NaN"  # a ratio is a number, Infinity or null
@@ -111,6 +109,6 @@ def test_schema_rejects_what_it_should(documents: list[Any]) -> None:
 
 def test_every_field_is_documented_in_the_schema(documents: list[Any]) -> None:
     # Runs without jsonschema too: a field added to the JSON must be added to the schema.
-    schema = comparison_json_schema()
+    schema = json_schema("comparison")
     for document in documents:
         _declared(schema, schema, document, "$")

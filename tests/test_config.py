@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from gradaudit.cli.config import (
+    COMMAND_KEYS,
     COMMANDS,
     KEYS,
     Settings,
@@ -16,11 +18,12 @@ from gradaudit.cli.config import (
     parse_setting,
     resolve,
 )
-from gradaudit.compare.model import ComparePolicy
+from gradaudit.comparison.model import ComparePolicy
 from gradaudit.engine.kernels import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import FindingKind
 from gradaudit.report import OutputFormat
+from gradaudit.trend.builder import TrendKind
 
 
 def write(path: Path, text: str) -> Path:
@@ -31,16 +34,67 @@ def write(path: Path, text: str) -> Path:
 
 def test_every_key_is_a_flag_spelling_and_a_settings_field() -> None:
     fields = set(Settings.__dataclass_fields__) - {"source"}
-    assert {spec.field for spec in KEYS.values()} == fields
+    own = [spec for keys in COMMAND_KEYS.values() for spec in keys.values()]
+    assert {spec.field for spec in [*KEYS.values(), *own]} == fields
     assert all(key == key.lower() and "_" not in key for key in KEYS)
     assert all(spec.commands <= set(COMMANDS) and spec.commands for spec in KEYS.values())
     assert not set(KEYS) & set(COMMANDS)  # a key never shadows a command's sub-table
+    # A command's own spelling of a key is read by that command alone.
+    assert all(
+        spec.commands == {command}
+        for command, keys in COMMAND_KEYS.items()
+        for spec in keys.values()
+    )
 
 
-def test_only_the_compare_gate_is_compare_only() -> None:
+def test_only_the_compare_gate_and_trend_keys_are_command_only() -> None:
     only = {key for key, spec in KEYS.items() if not spec.shared}
-    assert only == {"min-ratio", "max-ratio", "max-change", "fail-on-change"}
-    assert all(KEYS[key].commands == {"compare"} for key in only)
+    assert only == {"min-ratio", "max-ratio", "max-change", "fail-on-change", "spike-factor"}
+    assert KEYS["spike-factor"].commands == {"trend"}
+    assert all(KEYS[key].commands == {"compare"} for key in only - {"spike-factor"})
+
+
+def test_trend_reads_its_sub_table_and_the_shared_keys_it_has_flags_for(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "pyproject.toml",
+        """
+[tool.gradaudit]
+fail-on = "nan"               # scan's and compare's words; trend does not read it
+vanishing-threshold = 1e-6
+exploding-threshold = 50      # trend has no such flag
+format = "json"
+
+[tool.gradaudit.trend]
+spike-factor = 4
+fail-on = ["spike", "collapse"]
+output = "trend.json"
+""",
+    )
+    trend = load_config(path, "trend")
+    policy = trend.trend_policy()
+    assert (policy.spike_factor, policy.vanishing) == (4.0, 1e-6)
+    assert policy.fail_on == {TrendKind.SPIKE, TrendKind.COLLAPSE}
+    assert trend.format is OutputFormat.JSON
+    assert trend.output == tmp_path / "trend.json"
+    scan = load_config(path, "scan")
+    assert scan.fail_on == {FindingKind.NAN}
+    assert scan.spike_factor is None
+    assert scan.output is None
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[tool.gradaudit.trend]\nexploding-threshold = 5\n", "trend does not read it"),
+        ('[tool.gradaudit.trend]\nfail-on = "nan"\n', "unknown --fail-on kind 'nan'"),
+        ("[tool.gradaudit.trend]\nspike-factor = 1\n", "must be a finite number above 1"),
+        ("[tool.gradaudit]\nspike-factor = 5\n", "put it in [tool.gradaudit.trend]"),
+    ],
+)
+def test_trend_settings_are_checked(tmp_path: Path, table: str, message: str) -> None:
+    path = write(tmp_path / "pyproject.toml", table)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_config(path, "scan")  # every sub-table is checked, whatever the command
 
 
 def test_a_full_table_parses_to_typed_settings(tmp_path: Path) -> None:

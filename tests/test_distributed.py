@@ -28,7 +28,7 @@ from gradaudit import ExitCode, audit, scan_paths
 from gradaudit.cli import app
 from gradaudit.errors import UsageError
 from gradaudit.io.safetensors_header import read_header
-from gradaudit.report.json_report import to_document
+from gradaudit.report.formats.json import to_document
 from gradaudit.scan.distributed import TorchrunEnv, assign_sources, torchrun_env
 from tests.distributed_worker import CUTS, dtensor_cases, whole_tensors
 from tests.reference import reference_stats

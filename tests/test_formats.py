@@ -14,12 +14,10 @@ import torch
 
 from gradaudit import Report, Thresholds, audit
 from gradaudit.policy import parse_fail_on
-from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.base import MAX_FLAGGED_ROWS
-from gradaudit.report.github import command, escape_data, escape_property, render_github
-from gradaudit.report.junit import render_junit
-from gradaudit.report.markdown import code, escape, render_markdown
-from gradaudit.report.table import render_table
+from gradaudit.report.formats.github import command, escape_data, escape_property
+from gradaudit.report.formats.markdown import code, escape
 from tests.samples import sample_report, two_file_report
 
 Golden = Callable[[str, str], None]
@@ -41,7 +39,7 @@ def two_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Report:
 
 @pytest.mark.parametrize("fmt", [f for f in OutputFormat if f is not OutputFormat.TABLE])
 def test_sample_golden(fmt: OutputFormat, golden: Golden) -> None:
-    text = fmt.formatter()(sample_report(), RenderOptions(width=120))
+    text = render_text(sample_report(), fmt, RenderOptions(width=120))
     golden(f"{fmt.value}_sample.{SUFFIX[fmt]}", text)
 
 
@@ -49,20 +47,20 @@ def test_sample_golden(fmt: OutputFormat, golden: Golden) -> None:
 def test_two_files_with_limits_ignores_and_a_broken_input_golden(
     fmt: OutputFormat, two_files: Report, golden: Golden
 ) -> None:
-    text = fmt.formatter()(two_files, RenderOptions(width=160))
+    text = render_text(two_files, fmt, RenderOptions(width=160))
     golden(f"{fmt.value}_two_files.{SUFFIX[fmt]}", text)
 
 
 @pytest.mark.parametrize("fmt", [OutputFormat.TABLE, OutputFormat.MARKDOWN, OutputFormat.GITHUB])
 def test_quiet_golden(fmt: OutputFormat, golden: Golden) -> None:
-    text = fmt.formatter()(sample_report(), RenderOptions(width=120, quiet=True))
+    text = render_text(sample_report(), fmt, RenderOptions(width=120, quiet=True))
     golden(f"{fmt.value}_quiet.{SUFFIX[fmt]}", text)
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 def test_quiet_healthy_prints_nothing_for_people_formats(fmt: OutputFormat) -> None:
     report = audit({"w": torch.ones(3)})
-    text = fmt.formatter()(report, RenderOptions(quiet=True))
+    text = render_text(report, fmt, RenderOptions(quiet=True))
     if fmt in (OutputFormat.JSON, OutputFormat.JUNIT):
         assert text.strip()  # data formats are always complete documents
     else:
@@ -71,7 +69,7 @@ def test_quiet_healthy_prints_nothing_for_people_formats(fmt: OutputFormat) -> N
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 def test_quiet_keeps_every_finding(fmt: OutputFormat) -> None:
-    text = fmt.formatter()(sample_report(), RenderOptions(width=200, quiet=True))
+    text = render_text(sample_report(), fmt, RenderOptions(width=200, quiet=True))
     for name in (
         "encoder.layer.0.output.dense.weight",
         "encoder.layer.1.output.dense.weight",
@@ -98,7 +96,7 @@ def table_rows(markdown: str) -> list[list[str]]:
 def test_markdown_names_cannot_break_the_table() -> None:
     names = ["a|b", "back`tick", "``fence", "<script>x</script>", "new\nline", "**bold**"]
     report = audit({name: torch.tensor([math.nan]) for name in names})
-    text = render_markdown(report, RenderOptions())
+    text = render_text(report, OutputFormat.MARKDOWN, RenderOptions())
     rows = table_rows(text)
     assert len(rows) == 2 + len(names)
     assert {len(row) for row in rows} == {7}
@@ -118,20 +116,20 @@ def test_markdown_code_and_escape_helpers() -> None:
 def test_markdown_caps_flagged_rows_unless_all() -> None:
     grads = {f"p{i:03d}": torch.tensor([math.nan]) for i in range(MAX_FLAGGED_ROWS + 7)}
     report = audit(grads)
-    capped = render_markdown(report, RenderOptions())
+    capped = render_text(report, OutputFormat.MARKDOWN, RenderOptions())
     assert len(table_rows(capped)) == 2 + MAX_FLAGGED_ROWS
     assert "… 7 more flagged tensors not shown (--all or --format json lists every one)" in capped
-    everything = render_markdown(report, RenderOptions(show_all=True))
+    everything = render_text(report, OutputFormat.MARKDOWN, RenderOptions(show_all=True))
     assert len(table_rows(everything)) == 2 + MAX_FLAGGED_ROWS + 7
 
 
 def test_markdown_verdicts() -> None:
-    ok = render_markdown(audit({"w": torch.ones(2)}), RenderOptions())
+    ok = render_text(audit({"w": torch.ones(2)}), OutputFormat.MARKDOWN, RenderOptions())
     assert ok.startswith("### ✅ gradaudit: OK: no failing findings\n")
-    warn = render_markdown(audit({"w": torch.zeros(2)}), RenderOptions())
+    warn = render_text(audit({"w": torch.zeros(2)}), OutputFormat.MARKDOWN, RenderOptions())
     assert warn.startswith("### ✅ gradaudit: OK: no failing findings (1 warning)\n")
     assert "⚠️ vanishing" in warn
-    empty = render_markdown(audit({}), RenderOptions())
+    empty = render_text(audit({}), OutputFormat.MARKDOWN, RenderOptions())
     assert empty.startswith("### ❌ gradaudit: INCOMPLETE: nothing to audit")
 
 
@@ -156,7 +154,7 @@ def test_github_hostile_names_cannot_inject_commands() -> None:
         "comma,colon:name",
     ]
     report = audit({name: torch.tensor([math.nan]) for name in names})
-    lines = render_github(report, RenderOptions()).splitlines()
+    lines = render_text(report, OutputFormat.GITHUB, RenderOptions()).splitlines()
     assert len(lines) == len(names) + 1
     commands = [line for line in lines if line.startswith("::")]
     assert len(commands) == len(names)
@@ -171,7 +169,7 @@ def test_github_hostile_names_cannot_inject_commands() -> None:
 def test_github_orders_errors_before_warnings_and_skips_ignored() -> None:
     grads = {"a.bias": torch.zeros(2), "b.weight": torch.tensor([math.nan]), "c": torch.zeros(2)}
     report = audit(grads, thresholds=Thresholds(ignore=("c",)))
-    lines = render_github(report, RenderOptions()).splitlines()
+    lines = render_text(report, OutputFormat.GITHUB, RenderOptions()).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("::error title=gradaudit%3A nan in b.weight::")
     assert lines[1].startswith("::warning title=gradaudit%3A vanishing in a.bias::")
@@ -179,7 +177,9 @@ def test_github_orders_errors_before_warnings_and_skips_ignored() -> None:
 
 
 def test_github_nothing_to_audit_is_an_error_annotation() -> None:
-    lines = render_github(audit({"step": torch.tensor(1)}), RenderOptions(quiet=True))
+    lines = render_text(
+        audit({"step": torch.tensor(1)}), OutputFormat.GITHUB, RenderOptions(quiet=True)
+    )
     assert lines == (
         "::error title=gradaudit%3A nothing to audit::"
         "nothing to audit: no floating-point tensor found\n"
@@ -190,7 +190,7 @@ def test_github_nothing_to_audit_is_an_error_annotation() -> None:
 
 
 def test_junit_has_a_case_per_file_and_check(two_files: Report) -> None:
-    root = ET.fromstring(render_junit(two_files, RenderOptions()))
+    root = ET.fromstring(render_text(two_files, OutputFormat.JUNIT, RenderOptions()))
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     assert list(suites) == ["step1.safetensors", "step2.safetensors", "broken.safetensors"]
     checks = ["nan", "inf", "exploding", "vanishing", "global-norm", "vanishing-fraction"]
@@ -217,7 +217,7 @@ def test_junit_has_a_case_per_file_and_check(two_files: Report) -> None:
 
 def test_junit_without_limits_has_four_checks_and_warnings_pass() -> None:
     report = audit({"w": torch.zeros(3)})
-    root = ET.fromstring(render_junit(report, RenderOptions()))
+    root = ET.fromstring(render_text(report, OutputFormat.JUNIT, RenderOptions()))
     cases = list(root.iter("testcase"))
     assert [c.get("name") for c in cases] == ["nan", "inf", "exploding", "vanishing"]
     vanishing = cases[3]
@@ -226,12 +226,14 @@ def test_junit_without_limits_has_four_checks_and_warnings_pass() -> None:
     assert out is not None
     assert (out.text or "").startswith("warning: w: norm 0")
     strict = audit({"w": torch.zeros(3)}, thresholds=Thresholds(fail_on=parse_fail_on("all")))
-    strict_root = ET.fromstring(render_junit(strict, RenderOptions()))
+    strict_root = ET.fromstring(render_text(strict, OutputFormat.JUNIT, RenderOptions()))
     assert strict_root.get("failures") == "1"
 
 
 def test_junit_nothing_to_audit_is_an_error() -> None:
-    root = ET.fromstring(render_junit(audit({"step": torch.tensor(3)}), RenderOptions()))
+    root = ET.fromstring(
+        render_text(audit({"step": torch.tensor(3)}), OutputFormat.JUNIT, RenderOptions())
+    )
     assert root.get("errors") == "1"
     (case,) = root.iter("testcase")
     assert case.get("name") == "audit"
@@ -240,7 +242,7 @@ def test_junit_nothing_to_audit_is_an_error() -> None:
 def test_junit_is_well_formed_whatever_the_names() -> None:
     names = ["amp&<lt>\"quote'", "esc\x1b[31m", "nul\x00byte", "bidi\u202eexe", "ffff\uffff"]
     report = audit({name: torch.tensor([math.nan]) for name in names})
-    text = render_junit(report, RenderOptions())
+    text = render_text(report, OutputFormat.JUNIT, RenderOptions())
     root = ET.fromstring(text)  # raises on invalid XML (control characters included)
     failure = next(root.iter("failure"))
     body = failure.text or ""
@@ -255,7 +257,7 @@ def test_junit_is_well_formed_whatever_the_names() -> None:
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 def test_every_format_reports_input_errors_and_limits(fmt: OutputFormat, two_files: Report) -> None:
-    text = fmt.formatter()(two_files, RenderOptions(width=200))
+    text = render_text(two_files, fmt, RenderOptions(width=200))
     assert "broken.safetensors" in text
     assert "global" in text
     assert "step2.safetensors" in text
@@ -263,14 +265,14 @@ def test_every_format_reports_input_errors_and_limits(fmt: OutputFormat, two_fil
 
 @pytest.mark.parametrize("fmt", list(OutputFormat))
 def test_every_format_is_deterministic(fmt: OutputFormat) -> None:
-    first = fmt.formatter()(sample_report(), RenderOptions())
-    second = fmt.formatter()(dataclasses.replace(sample_report()), RenderOptions())
+    first = render_text(sample_report(), fmt, RenderOptions())
+    second = render_text(dataclasses.replace(sample_report()), fmt, RenderOptions())
     assert first == second
 
 
 def test_table_marks_ignored_tensors() -> None:
     report = sample_report(Thresholds(ignore=("*.key.bias",)))
-    text = render_table(report, RenderOptions(width=200))
+    text = render_text(report, OutputFormat.TABLE, RenderOptions(width=200))
     row = next(line for line in text.splitlines() if "key.bias" in line)
     assert "vanishing (ignored)" in row
     assert "ignored findings 1" in text

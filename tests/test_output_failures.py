@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -192,3 +193,24 @@ def test_a_plot_that_fails_to_write_is_an_output_failure(
     assert result.exit_code == ExitCode.OUTPUT_ERROR
     assert "cannot write --plot" in result.stderr
     assert "No space left on device" in result.stderr
+
+
+def test_rendering_stops_once_the_reader_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``gradaudit scan huge.safetensors -f json | head``: once the pipe is closed, the rest
+    # of the report is not rendered into nowhere, and the exit code stays the verdict.
+    from gradaudit.cli.output import write_stdout
+
+    streams._failures.clear()
+    piped = streams.GuardedStream("stdout", _Failing(BrokenPipeError(32, "Broken pipe")))  # type: ignore[arg-type]
+    monkeypatch.setattr("sys.stdout", piped)
+    rendered = []
+
+    def chunks() -> Iterator[str]:
+        for index in range(1000):
+            rendered.append(index)
+            yield f"chunk {index}\n"
+
+    write_stdout(chunks())
+    assert rendered == [0]
+    assert piped.silenced
+    assert streams.failures() == {}

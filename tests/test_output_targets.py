@@ -26,8 +26,7 @@ runner = CliRunner()
 
 
 def run(*args: str) -> Any:
-    config = () if args[0] == "trend" else ("--no-config",)  # trend reads no config file
-    return runner.invoke(app, [*args, *config], env={"COLUMNS": "120", "NO_COLOR": "1"})
+    return runner.invoke(app, [*args, "--no-config"], env={"COLUMNS": "120", "NO_COLOR": "1"})
 
 
 def digest(path: Path) -> str:
@@ -70,6 +69,7 @@ def test_a_checkpoint_found_in_a_directory_is_not_overwritten(folder: Path) -> N
     target = folder / "a.safetensors"
     before = digest(target)
     refused("scan", str(folder), "-o", str(target), "--format", "json")
+    refused("trend", str(folder), "-o", str(target), "--format", "json")
     assert digest(target) == before
     assert sorted(p.name for p in folder.iterdir()) == ["a.safetensors", "b.safetensors", "sub"]
 
@@ -103,6 +103,7 @@ def test_a_hard_link_to_an_input_is_refused(folder: Path) -> None:
     assert f"is an input ({source})" in result.stderr
     refused("scan", str(folder), "-o", str(alias), "--format", "json")
     refused("compare", str(source), str(folder / "b.safetensors"), "-o", str(alias))
+    refused("trend", str(folder), "-o", str(alias))
     assert digest(source) == before
 
 

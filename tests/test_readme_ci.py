@@ -175,8 +175,15 @@ def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> N
             settings = load_config(path, command)
             settings.thresholds()
             settings.compare_policy()
+            settings.trend_policy()
     compare = load_config(tmp_path / "1" / "pyproject.toml", "compare")
     scan = load_config(tmp_path / "1" / "pyproject.toml", "scan")
     assert compare.min_ratio == 0.1
     assert scan.min_ratio is None
     assert compare.output != scan.output
+    # docs/trend.md: trend's own keys in its sub-table, and its own report file.
+    (index,) = [i for i, block in enumerate(tomls) if "[tool.gradaudit.trend]" in block]
+    trend = load_config(tmp_path / str(index) / "pyproject.toml", "trend")
+    assert trend.trend_policy().spike_factor == 5
+    assert len(trend.trend_policy().fail_on) == 3
+    assert trend.output != load_config(tmp_path / str(index) / "pyproject.toml", "scan").output

@@ -8,36 +8,35 @@ from collections.abc import Callable
 
 import pytest
 
-from gradaudit.report import OutputFormat, RenderOptions
-from gradaudit.report.json_report import encode_float
-from gradaudit.report.table import render_table
+from gradaudit.report import OutputFormat, RenderOptions, render_text
+from gradaudit.report.formats.json import encode_float
 from gradaudit.report.text import number, printable
 from tests.samples import sample_report
 
 
 def test_table_golden(golden: Callable[[str, str], None]) -> None:
-    text = render_table(sample_report(), RenderOptions(width=120, color=False))
+    text = render_text(sample_report(), OutputFormat.TABLE, RenderOptions(width=120, color=False))
     golden("table_120.txt", text)
 
 
 def test_table_without_color_has_no_escape_codes() -> None:
-    text = render_table(sample_report(), RenderOptions(width=100, color=False))
+    text = render_text(sample_report(), OutputFormat.TABLE, RenderOptions(width=100, color=False))
     assert "\x1b" not in text
-    colored = render_table(sample_report(), RenderOptions(width=100, color=True))
+    colored = render_text(sample_report(), OutputFormat.TABLE, RenderOptions(width=100, color=True))
     assert "\x1b[" in colored
 
 
 def test_every_output_format_has_a_formatter() -> None:
     report = sample_report()
     for fmt in OutputFormat:
-        text = fmt.formatter()(report, RenderOptions())
+        text = render_text(report, fmt, RenderOptions())
         assert text.endswith("\n")
         assert len(text) > 100
 
 
 def test_json_is_strict_for_every_value() -> None:
     doc = json.loads(
-        OutputFormat.JSON.formatter()(sample_report(), RenderOptions()),
+        render_text(sample_report(), OutputFormat.JSON, RenderOptions()),
         parse_constant=lambda token: pytest.fail(f"non-standard token {token}"),
     )
     assert doc["summary"]["tensors"] == 6

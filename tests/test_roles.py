@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from gradaudit import ExitCode, Thresholds, save_gradients, scan_paths
 from gradaudit.cli import app
 from gradaudit.policy import InputKind, Role
-from gradaudit.report import RenderOptions
-from gradaudit.report.json_report import json_schema, render_json
+from gradaudit.report import OutputFormat, RenderOptions, render_text
+from gradaudit.report.formats.json import json_schema
 from gradaudit.results import GradientEstimate, Report
 from tests.conftest import FIXTURES
 from tests.models import bert_like, gradients, train, weights
@@ -430,7 +430,7 @@ def test_checkpoint_report_validates_against_the_schema(tmp_path: Path) -> None:
         [save_checkpoint(tmp_path / "ckpt.pt", model, optimizer)],
         thresholds=Thresholds(cast_check="fp8_e4m3fn"),
     )
-    document = json.loads(render_json(report, RenderOptions()))
+    document = json.loads(render_text(report, OutputFormat.JSON, RenderOptions()))
     validator = jsonschema.Draft202012Validator(json_schema())
     errors = sorted(validator.iter_errors(document), key=str)
     assert not errors, errors[0]

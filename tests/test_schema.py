@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gradaudit import Report, Thresholds, audit
-from gradaudit.report import RenderOptions
-from gradaudit.report.json_report import SCHEMA_VERSION, json_schema, render_json
+from gradaudit.report import OutputFormat, RenderOptions, render_text
+from gradaudit.report.formats.json import SCHEMA_VERSION, json_schema
 from tests.samples import sample_report, two_file_report
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "gradaudit" / "schema" / "report.schema.json"
@@ -40,7 +40,9 @@ def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def documents(tmp_path: Path) -> list[Any]:
-    return [json.loads(render_json(r, RenderOptions())) for r in reports(tmp_path)]
+    return [
+        json.loads(render_text(r, OutputFormat.JSON, RenderOptions())) for r in reports(tmp_path)
+    ]
 
 
 def test_schema_file_is_the_one_the_package_ships() -> None:
@@ -102,7 +104,9 @@ def test_every_field_is_documented_in_the_schema(tmp_path: Path) -> None:
 
 def test_ignored_tensors_stay_in_json_with_their_stats() -> None:
     report = sample_report(Thresholds(ignore=("*.key.bias",)))
-    document = json.loads(render_json(dataclasses.replace(report), RenderOptions()))
+    document = json.loads(
+        render_text(dataclasses.replace(report), OutputFormat.JSON, RenderOptions())
+    )
     (tensor,) = [t for t in document["tensors"] if t["name"].endswith("key.bias")]
     assert tensor["ignored_by"] == "*.key.bias"
     assert tensor["zeros"] == 8

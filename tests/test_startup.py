@@ -91,19 +91,20 @@ _API = """
 import sys, types
 import gradaudit
 assert "torch" not in sys.modules, "import gradaudit imported torch"
-package = gradaudit.compare  # the name first: the package, which calls the function
-import gradaudit.scan.pending, gradaudit.scan.paths, gradaudit.compare.api  # then the submodules
-import gradaudit.compare as imported
+function = gradaudit.compare  # the name first, then the submodules: still the function
+import gradaudit.scan.pending, gradaudit.scan.paths, gradaudit.comparison.api
+import gradaudit.comparison as imported
 audit_module = sys.modules["gradaudit.scan.pending"]
+compare_module = sys.modules["gradaudit.comparison.api"]
 assert gradaudit.audit is audit_module.audit, gradaudit.audit
-assert gradaudit.compare is package is imported is sys.modules["gradaudit.compare"]
-assert isinstance(package, types.ModuleType) and callable(package)
+assert gradaudit.compare is function is compare_module.compare, gradaudit.compare
+assert isinstance(imported, types.ModuleType) and imported is gradaudit.comparison
 from gradaudit import audit, compare, scan_paths
-assert audit is audit_module.audit and compare is package
+assert audit is audit_module.audit and compare is function
 assert scan_paths is sys.modules["gradaudit.scan.paths"].scan_paths
 for name in gradaudit.__all__:
     value = getattr(gradaudit, name)
-    assert not isinstance(value, types.ModuleType) or name == "compare", name
+    assert not isinstance(value, types.ModuleType), name
 assert set(gradaudit.__all__) <= set(dir(gradaudit))
 namespace = {}
 exec("from gradaudit import *", namespace)

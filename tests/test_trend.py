@@ -25,8 +25,8 @@ from fixtures.make_series import (
 from gradaudit import ExitCode, audit
 from gradaudit.cli import app
 from gradaudit.grouping import GroupBy, GroupMode
-from gradaudit.report import RenderOptions
-from gradaudit.report.trend_report import TrendFormat, render_trend_table, sparkline
+from gradaudit.report import OutputFormat, RenderOptions, render_text
+from gradaudit.report.trend_text import sparkline
 from gradaudit.trend.builder import (
     TrendBuilder,
     TrendKind,
@@ -235,7 +235,7 @@ def test_sparkline() -> None:
 
 
 def test_table_shows_a_sparkline_per_layer_and_the_verdict(series: Path) -> None:
-    text = render_trend_table(trend_paths([series]), RenderOptions(width=120))
+    text = render_text(trend_paths([series]), OutputFormat.TABLE, RenderOptions(width=120))
     lines = text.splitlines()
     row = next(line for line in lines if f"│ {SPIKE_LAYER} " in line)
     spark = row.split("│")[2].strip()
@@ -295,7 +295,7 @@ def test_cli_bad_dump_exits_3_and_the_rest_is_still_reported(series: Path, tmp_p
 def test_cli_empty_directory_exits_3(tmp_path: Path) -> None:
     result = trend(str(tmp_path))
     assert result.exit_code == ExitCode.INPUT_ERROR
-    assert "no .safetensors files" in result.stderr
+    assert "no checkpoint file in this directory" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -321,8 +321,8 @@ def test_cli_usage_errors_exit_2(series: Path, args: list[str]) -> None:
 
 def test_every_trend_format_has_a_formatter(series: Path) -> None:
     report = trend_paths([series])
-    for fmt in TrendFormat:
-        assert fmt.formatter()(report, RenderOptions()).endswith("\n")
+    for fmt in OutputFormat:
+        assert render_text(report, fmt, RenderOptions()).endswith("\n")
 
 
 def test_trend_help_documents_exit_codes() -> None:

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from gradaudit import audit
 from gradaudit.cli import app
-from gradaudit.report import OutputFormat, RenderOptions
+from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.base import MAX_FLAGGED_ROWS
-from gradaudit.report.markdown import code
+from gradaudit.report.formats.markdown import code
 from gradaudit.report.text import layer_label, number
 
 runner = CliRunner()
@@ -179,19 +179,19 @@ def test_every_human_format_caps_flagged_rows() -> None:
     many = {f"model.layers.{i}.mlp.weight": torch.zeros(2) for i in range(MAX_FLAGGED_ROWS + 30)}
     report = audit(many)
     hint = "… 30 more flagged tensors not shown (--all or --format json lists every one)"
-    table = OutputFormat.TABLE.formatter()(report, RenderOptions(width=100))
+    table = render_text(report, OutputFormat.TABLE, RenderOptions(width=100))
     assert hint in table
     assert table.count("vanishing │") == MAX_FLAGGED_ROWS
-    quiet = OutputFormat.TABLE.formatter()(report, RenderOptions(width=100, quiet=True))
+    quiet = render_text(report, OutputFormat.TABLE, RenderOptions(width=100, quiet=True))
     assert quiet.count("vanishing │") == MAX_FLAGGED_ROWS
-    everything = OutputFormat.TABLE.formatter()(report, RenderOptions(width=100, show_all=True))
+    everything = render_text(report, OutputFormat.TABLE, RenderOptions(width=100, show_all=True))
     assert everything.count("vanishing │") == MAX_FLAGGED_ROWS + 30
-    markdown = OutputFormat.MARKDOWN.formatter()(report, RenderOptions())
+    markdown = render_text(report, OutputFormat.MARKDOWN, RenderOptions())
     assert hint in markdown
-    github = OutputFormat.GITHUB.formatter()(report, RenderOptions()).splitlines()
+    github = render_text(report, OutputFormat.GITHUB, RenderOptions()).splitlines()
     assert sum(line.startswith("::warning") for line in github) == MAX_FLAGGED_ROWS
     assert any(line.startswith("::notice") and "30 more findings" in line for line in github)
-    junit = OutputFormat.JUNIT.formatter()(report, RenderOptions())
+    junit = render_text(report, OutputFormat.JUNIT, RenderOptions())
     root = ET.fromstring(junit.split("\n", 1)[1])
     out = next(
         case.find("system-out") for case in root.iter("testcase") if case.get("name") == "vanishing"
@@ -329,7 +329,7 @@ def test_tensors_skipped_for_one_reason_share_a_line() -> None:
     tensors |= {"flag": torch.tensor(True), "head.weight": torch.randn(4, 4)}
     report = audit(tensors)
     assert len(report.skipped) == 31  # each still in the report (and in JSON)
-    table = OutputFormat.TABLE.formatter()(report, RenderOptions(width=120))
+    table = render_text(report, OutputFormat.TABLE, RenderOptions(width=120))
     skipped = [line for line in table.splitlines() if line.startswith("skipped")]
     assert skipped == [
         "skipped 30 tensors (optimizer.state.0.step, …): dtype int64 is not floating-point; "

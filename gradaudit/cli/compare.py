@@ -31,7 +31,7 @@ from gradaudit.cli.options import (
     settings_from_flags,
 )
 from gradaudit.cli.output import check_output_path, emit_comparison
-from gradaudit.compare.model import DEFAULT_MAX_CHANGE
+from gradaudit.comparison.model import DEFAULT_MAX_CHANGE
 from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.report.base import DEFAULT_TOP_ROWS
@@ -145,7 +145,7 @@ def compare(
         policy = settings.compare_policy()
         check_device_option(settings.device or "auto")
         check_output_path(settings.output, paths, config=settings.source)
-        from gradaudit.compare.api import compare_paths  # torch: only once there is work to do
+        from gradaudit.comparison.api import compare_paths  # torch: only once there is work to do
 
         comparison = compare_paths(
             paths[0],

@@ -13,16 +13,19 @@ command in CI and on laptops applies it. The rules, like ruff's:
 * an unknown key or a bad value is a usage error naming the file and the key:
   a typo in a CI gate must not silently weaken it;
 * relative paths in the file (``output``) are relative to the file's directory;
-* one file serves every command. Keys that apply to every command sit in the
+* one file serves every command. Keys that several commands read sit in the
   table itself; a ``[tool.gradaudit.<command>]`` sub-table (``compare``,
-  ``scan``) holds the keys only that command reads (``min-ratio``,
-  ``max-ratio``, ``max-change``, ``fail-on-change`` for ``compare``) and may
+  ``scan``, ``trend``) holds the keys only that command reads (``min-ratio``,
+  ``max-ratio``, ``max-change``, ``fail-on-change`` for ``compare``;
+  ``spike-factor`` for ``trend``, and ``fail-on`` in trend's own words) and may
   override shared keys for that command alone (its own ``output`` or
-  ``format``). Precedence: flags, then the command's sub-table, then the
-  table. Every sub-table is validated on every run, so a typo in the
-  ``compare`` gate fails the quick ``scan`` in pre-commit too, not only the
-  nightly job; a command-only key in the shared table is a usage error that
-  says where it belongs.
+  ``format``). A command ignores the shared keys it has no flag for (``trend``
+  and ``exploding-threshold``), but naming one in its sub-table is an error.
+  Precedence: flags, then the command's sub-table, then the table. Every
+  sub-table is validated on every run, so a typo in the ``compare`` gate
+  fails the quick ``scan`` in pre-commit too, not only the nightly job; a
+  command-only key in the shared table is a usage error that says where it
+  belongs.
 
 Every value, from the file or from a flag, goes through :func:`parse_setting`,
 so both are judged by the same rules.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import stat
 from collections.abc import Callable, Mapping
@@ -40,7 +44,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from gradaudit._compat import tomllib
-from gradaudit.compare.model import (
+from gradaudit.comparison.model import (
     DEFAULT_MAX_CHANGE,
     ComparePolicy,
     check_max_change,
@@ -65,14 +69,21 @@ from gradaudit.policy import (
     check_max_vanishing_fraction,
     check_vanishing_threshold,
     parse_fail_on,
+    parse_kinds,
 )
 from gradaudit.report.formats import OutputFormat
+from gradaudit.trend.builder import (
+    DEFAULT_SPIKE_FACTOR,
+    DEFAULT_TREND_FAIL_ON,
+    TrendKind,
+    TrendPolicy,
+)
 
 #: The file searched for, and the table read from it.
 PYPROJECT = "pyproject.toml"
 TABLE = ("tool", "gradaudit")
 #: The commands that read settings; each may have its own sub-table.
-COMMANDS = ("scan", "compare")
+COMMANDS = ("scan", "compare", "trend")
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ class Settings:
     only make sense per invocation (``--all``, ``--top``, ``--debug``) and
     flags that describe the inputs (``--include``, ``--host-prefix`` …) are
     not settings. The ``compare`` gate (``min_ratio`` … ``fail_on_change``)
-    is only ever filled for ``compare``.
+    is only ever filled for ``compare``, ``spike_factor`` and ``trend_fail_on``
+    (``fail-on`` in ``[tool.gradaudit.trend]``: trend's kinds) only for ``trend``.
     """
 
     fail_on: frozenset[FindingKind] | None = None
@@ -103,6 +115,8 @@ class Settings:
     max_ratio: float | None = None
     max_change: float | None = None
     fail_on_change: bool | None = None
+    spike_factor: float | None = None
+    trend_fail_on: frozenset[TrendKind] | None = None
     #: Where the file settings came from (for messages); not a setting.
     source: Path | None = None
 
@@ -142,6 +156,18 @@ class Settings:
             )
         except PolicyError as error:
             raise self._usage_error(error) from None
+
+    def trend_policy(self) -> TrendPolicy:
+        """The ``trend`` policy these settings describe, defaults filling the gaps."""
+        try:
+            return TrendPolicy(
+                spike_factor=_default(self.spike_factor, DEFAULT_SPIKE_FACTOR),
+                vanishing=_default(self.vanishing_threshold, DEFAULT_VANISHING_THRESHOLD),
+                fail_on=_default(self.trend_fail_on, DEFAULT_TREND_FAIL_ON),
+            )
+        except ValueError as error:
+            origin = f" (settings from {self.source} and the command line)" if self.source else ""
+            raise UsageError(f"{error}{origin}") from None
 
     def _usage_error(self, error: PolicyError) -> UsageError:
         # Each value was checked alone when parsed; this is a conflict between
@@ -256,6 +282,18 @@ def _cast_check(raw: object) -> str:
         raise ValueError(error.problem) from None
 
 
+def _spike_factor(raw: object) -> float:
+    value = _number(raw)
+    if not 1.0 < value < math.inf:
+        raise ValueError(f"must be a finite number above 1 (got {value:g})")
+    return value
+
+
+def _trend_fail_on(raw: object) -> frozenset[TrendKind]:
+    """trend's ``fail-on``: ``nonfinite``, ``spike``, ``collapse``, ``all`` or ``none``."""
+    return parse_kinds(",".join(_strings(raw)), TrendKind)
+
+
 def _output(raw: object) -> Path:
     text = str(raw) if isinstance(raw, PurePath) else _string(raw)
     if not text.strip():
@@ -273,23 +311,30 @@ class Key:
 
     @property
     def shared(self) -> bool:
-        """Read by every command, so it belongs in the shared table."""
-        return self.commands == frozenset(COMMANDS)
+        """Read by more than one command, so it may sit in the shared table."""
+        return len(self.commands) > 1
 
 
 _COMPARE = frozenset({"compare"})
+_TREND = frozenset({"trend"})
+#: Keys ``trend`` has no flag for: they judge single tensors, which trend does not report.
+_SCAN_AND_COMPARE = frozenset({"scan", "compare"})
 
 #: Config key (= long flag) -> :class:`Key`. Add a key here to make a new flag
 #: configurable; the README's configuration table lists these keys.
 KEYS: Mapping[str, Key] = {
-    "fail-on": Key("fail_on", _fail_on),
+    "fail-on": Key("fail_on", _fail_on, _SCAN_AND_COMPARE),
     "vanishing-threshold": Key("vanishing_threshold", _checked(check_vanishing_threshold)),
-    "exploding-threshold": Key("exploding_threshold", _checked(check_exploding_threshold)),
-    "max-global-norm": Key("max_global_norm", _checked(check_max_global_norm)),
-    "max-vanishing-fraction": Key("max_vanishing_fraction", _checked(check_max_vanishing_fraction)),
-    "ignore": Key("ignore", _ignore),
+    "exploding-threshold": Key(
+        "exploding_threshold", _checked(check_exploding_threshold), _SCAN_AND_COMPARE
+    ),
+    "max-global-norm": Key("max_global_norm", _checked(check_max_global_norm), _SCAN_AND_COMPARE),
+    "max-vanishing-fraction": Key(
+        "max_vanishing_fraction", _checked(check_max_vanishing_fraction), _SCAN_AND_COMPARE
+    ),
+    "ignore": Key("ignore", _ignore, _SCAN_AND_COMPARE),
     "kind": Key("kind", _kind_value),
-    "cast-check": Key("cast_check", _cast_check),
+    "cast-check": Key("cast_check", _cast_check, _SCAN_AND_COMPARE),
     "format": Key("format", _choice(OutputFormat)),
     "output": Key("output", _output),
     "quiet": Key("quiet", _boolean),
@@ -299,7 +344,19 @@ KEYS: Mapping[str, Key] = {
     "max-ratio": Key("max_ratio", _checked(check_max_ratio), _COMPARE),
     "max-change": Key("max_change", _checked(check_max_change), _COMPARE),
     "fail-on-change": Key("fail_on_change", _boolean, _COMPARE),
+    "spike-factor": Key("spike_factor", _spike_factor, _TREND),
 }
+#: Keys a command spells like a shared key but reads in its own words: in its sub-table
+#: (and from its flags) these replace the shared key's meaning.
+COMMAND_KEYS: Mapping[str, Mapping[str, Key]] = {
+    "trend": {"fail-on": Key("trend_fail_on", _trend_fail_on, _TREND)},
+}
+
+
+def key_for(key: str, command: str | None) -> Key | None:
+    """What ``key`` means for ``command`` (its own spelling first), or ``None`` if unknown."""
+    own = COMMAND_KEYS.get(command or "", {})
+    return own.get(key) or KEYS.get(key)
 
 
 class SettingError(ValueError):
@@ -311,14 +368,17 @@ class SettingError(ValueError):
         super().__init__(f"{key}: {problem}")
 
 
-def parse_setting(key: str, raw: object) -> tuple[str, Any]:
-    """``(field, value)`` for one key and its raw value; :class:`SettingError` if bad."""
-    if key not in KEYS:
+def parse_setting(key: str, raw: object, command: str | None = None) -> tuple[str, Any]:
+    """``(field, value)`` for one key and its raw value; :class:`SettingError` if bad.
+
+    ``command`` picks its own meaning of a key (:data:`COMMAND_KEYS`).
+    """
+    spec = key_for(key, command)
+    if spec is None:
         close = difflib.get_close_matches(key.replace("_", "-"), list(KEYS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         known = ", ".join(KEYS)
         raise SettingError(key, f"unknown key{hint}; known keys: {known}")
-    spec = KEYS[key]
     try:
         return spec.field, spec.parse(raw)
     except ValueError as error:
@@ -387,11 +447,11 @@ def _sub_table(command: str, raw: object, base: Path | None, prefix: str) -> dic
         raise TableError(_table_name(prefix), SettingError(command, "must be a table"))
     values: dict[str, Any] = {}
     for key, raw_value in raw.items():
-        spec = KEYS.get(key)
+        spec = key_for(key, command)
         try:
             if spec is not None and command not in spec.commands:
                 raise SettingError(key, f"{command} does not read it (only {_readers(spec)})")
-            field, value = _parsed(key, raw_value, base)
+            field, value = _parsed(key, raw_value, base, command)
         except SettingError as error:
             raise TableError(_table_name(prefix, command), error) from None
         values[field] = value
@@ -406,8 +466,10 @@ def _with_sub_tables(error: SettingError) -> SettingError:
     return SettingError(error.key, f"{error.problem}; sub-tables: {tables}")
 
 
-def _parsed(key: str, raw: object, base: Path | None) -> tuple[str, Any]:
-    field, value = parse_setting(key, raw)
+def _parsed(
+    key: str, raw: object, base: Path | None, command: str | None = None
+) -> tuple[str, Any]:
+    field, value = parse_setting(key, raw, command)
     if isinstance(value, Path) and base is not None and not value.is_absolute():
         value = base / value
     return field, value

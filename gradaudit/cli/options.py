@@ -31,7 +31,14 @@ from typing import Annotated, Any
 
 import typer
 
-from gradaudit.cli.config import KEYS, SettingError, Settings, parse_setting, resolve
+from gradaudit.cli.config import (
+    COMMAND_KEYS,
+    KEYS,
+    SettingError,
+    Settings,
+    parse_setting,
+    resolve,
+)
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_FAIL_ON, FAIL_ON_WORDS
@@ -155,13 +162,14 @@ def settings_from_flags(
     the same message (naming the flag or the file and key). ``command`` picks
     the config file's ``[tool.gradaudit.<command>]`` sub-table.
     """
-    keys = {spec.field: key for key, spec in KEYS.items()}
+    own = COMMAND_KEYS.get(command, {})
+    keys = {spec.field: key for key, spec in [*KEYS.items(), *own.items()]}
     given: dict[str, Any] = {}
     for name, raw in flags.items():
         if raw is None or raw == []:  # a repeatable option that was not given
             continue
         try:
-            field, value = parse_setting(keys[name], raw)
+            field, value = parse_setting(keys[name], raw, command)
         except SettingError as error:
             raise UsageError(f"--{error.key}: {error.problem}") from None
         given[field] = value

@@ -1,8 +1,9 @@
 """Where rendered text goes: stdout (surviving ``| head``) or an ``--output`` file (atomically).
 
-Commands render a report with its formatter and hand the text here; this is
-the only code that writes data (stdout or a report file). Messages for people
-go to stderr through :func:`~gradaudit.cli.app.say`.
+Commands hand a result here; it is rendered in the chosen format and each chunk
+the renderer yields is written as it comes (a million-tensor JSON report is
+never one string). This is the only code that writes data (stdout or a report
+file). Messages for people go to stderr through :func:`~gradaudit.cli.app.say`.
 """
 
 from __future__ import annotations
@@ -11,21 +12,22 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import Comparison
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import Comparison
 from gradaudit.errors import ExitCode, OutputError, UsageError
-from gradaudit.report import OutputFormat, RenderOptions, comparison_formatter
+from gradaudit.report import OutputFormat, RenderOptions, render
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
 from gradaudit.scan.judge import exit_code
+from gradaudit.trend.builder import TrendReport, trend_exit_code
 
 
 def check_output_path(
@@ -113,8 +115,8 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename.
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """Write ``text`` (or its chunks) to ``path``: a temporary file in its directory, renamed.
 
     A reader (a CI step, a dashboard) sees either the previous file or the
     complete new one, never half a report; an interrupted run leaves no
@@ -139,7 +141,7 @@ def write_atomic(path: Path, text: str) -> None:
         raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+            handle.writelines([text] if isinstance(text, str) else text)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, mode)
@@ -152,15 +154,19 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_stdout(text: str) -> None:
-    """Write data to stdout; a reader that went away (``| head``) ends output quietly.
+def write_stdout(text: str | Iterable[str]) -> None:
+    """Write data (or its chunks, each as it comes) to stdout; a reader that went away
+    (``| head``) ends output quietly.
 
     Whatever the reader did not read, it did not want: the rest is dropped and
     the command still exits with its verdict. stdout is pointed at /dev/null
     so the interpreter's final flush does not complain either.
     """
     try:
-        sys.stdout.write(text)
+        for chunk in [text] if isinstance(text, str) else text:
+            sys.stdout.write(chunk)
+            if getattr(sys.stdout, "silenced", False):
+                break  # the reader left or stdout failed (streams.py noted it): stop rendering
         sys.stdout.flush()
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -195,8 +201,8 @@ def render_options(
     )
 
 
-def emit(text: str, settings: Settings, what: str = "report") -> None:
-    """Send rendered text to ``--output`` (with a note on stderr) or stdout."""
+def emit(text: str | Iterable[str], settings: Settings, what: str = "report") -> None:
+    """Send rendered text (or its chunks) to ``--output`` (with a note on stderr) or stdout."""
     if settings.output is None:
         write_stdout(text)
         return
@@ -205,14 +211,22 @@ def emit(text: str, settings: Settings, what: str = "report") -> None:
         say(f"wrote {what} to {printable(str(settings.output))}")
 
 
+def _emit(
+    result: Report | Comparison | TrendReport,
+    settings: Settings,
+    options: RenderOptions,
+    what: str,
+) -> None:
+    output_format = settings.format or OutputFormat.TABLE
+    emit(render(result, output_format, options), settings, f"{output_format.value} {what}")
+
+
 def emit_report(
     report: Report, settings: Settings, *, show_all: bool = False, top: int = DEFAULT_TOP_ROWS
 ) -> ExitCode:
     """Announce problems, render ``report`` in the chosen format, send it; return the verdict."""
     announce_problems(report)
-    output_format = settings.format or OutputFormat.TABLE
-    text = output_format.formatter()(report, render_options(settings, show_all=show_all, top=top))
-    emit(text, settings, f"{output_format.value} report")
+    _emit(report, settings, render_options(settings, show_all=show_all, top=top), "report")
     return exit_code(report)
 
 
@@ -225,8 +239,16 @@ def emit_comparison(
 ) -> ExitCode:
     """:func:`emit_report` for ``compare``: the same stderr lines, formats and destinations."""
     announce_problems(comparison.report)
-    output_format = settings.format or OutputFormat.TABLE
-    render = comparison_formatter(output_format)
-    text = render(comparison, render_options(settings, show_all=show_all, top=top))
-    emit(text, settings, f"{output_format.value} comparison")
+    options = render_options(settings, show_all=show_all, top=top)
+    _emit(comparison, settings, options, "comparison")
     return comparison_exit_code(comparison)
+
+
+def emit_trend(report: TrendReport, settings: Settings, *, show_all: bool = False) -> ExitCode:
+    """:func:`emit_report` for ``trend``: one stderr line per dump that could not be audited."""
+    for problem in report.errors:
+        say(f"error: {printable(problem.path)}: {printable(problem.message)}")
+    if not report.errors and not any(step.tensors for step in report.steps):
+        say("error: nothing to audit: no floating-point tensor in the dumps")
+    _emit(report, settings, render_options(settings, show_all=show_all), "trend")
+    return trend_exit_code(report)

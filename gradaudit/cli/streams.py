@@ -52,6 +52,15 @@ class GuardedStream(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    @property
+    def silenced(self) -> bool:
+        """Whether writes now go nowhere: the reader left (``| head``) or the stream failed.
+
+        A writer of many chunks stops rendering then, instead of rendering the rest of a
+        million-tensor report into ``/dev/null``.
+        """
+        return self._silenced
+
     def isatty(self) -> bool:
         if self._stream is None or self._silenced:
             return False

@@ -1,4 +1,11 @@
-"""``gradaudit trend``: audit a series of dumps and report how each layer's norm evolved."""
+"""``gradaudit trend``: audit a series of dumps and report how each layer's norm evolved.
+
+Shares ``scan``'s configuration and output options (``cli/options.py``): every
+``--format``, ``--output`` (never over an input), ``--quiet``, ``--device``,
+``--engine``, ``--kind`` and ``--vanishing-threshold``, from the flags or the
+config file; trend's own ``spike-factor`` and ``fail-on`` (whose words are
+trend's: nonfinite, spike, collapse) sit in its ``[tool.gradaudit.trend]`` sub-table.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,19 @@ from typing import Annotated
 
 import typer
 
-from gradaudit.cli.app import app, check_device_option, exit_codes, output_width, say, use_color
-from gradaudit.cli.options import KindOption
-from gradaudit.cli.output import write_stdout
+from gradaudit.cli.app import app, check_device_option, exit_codes
+from gradaudit.cli.options import (
+    ConfigOption,
+    DeviceOption,
+    EngineOption,
+    FormatOption,
+    KindOption,
+    NoConfigOption,
+    OutputOption,
+    QuietOption,
+    settings_from_flags,
+)
+from gradaudit.cli.output import check_output_path, emit_trend, write_stdout
 from gradaudit.cli.visuals import (
     GroupByOption,
     PlotOption,
@@ -19,18 +36,12 @@ from gradaudit.cli.visuals import (
 )
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, PolicyError, check_kind, parse_kinds
+from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
 from gradaudit.precision import Precision
-from gradaudit.report.base import RenderOptions
-from gradaudit.report.text import printable
-from gradaudit.report.trend_report import TrendFormat
+from gradaudit.report import OutputFormat
 from gradaudit.trend.builder import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_TREND_FAIL_ON,
-    TrendKind,
-    TrendPolicy,
-    trend_exit_code,
-    trend_paths,
 )
 
 TREND_EXIT_CODES_HELP = (
@@ -38,15 +49,10 @@ TREND_EXIT_CODES_HELP = (
     "spike by default); 2 usage error; 3 a dump could not be audited (missing, unreadable, "
     "corrupt, step unknown or taken twice) or nothing to audit - beats 1; 4 internal error "
     "(rerun with --debug); 5 the report or a message could not be written (stdout/stderr "
-    "closed or full) - beats all."
+    "closed or full) - beats all. Settings: [tool.gradaudit] in pyproject.toml, and "
+    "[tool.gradaudit.trend] for trend's own (spike-factor, fail-on)."
 )
-
-
-def _policy(spike_factor: float, vanishing: float, fail_on: str) -> TrendPolicy:
-    try:
-        return TrendPolicy(spike_factor, vanishing, parse_kinds(fail_on, TrendKind))
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+_DEFAULT_FAIL_ON = ",".join(sorted(kind.value for kind in DEFAULT_TREND_FAIL_ON))
 
 
 @app.command(epilog=TREND_EXIT_CODES_HELP)
@@ -59,38 +65,40 @@ def trend(
             metavar="PATH",
         ),
     ],
-    output_format: Annotated[
-        TrendFormat, typer.Option("--format", "-f", help="Output format.")
-    ] = TrendFormat.TABLE,
+    output_format: FormatOption = None,
+    output: OutputOption = None,
+    quiet: QuietOption = None,
     group_by: GroupByOption = "auto",
     spike_factor: Annotated[
-        float,
-        typer.Option(help="A layer's norm above this many times its running median is a spike."),
-    ] = DEFAULT_SPIKE_FACTOR,
+        float | None,
+        typer.Option(
+            help="A layer's norm above this many times its running median is a spike. "
+            f"[default: {DEFAULT_SPIKE_FACTOR:g}]"
+        ),
+    ] = None,
     vanishing_threshold: Annotated[
-        float, typer.Option(help="A layer whose norm falls below this and stays has collapsed.")
-    ] = DEFAULT_VANISHING_THRESHOLD,
+        float | None,
+        typer.Option(
+            help="A layer whose norm falls below this and stays has collapsed. "
+            f"[default: {DEFAULT_VANISHING_THRESHOLD:g}]"
+        ),
+    ] = None,
     fail_on: Annotated[
-        str,
-        typer.Option(help="Findings that fail the run: nonfinite,spike,collapse, all or none."),
-    ] = ",".join(sorted(kind.value for kind in DEFAULT_TREND_FAIL_ON)),
+        str | None,
+        typer.Option(
+            help="Findings that fail the run: nonfinite,spike,collapse, all or none. "
+            f"[default: {_DEFAULT_FAIL_ON}]"
+        ),
+    ] = None,
     show_all: Annotated[
         bool, typer.Option("--all", help="List every step, not only the first, last and flagged.")
     ] = False,
+    recursive: Annotated[
+        bool, typer.Option("--recursive", "-r", help="Search directories' subdirectories too.")
+    ] = False,
     plot: PlotOption = None,
-    device: Annotated[
-        str, typer.Option(help="Where to reduce: auto (CUDA when available), cpu, cuda, cuda:N.")
-    ] = "auto",
-    engine: Annotated[
-        Engine,
-        typer.Option(
-            help=(
-                "Kernel: native (single-pass C for CPU tensors), triton (single-pass Triton "
-                "for CUDA tensors), eager, or compiled with torch.compile; auto picks native "
-                "and triton where available."
-            )
-        ),
-    ] = Engine.AUTO,
+    device: DeviceOption = None,
+    engine: EngineOption = None,
     chunk_elements: Annotated[
         int | None, typer.Option(min=1, hidden=True, help="Elements reduced at once.")
     ] = None,
@@ -102,39 +110,55 @@ def trend(
             "values; the scale that fits them) moves over the steps. Informational.",
         ),
     ] = None,
+    config: ConfigOption = None,
+    no_config: NoConfigOption = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Audit a series of dumps: per-layer norm over steps, spikes, first NaN/Inf, collapse."""
     with exit_codes(debug):
-        policy = _policy(spike_factor, vanishing_threshold, fail_on)
-        spec = group_by_option(group_by)
-        check_device_option(device)
-        plot_format = check_plot_target(plot, paths)
-        try:
-            input_kind = check_kind(kind or "auto")
-        except PolicyError as error:
-            raise UsageError(f"--{error}") from None
-        if precision is not None and output_format is not TrendFormat.TABLE:
-            raise UsageError("--precision prints a table: use it with --format table")
-        report = trend_paths(
-            paths,
-            kind=input_kind,
-            policy=policy,
-            group_by=spec,
+        settings = settings_from_flags(
+            config,
+            no_config,
+            command="trend",
+            format=output_format,
+            output=output,
+            quiet=quiet,
             device=device,
             engine=engine,
+            vanishing_threshold=vanishing_threshold,
+            kind=kind,
+            spike_factor=spike_factor,
+            trend_fail_on=fail_on,
+        )
+        policy = settings.trend_policy()
+        spec = group_by_option(group_by)
+        check_device_option(settings.device or "auto")
+        check_output_path(settings.output, paths, recursive=recursive, config=settings.source)
+        plot_format = check_plot_target(plot, paths, recursive=recursive, config=settings.source)
+        if precision is not None:
+            if (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE:
+                raise UsageError("--precision prints a table: use it with --format table")
+            if settings.output is not None:
+                raise UsageError("--precision writes its table to stdout: leave out --output")
+        from gradaudit.trend.builder import (
+            trend_paths,  # reads files: only once there is work to do
+        )
+
+        report = trend_paths(
+            paths,
+            kind=settings.kind or InputKind.AUTO,
+            policy=policy,
+            group_by=spec,
+            device=settings.device or "auto",
+            engine=settings.engine or Engine.AUTO,
             chunk_elements=chunk_elements,
             precision=precision,
+            recursive=recursive,
         )
-        for problem in report.errors:
-            say(f"error: {printable(problem.path)}: {printable(problem.message)}")
-        if not report.errors and not any(step.tensors for step in report.steps):
-            say("error: nothing to audit: no floating-point tensor in the dumps")
-        options = RenderOptions(width=output_width(), color=use_color(), show_all=show_all)
-        write_stdout(output_format.formatter()(report, options))
+        verdict = emit_trend(report, settings, show_all=show_all)
         if precision is not None and report.headroom:
             from gradaudit.report.precision_table import render_headroom_trend
 
             write_stdout("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)
-        raise typer.Exit(int(trend_exit_code(report)))
+        raise typer.Exit(int(verdict))

@@ -137,7 +137,7 @@ class ScanVisuals:
         if self.plot is None or self.plot_format is None or not report.tensors:
             return
         spec, layers = report_layers(report, self.group_by)
-        title = chart_title(layers, spec)
+        title = chart_title(report, layers, spec)
         write_plot(self.plot, flow_plot(layers, report.thresholds, self.plot_format, title=title))
 
 

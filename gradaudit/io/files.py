@@ -40,12 +40,15 @@ class FileIdentity:
 
 
 def show(text: str, limit: int = SHOW_LIMIT) -> str:
-    """Quote a string from the file for a one-line message.
+    """Quote a string from the file for a one-line message, cut at ``limit`` characters.
 
-    Names come from a possibly hostile file: control characters, bidi overrides or a
-    megabyte-long name must not reach a terminal or a CI log as-is.
+    Names come from a possibly hostile file: a megabyte-long name must not make a
+    megabyte-long message. Control characters and bidi overrides are left as they
+    are: the message is data (JSON carries the exact name), and every renderer
+    escapes it once, at render time, with :func:`gradaudit.report.text.printable`.
+    Escaping here as well showed ``bad\\\\x1bname`` on stderr.
     """
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
+    shown = text[:limit]
     return f'"{shown}..."' if len(text) > limit else f'"{shown}"'
 
 

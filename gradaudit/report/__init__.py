@@ -1,15 +1,16 @@
-"""Renderers: a :class:`Report` or a :class:`Comparison` in, text out; one module per format."""
+"""Renderers: a scan :class:`Report`, a :class:`Comparison` or a :class:`TrendReport` in,
+text out; one module per format in :mod:`gradaudit.report.formats`."""
 
 from __future__ import annotations
 
-from gradaudit.report.base import ComparisonFormatter, Formatter, RenderOptions
-from gradaudit.report.compare_formats import comparison_formatter
-from gradaudit.report.formats import OutputFormat
+from gradaudit.report.base import Renderers, RenderOptions
+from gradaudit.report.formats import OutputFormat, render, render_text, renderers
 
 __all__ = [
-    "ComparisonFormatter",
-    "Formatter",
     "OutputFormat",
     "RenderOptions",
-    "comparison_formatter",
+    "Renderers",
+    "render",
+    "render_text",
+    "renderers",
 ]

@@ -1,18 +1,19 @@
-"""The interfaces every output format implements: one per result type.
+"""What every output format implements: a renderer per result type, and the options.
 
-A :class:`Report` and a :class:`Comparison` are different results, so each has
-its own formatter protocol; both share :class:`RenderOptions`, and each output
-format maps to one formatter per result type (``formats.py``,
-``compare_formats.py``), with a test that every mapping is exhaustive.
+A :class:`Report`, a :class:`Comparison` and a :class:`TrendReport` are
+different results; each format module (``report/formats/<format>.py``) renders
+all three and offers them as one :class:`Renderers`, which the registry in
+:mod:`gradaudit.report.formats` maps to its :class:`OutputFormat`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
-from gradaudit.compare.model import Comparison
+from gradaudit.comparison.model import Comparison
 from gradaudit.results import Report
+from gradaudit.trend.builder import TrendReport
 
 #: Rows shown by default in the table: the flagged tensors plus this many of the largest norms.
 DEFAULT_TOP_ROWS = 20
@@ -43,13 +44,14 @@ class RenderOptions:
     quiet: bool = False
 
 
-class Formatter(Protocol):
-    """Turns a report into text. Where the text goes is the CLI's decision."""
+@dataclass(frozen=True)
+class Renderers:
+    """One format's renderer for each result type.
 
-    def __call__(self, report: Report, options: RenderOptions) -> str: ...
+    A renderer yields the text in chunks (a table, a block, one JSON tensor);
+    where the text goes is the CLI's decision.
+    """
 
-
-class ComparisonFormatter(Protocol):
-    """Turns a comparison into text. Where the text goes is the CLI's decision."""
-
-    def __call__(self, comparison: Comparison, options: RenderOptions) -> str: ...
+    scan: Callable[[Report, RenderOptions], Iterator[str]]
+    compare: Callable[[Comparison, RenderOptions], Iterator[str]]
+    trend: Callable[[TrendReport, RenderOptions], Iterator[str]]

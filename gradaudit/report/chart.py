@@ -37,6 +37,7 @@ from gradaudit.policy import Role, Severity, Thresholds
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.console import string_console
 from gradaudit.report.fit import shorten_left
+from gradaudit.report.styles import ROW_STYLE
 from gradaudit.report.text import number, plural, printable
 from gradaudit.results import Report, TensorStats
 
@@ -47,8 +48,6 @@ MIN_BAR_CELLS = 10
 _VALUE_CELLS = 9
 _BAR = "█"
 _MARK = "┊"
-_SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", None: "green"}
-_LABEL_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", None: ""}
 
 
 @dataclass(frozen=True)
@@ -233,9 +232,10 @@ def chart_lines(
         label = shorten_left(label, label_cells)
         severity = drawn_severity(layer, thresholds)
         filled = axis.bar(layer.norm)
-        row = Text(label.ljust(label_cells), style=_LABEL_STYLE[severity])
+        # A healthy layer's bar is green, its label plain; a flagged one's both in its row style.
+        row = Text(label.ljust(label_cells), style="" if severity is None else ROW_STYLE[severity])
         row.append(" │")
-        row.append(_BAR * filled, style=_SEVERITY_STYLE[severity])
+        row.append(_BAR * filled, style="green" if severity is None else ROW_STYLE[severity])
         rest = [" "] * (cells - filled)
         styles: dict[int, str] = {}
         for cell, style in marks:
@@ -256,10 +256,14 @@ def chart_lines(
     return lines
 
 
-def chart_title(layers: Sequence[Layer], spec: GroupBy) -> str:
+def chart_title(report: Report, layers: Sequence[Layer], spec: GroupBy) -> str:
+    """The chart's title names what it shows: gradient flow only when the bars are gradients."""
+    roles = {t.role for t in charted_tensors(report)}
+    # One role: name it; several (a checkpoint of neither weights nor gradients): "Tensors".
+    titles: dict[Role | None, str] = {Role.GRADIENT: "Gradient flow", Role.WEIGHT: "Weights"}
+    what = titles.get(roles.pop() if len(roles) == 1 else None, "Tensors")
     return (
-        f"Gradient flow: L2 norm per layer, log10 scale · group-by {spec} · "
-        f"{plural(len(layers), 'row')}"
+        f"{what}: L2 norm per layer, log10 scale · group-by {spec} · {plural(len(layers), 'row')}"
     )
 
 
@@ -291,7 +295,7 @@ def render_chart(report: Report, options: RenderOptions, group_by: GroupBy) -> s
     buffer = io.StringIO()
     console = string_console(buffer, options)
     for line in chart_lines(
-        layers, report.thresholds, options.width, title=chart_title(layers, spec)
+        layers, report.thresholds, options.width, title=chart_title(report, layers, spec)
     ):
         console.print(line, overflow="crop", no_wrap=True)
     console.print()

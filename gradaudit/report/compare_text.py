@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from gradaudit.compare.checks import comparison_exit_code
-from gradaudit.compare.model import (
+from gradaudit.comparison.checks import comparison_exit_code
+from gradaudit.comparison.model import (
     CompareFindingKind,
     Comparison,
     DualGradientStats,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterable, Iterator
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.fit import sane_width
@@ -27,3 +29,18 @@ def string_console(buffer: TextIO, options: RenderOptions) -> Console:
         emoji=False,
         legacy_windows=False,
     )
+
+
+def printed(renderables: Iterable[RenderableType], options: RenderOptions) -> Iterator[str]:
+    """Each renderable's text as soon as it is printed, for a renderer that yields chunks.
+
+    One console prints them all into one buffer, emptied after each: the text is
+    what printing them one after the other into a single string would give.
+    """
+    buffer = io.StringIO()
+    console = string_console(buffer, options)
+    for renderable in renderables:
+        console.print(renderable)
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()

@@ -109,13 +109,16 @@ def skipped_lines(report: Report, limit: int = 10) -> list[tuple[str, bool]]:
     for (unaudited, reason), group in by_reason.items():
         if len(group) >= GROUP_SKIPPED:
             first = printable(group[0].name)
-            lines.append((f"skipped {len(group)} tensors ({first}, …): {reason}", unaudited))
+            shown = printable(reason)
+            lines.append((f"skipped {len(group)} tensors ({first}, …): {shown}", unaudited))
             continue
         for skipped in group:
             where = ""
             if several and skipped.source and not skipped.name.startswith(skipped.source):
                 where = f" in {printable(skipped.source)}"
-            lines.append((f"skipped {printable(skipped.name)}{where}: {reason}", unaudited))
+            lines.append(
+                (f"skipped {printable(skipped.name)}{where}: {printable(reason)}", unaudited)
+            )
     if len(lines) > limit:
         hidden = len(lines) - limit
         lines = [*lines[:limit], (f"… and {hidden} more skipped lines", False)]
@@ -140,7 +143,7 @@ def flagged_line(report: Report) -> str:
     return (
         f"Flagged tensors: NaN {s.nan_tensors} · Inf {s.inf_tensors} · "
         f"exploding {s.exploding_tensors} · vanishing {s.vanishing_tensors}{outliers}{ignored}"
-        f" · gradient health {s.gradient_health:.3f}"
+        f" · health {s.gradient_health:.3f}"
         f"   (thresholds: vanishing < {number(t.vanishing)}, exploding > {number(t.exploding)})"
     )
 

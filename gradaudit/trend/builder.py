@@ -36,7 +36,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -219,30 +219,34 @@ def dump_step(path: str, metadata: dict[str, str]) -> int:
     return step
 
 
-def expand_inputs(paths: Iterable[str | Path]) -> tuple[list[str], list[InputProblem]]:
-    """Files as given; a directory stands for the ``.safetensors`` files directly in it."""
+def dump_files(
+    paths: Sequence[str | Path], *, recursive: bool = False
+) -> tuple[list[str], list[InputProblem]]:
+    """The dump files ``paths`` stand for, found as ``scan`` finds its inputs.
+
+    Discovery is :func:`gradaudit.io.discover.expand_inputs`: a directory stands for
+    the checkpoint files in it (subdirectories only with ``recursive``, hidden ones
+    never), companion files are passed over, a file reached twice (given twice, or
+    through a link) is read once, and a directory without any dump is a problem.
+    """
+    from gradaudit.io.discover import BadInput, FileInput, expand_inputs
+
     files: list[str] = []
     problems: list[InputProblem] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            try:
-                found = sorted(
-                    str(child) for child in path.iterdir() if child.name.endswith(".safetensors")
-                )
-            except OSError as error:
-                problems.append(InputProblem(str(path), f"cannot list the directory: {error}"))
-                continue
-            if not found:
-                problems.append(InputProblem(str(path), "no .safetensors files in this directory"))
-            files += found
-        else:
-            files.append(str(raw))
-    return list(dict.fromkeys(files)), problems
+    for entry in expand_inputs(paths, recursive=recursive):
+        if isinstance(entry, FileInput):
+            files.append(entry.path)
+        elif isinstance(entry, BadInput):
+            problems.append(InputProblem(entry.path, entry.cause))
+        # A SkippedPath (a companion file, a hidden directory, a second name of a
+        # file) is no dump of the series: scan lists them, a trend has no row for them.
+    return files, problems
 
 
-def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProblem]]:
-    """Expand and order the inputs by step, reading headers only (no tensor data).
+def order_dumps(
+    paths: Sequence[str | Path], *, recursive: bool = False
+) -> tuple[list[Dump], list[InputProblem]]:
+    """Expand (:func:`dump_files`) and order the inputs by step, reading headers only.
 
     An input that cannot be opened, or whose step is unknown or already taken by
     another dump, is a problem; the others are still ordered.
@@ -250,7 +254,7 @@ def order_dumps(paths: Iterable[str | Path]) -> tuple[list[Dump], list[InputProb
     from gradaudit.io import open_source
     from gradaudit.io.safetensors_source import SafetensorsSource
 
-    files, problems = expand_inputs(paths)
+    files, problems = dump_files(paths, recursive=recursive)
     by_step: dict[int, str] = {}
     for path in files:
         try:
@@ -507,9 +511,12 @@ def trend_paths(
     chunk_elements: int | None = None,
     kind: InputKind = InputKind.AUTO,
     precision: Precision | None = None,
+    recursive: bool = False,
 ) -> TrendReport:
     """Order the dumps by step, then audit them one at a time into a :class:`TrendReport`.
 
+    Directories are searched as ``scan`` searches them (:func:`dump_files`;
+    ``recursive`` descends into subdirectories).
     ``kind`` says what the dumps hold (``--kind``); dumps read as weights and as
     gradients in one series are a :class:`UsageError`. ``precision`` also collects
     exponent histograms and keeps each step's headroom in that format
@@ -521,7 +528,7 @@ def trend_paths(
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()
-    dumps, problems = order_dumps(paths)
+    dumps, problems = order_dumps(paths, recursive=recursive)
     builder = TrendBuilder(policy, group_by)
     for problem in problems:
         builder.add_error(problem)

@@ -286,7 +286,7 @@ def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_proces
     sharded: tuple[Path, Path],
 ) -> None:
     """Each rank loads only its share of the chunks; every rank reports what one process would."""
-    from gradaudit.report.json_report import to_document
+    from gradaudit.report.formats.json import to_document
 
     directory, gathered = sharded
     results = [

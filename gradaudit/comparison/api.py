@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from gradaudit.compare.checks import compare_tensors, comparison_findings
-from gradaudit.compare.model import (
+from gradaudit.comparison.checks import compare_tensors, comparison_findings
+from gradaudit.comparison.model import (
     HOST,
     SEED,
     ComparePolicy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from gradaudit.compare.model import (
+from gradaudit.comparison.model import (
     CompareFinding,
     CompareFindingKind,
     ComparePolicy,

@@ -1,0 +1,73 @@
+"""The output formats, one module each, behind one registry keyed by :class:`OutputFormat`.
+
+Each format module renders every result type: ``render_scan`` (a
+:class:`~gradaudit.results.Report`), ``render_compare`` (a
+:class:`~gradaudit.comparison.model.Comparison`) and ``render_trend`` (a
+:class:`~gradaudit.trend.builder.TrendReport`), offered as its ``RENDERERS``.
+:func:`renderers` is the one map from a format to them: ``assert_never`` makes
+mypy reject a format that is not mapped, and a test renders every result type
+in every format.
+
+A renderer yields text in chunks (a table, a block, one JSON tensor) and the
+CLI writes each as it comes, so a report of a million tensors is never one
+string in memory. :func:`render_text` joins them, for tests and library users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import Enum
+
+from gradaudit._compat import assert_never
+from gradaudit.comparison.model import Comparison
+from gradaudit.report.base import Renderers, RenderOptions
+from gradaudit.report.formats import github, junit, markdown, table
+from gradaudit.report.formats import json as json_format
+from gradaudit.results import Report
+from gradaudit.trend.builder import TrendReport
+
+
+class OutputFormat(str, Enum):
+    """``--format`` of ``scan``, ``compare`` and ``trend``."""
+
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+    GITHUB = "github"
+    JUNIT = "junit"
+
+
+def renderers(output_format: OutputFormat) -> Renderers:
+    """The format's renderer for each result type."""
+    if output_format is OutputFormat.TABLE:
+        return table.RENDERERS
+    if output_format is OutputFormat.JSON:
+        return json_format.RENDERERS
+    if output_format is OutputFormat.MARKDOWN:
+        return markdown.RENDERERS
+    if output_format is OutputFormat.GITHUB:
+        return github.RENDERERS
+    if output_format is OutputFormat.JUNIT:
+        return junit.RENDERERS
+    assert_never(output_format)
+
+
+def render(
+    result: Report | Comparison | TrendReport, output_format: OutputFormat, options: RenderOptions
+) -> Iterator[str]:
+    """``result`` in ``output_format``, chunk by chunk."""
+    chosen = renderers(output_format)
+    if isinstance(result, Report):
+        return chosen.scan(result, options)
+    if isinstance(result, Comparison):
+        return chosen.compare(result, options)
+    return chosen.trend(result, options)
+
+
+def render_text(
+    result: Report | Comparison | TrendReport,
+    output_format: OutputFormat,
+    options: RenderOptions | None = None,
+) -> str:
+    """``result`` in ``output_format`` as one string (a million-tensor JSON is a large one)."""
+    return "".join(render(result, output_format, options or RenderOptions()))
