@@ -133,6 +133,45 @@ def test_every_float16_and_bfloat16_bit_pattern(path: str) -> None:
             assert_matches_reference(value.reshape(1), native_row(value.reshape(1)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_blocks_with_and_without_specials_merge(path: str, dtype: torch.dtype) -> None:
+    """Half formats read a block with no NaN/Inf by a short path and classify the others in
+    full: every mix of the two must add up to the float64 reference (norm to 1e-12)."""
+    gen = torch.Generator().manual_seed(11)
+    values = torch.randn(5 * 4096 + 21, generator=gen, dtype=torch.float64)
+    values[100:140] = 0.0  # zeros in a clean block
+    values[4096 + 7] = math.nan  # the second block has NaN, +Inf and a zero
+    values[4096 + 300] = math.inf
+    values[4096 + 301] = 0.0
+    values[2 * 4096 + 9] = 300.0  # the largest magnitude sits in a clean block
+    values[3 * 4096 + 5] = -math.inf  # and the fourth block -Inf
+    values[-3] = math.nan  # and the scalar tail a NaN
+    tensor = values.to(dtype)
+    got = native_row(tensor, threads=1)
+    assert_matches_reference(tensor, got)
+    finite = tensor.double()[tensor.double().isfinite()]
+    assert got.norm == pytest.approx(float(finite.square().sum().sqrt()), rel=1e-12)
+    assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (2, 1, 1, 41)
+    assert got.max_abs == 300.0
+
+
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_tails_read_nothing_past_the_tensor(path: str, dtype: torch.dtype) -> None:
+    """Every tail length, with specials in the tail and NaN in the bytes just past the end:
+    the last elements (masked vector loads for float32) must count exactly those elements."""
+    gen = torch.Generator().manual_seed(12)
+    for numel in [*range(0, 48), 4095, 4097, 4096 + 15]:
+        buffer = torch.full((numel + 40,), math.nan, dtype=torch.float64)
+        buffer[:numel] = torch.randn(numel, generator=gen, dtype=torch.float64)
+        for offset, value in enumerate([0.0, math.inf, -math.inf, math.nan, -0.0]):
+            if numel > offset:
+                buffer[numel - 1 - offset] = value
+        tensor = buffer.to(dtype)[:numel]  # contiguous, followed by NaN in memory
+        got = native_row(tensor, threads=1)
+        assert_matches_reference(tensor, got)
+        assert got.zeros == int((tensor.double() == 0).sum())
+
+
 def test_every_fp8_bit_pattern() -> None:
     """All 256 patterns of both fp8 formats, together and one by one."""
     bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)

@@ -520,6 +520,13 @@ class StatsCollector:
         return self._kernel(self._upcast_for_eager(block))
 
     @property
+    def cpu_native_codes(self) -> Mapping[torch.dtype, int]:
+        """dtype -> native code, for the CPU tensors this collector hands to the native
+        kernel as they are (:meth:`submit_native`); empty when it hands it none (another
+        engine, or Triton asked for by name, which takes CPU tensors too)."""
+        return {} if self._triton_off_cuda else self._native_codes
+
+    @property
     def engine_used(self) -> str:
         """The kernels that ran, joined by ``+`` (``native+eager``); the chosen one if none ran."""
         return "+".join(self._ran) or self.engine.value
@@ -566,7 +573,7 @@ class StatsCollector:
                 self._batch_codes.append(code)
                 self._batch_bytes += numel * tensor.dtype.itemsize
                 if (
-                    len(self._batch) >= NATIVE_BATCH_TENSORS
+                    len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
                     or self._batch_bytes >= NATIVE_BATCH_BYTES
                 ):
                     self._reduce_batch()
@@ -596,30 +603,69 @@ class StatsCollector:
         return ticket
 
     def submit_run(
-        self, pointers: array.array[int], counts: array.array[int], dtype: torch.dtype
+        self,
+        pointers: array.array[int],
+        counts: array.array[int],
+        dtype: torch.dtype,
+        keep_alive: torch.Tensor,
     ) -> range | None:
-        """Reduce many contiguous CPU tensors given by address and element count, now.
+        """Queue many contiguous CPU tensors given by address and element count.
 
-        For a reader's :class:`~gradaudit.io.base.TensorRun`: one native call for
-        thousands of tiny tensors, with no tensor object made for any of them.
-        The caller keeps the memory alive until this returns. Returns the
-        tickets, or ``None`` when the native kernel does not take ``dtype`` (the
-        caller then submits the tensors one by one).
+        For a reader's :class:`~gradaudit.io.base.TensorRun`: they join the native
+        batch (one call for thousands of tiny tensors), with no tensor object made
+        for any of them; ``keep_alive`` (the run's view of its bytes) is held until
+        the batch is reduced, and the bytes must not change before then, as for
+        :meth:`submit`. Returns the tickets, or ``None`` when the native kernel does
+        not take ``dtype`` (the caller then submits the tensors one by one).
         """
         code = self._native_codes.get(dtype)
         if code is None:
             return None
-        # The waiting batch holds earlier tickets: its block goes first, so that the
-        # blocks stay in ticket order and materialising needs no gather.
-        self.settle()
+        count = len(pointers)
+        return self.submit_native(
+            pointers,
+            counts,
+            array.array("i", [code]) * count,
+            sum(counts) * dtype.itemsize,
+            keep_alive,
+        )
+
+    def submit_native(
+        self,
+        pointers: array.array[int],
+        counts: array.array[int],
+        codes: array.array[int],
+        nbytes: int,
+        keep_alive: object,
+    ) -> range:
+        """Queue contiguous CPU tensors for the native batch, as columns: address, element
+        count and :func:`~gradaudit.engine.native.code` of each (``nbytes`` in all).
+
+        :meth:`submit` of each, without a Python call per tensor: the run of a file
+        (:meth:`submit_run`) and the plain CPU tensors of an in-memory audit
+        (:mod:`gradaudit.engine.bulk`) come this way. ``keep_alive`` (whatever owns the
+        bytes) is held until the batch is reduced; the bytes must not change before
+        then. Returns the tickets, in order.
+        """
+        # Joining the waiting batch keeps the blocks in ticket order (materialising
+        # needs no gather); reducing that batch first instead cost a native call, and a
+        # thread start, for each large tensor of a file whose small tensors come
+        # between its large ones (81 calls for a 210-tensor dump instead of 4).
         count = len(pointers)
         first = len(self._layout.rows)
         self._layout.rows.extend([-1] * count)
-        codes = array.array("i", [code]) * count
-        rows = native.rows_of_pointers(pointers, counts, codes, self._threads)
         tickets = range(first, first + count)
-        self._add_block(rows, list(tickets))
-        self._ran["native"] = None
+        self._batch.append(keep_alive)
+        self._batch_tickets += tickets
+        self._batch_pointers += pointers
+        self._batch_counts += counts
+        self._batch_codes += codes
+        self._batch_bytes += nbytes
+        if (
+            len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
+            or self._batch_bytes >= NATIVE_BATCH_BYTES
+        ):
+            self._reduce_batch()
         return tickets
 
     def settle(self) -> None:
@@ -779,7 +825,8 @@ class StatsCollector:
 
     def _new_batch(self) -> None:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
-        self._batch: list[torch.Tensor] = []
+        #: What keeps the batch's bytes alive: its tensors, or the views runs lie in.
+        self._batch: list[object] = []
         self._batch_tickets: list[int] = []
         self._batch_pointers = array.array("Q")
         self._batch_counts = array.array("Q")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from gradaudit.engine.bulk import native_segments
 from gradaudit.engine.devices import resolve_device
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.kernels import Engine
@@ -84,6 +85,10 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 #: What ``audit`` and ``collect_async`` accept: a mapping of names to tensors
 #: (a state dict) or an iterable of ``(name, tensor)`` pairs.
 TensorInput = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype) or _DTYPE_NAMES.setdefault(dtype, dtype_name(dtype))
 
 
 def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
@@ -311,9 +316,7 @@ class PendingStats:
             self._histograms.append(None if derived else exponent_histogram(tensor))
         self._names.append(name)
         self._shapes.append(tuple(tensor.shape))
-        self._dtypes.append(
-            _DTYPE_NAMES.get(dtype) or _DTYPE_NAMES.setdefault(dtype, dtype_name(dtype))
-        )
+        self._dtypes.append(_dtype_name(dtype))
         self._sources.append(source)
         self._tickets.append(ticket)
         self._hints.append(hint)
@@ -329,7 +332,7 @@ class PendingStats:
         """
         on_cpu = self.device is None or self.device.type == "cpu"
         tickets = (
-            self._collector.submit_run(run.pointers, run.counts, run.dtype)
+            self._collector.submit_run(run.pointers, run.counts, run.dtype, run.data)
             if on_cpu and not self.histograms
             else None
         )
@@ -447,10 +450,54 @@ class PendingStats:
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         """:meth:`add` for each tensor; every value is taken before this returns."""
         try:
-            for name, tensor in _named(tensors):
-                self.queue(name, tensor, source)
+            # Nothing built here forms a cycle, and a collection set off meanwhile
+            # would walk every tensor of the caller's model (gradaudit.no_gc).
+            with paused_gc():
+                if (self.device is None or self.device.type == "cpu") and not self.histograms:
+                    self._add_columns(tensors, source)
+                else:
+                    for name, tensor in _named(tensors):
+                        self.queue(name, tensor, source)
         finally:
             self.settle()
+
+    def _add_columns(self, tensors: TensorInput, source: str | None) -> None:
+        """:meth:`add_all` without a Python call per tensor where it can.
+
+        Plain contiguous CPU tensors the native kernel takes as they are go to it as
+        columns (:func:`~gradaudit.engine.bulk.native_segments`), and their facts are
+        appended a column at a time; every other tensor goes through :meth:`queue`,
+        in its place in the order.
+        """
+        if isinstance(tensors, Mapping):
+            names: list[str] = list(tensors.keys())
+            values: list[torch.Tensor] = list(tensors.values())
+        else:
+            pairs = list(_named(tensors))
+            names = [name for name, _ in pairs]
+            values = [tensor for _, tensor in pairs]
+        segments, others = native_segments(values, self._collector.cpu_native_codes)
+        done = 0
+        for segment in segments:
+            while done < len(others) and others[done] < segment.start:
+                index = others[done]
+                self.queue(names[index], values[index], source)
+                done += 1
+            part = values[segment.start : segment.stop]
+            tickets = self._collector.submit_native(
+                segment.pointers, segment.counts, segment.codes, segment.nbytes, part
+            )
+            count = len(tickets)
+            spelled = {dtype: _dtype_name(dtype) for dtype in set(segment.dtypes)}
+            self._names += names[segment.start : segment.stop]
+            self._shapes += segment.shapes
+            self._dtypes += map(spelled.__getitem__, segment.dtypes)
+            self._sources += [source] * count
+            self._tickets += tickets
+            self._hints += [None] * count
+            self._devices[_CPU] = None
+        for index in others[done:]:
+            self.queue(names[index], values[index], source)
 
     def skip(self, skipped: Skipped) -> None:
         self._skipped.append(skipped)
