@@ -11,13 +11,18 @@ data (``random``: nothing to report; ``zeros``: a dump taken after
 ``zero_grad(set_to_none=False)``, every tensor flagged vanishing) it prints,
 each in a fresh child process:
 
+* ``import torch`` alone: the floor every scan starts from;
 * ``read_header`` alone (parsing and validating the header);
 * ``gradaudit scan FILE --format F`` for each format, stdout to ``/dev/null``;
+* with ``--python-reader``, the table scan again with the pure-Python header reader
+  (what an install without the native extension runs);
 
 with the wall time, the child's CPU time (user + system: on a shared machine the
-wall time mostly measures the neighbours), its peak RSS (``ru_maxrss``) and its peak
+wall time mostly measures the neighbours), its peak RSS (``VmHWM``) and its peak
 anonymous memory (``RssAnon`` sampled from /proc: the file-backed pages of the
-memory-mapped file are not counted). The file is written directly (header text
+memory-mapped file are not counted), and that peak over ``--max-memory`` (256 MiB by
+default): the target is a whole scan within 3x it, the torch floor included. The file
+is written directly (header text
 then one random block), so writing it costs neither the safetensors library's
 per-tensor objects nor much memory. Machines are noisy: compare within one run.
 """
@@ -72,29 +77,42 @@ def write_many(path: Path, count: int, elements: int, zeros: bool) -> None:
             handle.write(block.tobytes())
 
 
-def rss_anon(pid: int) -> int:
+def memory(pid: int) -> tuple[int, int]:
+    """``(VmHWM, RssAnon)`` of a process in bytes (0 once it is gone)."""
+    found = {"VmHWM:": 0, "RssAnon:": 0}
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+                key = line.split(maxsplit=1)[0] if line.strip() else ""
+                if key in found:
+                    found[key] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return found["VmHWM:"], found["RssAnon:"]
+
+
+#: ``--max-memory``'s default (MiB): a whole scan should stay within 3x it.
+MAX_MEMORY_MIB = 256
 
 
 def run(command: Sequence[str], timeout: float) -> dict[str, object]:
-    """Wall time, exit code, peak RSS and peak RssAnon of one child process."""
+    """Wall time, exit code, peak RSS and peak RssAnon of one child process.
+
+    The peak RSS is the child's own high-water mark (``VmHWM``, sampled until it
+    exits), not ``ru_maxrss``: the child is started with ``vfork``, and Linux then
+    counts the parent's high-water mark as the child's (the parent wrote the file).
+    """
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak_anon = 0
+    peak_anon = peak_rss = 0
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak_anon
+        nonlocal peak_anon, peak_rss
         while not done.is_set():
-            peak_anon = max(peak_anon, rss_anon(process.pid))
-            time.sleep(0.01)
+            high, anon = memory(process.pid)
+            peak_rss, peak_anon = max(peak_rss, high), max(peak_anon, anon)
+            time.sleep(0.005)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -112,8 +130,9 @@ def run(command: Sequence[str], timeout: float) -> dict[str, object]:
         "s": elapsed,
         "cpu s": usage.ru_utime + usage.ru_stime,
         "exit": process.returncode if elapsed < timeout else f"killed after {timeout:.0f} s",
-        "peak RSS MiB": usage.ru_maxrss * 1024 / MIB,
+        "peak RSS MiB": peak_rss / MIB,
         "peak RssAnon MiB": peak_anon / MIB,
+        "× max-memory": peak_rss / MIB / MAX_MEMORY_MIB,
         "stderr": stderr[-1][:60] if stderr else "",
     }
 
@@ -126,8 +145,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--formats", nargs="+", default=["table", "json"])
     parser.add_argument("--data", nargs="+", default=["random", "zeros"])
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--python-reader", action="store_true")
     args = parser.parse_args(argv)
     rows: list[dict[str, object]] = []
+    floor = run([sys.executable, "-c", "import torch"], args.timeout)
+    rows.append({"data": "-", "MB": 0.0, "step": "import torch (floor)", **floor})
+    print(table(rows, 2), flush=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for data in args.data:
             path = Path(tmp) / f"{data}.safetensors"
@@ -142,17 +165,28 @@ def main(argv: Sequence[str] | None = None) -> None:
                 str(path),
             ]
             steps: list[tuple[str, list[str]]] = [("read_header", header)]
+            scan = ["scan", str(path), "--device", "cpu"]
             for fmt in args.formats:
-                scan = [sys.executable, "-m", "gradaudit", "scan", str(path), "--device", "cpu"]
-                steps.append((f"scan --format {fmt}", [*scan, "--format", fmt]))
+                steps.append(
+                    (
+                        f"scan --format {fmt}",
+                        [sys.executable, "-m", "gradaudit", *scan, "--format", fmt],
+                    )
+                )
+            if args.python_reader:
+                python_reader = (
+                    "import sys; import gradaudit.io.header_columns as h; h._NATIVE = None; "
+                    "from gradaudit.cli import run; sys.argv[0] = 'gradaudit'; run()"
+                )
+                steps.append(
+                    (
+                        "scan --format table (Python header reader)",
+                        [sys.executable, "-c", python_reader, *scan, "--format", "table"],
+                    )
+                )
             for label, command in steps:
                 rows.append(
-                    {
-                        "data": data,
-                        "MB": size / 1e6,
-                        "step": label,
-                        **run(command, args.timeout),
-                    }
+                    {"data": data, "MB": size / 1e6, "step": label, **run(command, args.timeout)}
                 )
                 print(table(rows[-1:], 2).splitlines()[-1], flush=True)
             path.unlink()

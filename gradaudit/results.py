@@ -7,6 +7,7 @@ audited is a :class:`Skipped` with a reason, never silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -91,9 +92,13 @@ class TensorStats:
         return self.zeros / self.numel if self.numel else 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem with one tensor, already judged by the policy."""
+    """One problem with one tensor, already judged by the policy.
+
+    Slotted: a dump of a million all-zero tensors has a million findings, and an
+    instance dict each doubled their size.
+    """
 
     kind: FindingKind
     severity: Severity
@@ -249,7 +254,10 @@ class Summary:
 class Report:
     """Everything one audit found. Built once, rendered by any formatter."""
 
-    tensors: tuple[TensorStats, ...]
+    #: One per audited tensor, in collection order. An audit gives a
+    #: :class:`~gradaudit.stats_table.StatsTable` (columns that make each TensorStats
+    #: when it is asked for: a million tensors hold no object each); any sequence does.
+    tensors: Sequence[TensorStats]
     findings: tuple[Finding, ...]
     skipped: tuple[Skipped, ...]
     summary: Summary

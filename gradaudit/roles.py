@@ -214,18 +214,6 @@ NORM_LIKE_RMS = (0.25, 4.0)
 NORM_LIKE_PEAK = 1.3
 
 
-def norm_like(shape: tuple[int, ...], zeros: int, rms: float | None, max_abs: float) -> bool:
-    """Whether a tensor looks like a normalisation layer's scale (weights, not gradients)."""
-    return (
-        len(shape) == 1
-        and shape[0] >= NORM_LIKE_MIN_ELEMENTS
-        and zeros == 0
-        and rms is not None
-        and NORM_LIKE_RMS[0] <= rms <= NORM_LIKE_RMS[1]
-        and max_abs <= NORM_LIKE_PEAK * rms
-    )
-
-
 def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     """A flat file with no metadata and no structure: weights if it holds norm-like scales.
 
@@ -234,14 +222,34 @@ def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     look like a normalisation layer's scale (the others are biases) — is read as weights.
     A dump of hand-made vectors of ones is not a model. Both calls are marked thin, so
     the summary says how the file was read and how to say otherwise.
+
+    :func:`norm_like` is applied to the columns at once (the same comparisons).
     """
-    vectors = [t for t in tensors if len(t.shape) == 1]
-    hits = [t for t in vectors if norm_like(t.shape, t.zeros, t.rms, t.max_abs)]
-    has_matrix = any(len(t.shape) >= 2 and t.numel >= NORM_LIKE_MIN_ELEMENTS for t in tensors)
-    if hits and has_matrix and 2 * len(hits) <= len(vectors):
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
+
+    table = StatsTable.from_stats(tensors)
+    ranks = table.ranks
+    vector = ranks == 1
+    rms = table.rms
+    with np.errstate(invalid="ignore"):  # NaN RMS (nothing finite) compares False
+        length = np.zeros(len(table), dtype=np.int64)
+        length[vector] = table.dims[table.starts[:-1][vector]]
+        hits = (
+            vector
+            & (length >= NORM_LIKE_MIN_ELEMENTS)
+            & (table.zeros == 0)
+            & (rms >= NORM_LIKE_RMS[0])
+            & (rms <= NORM_LIKE_RMS[1])
+            & (table.max_abs <= NORM_LIKE_PEAK * rms)
+        )
+    hit_count = int(hits.sum())
+    has_matrix = bool(((ranks >= 2) & (table.numel >= NORM_LIKE_MIN_ELEMENTS)).any())
+    if hit_count and has_matrix and 2 * hit_count <= int(vector.sum()):
         return FileEvidence(
             Role.WEIGHT,
-            f"guessed from the values: {len(hits)} 1-D tensor(s) with RMS near 1 and no "
+            f"guessed from the values: {hit_count} 1-D tensor(s) with RMS near 1 and no "
             "zeros, like normalisation weights; --kind gradients if these are gradients",
             thin=True,
         )
@@ -280,9 +288,21 @@ def decide(
     return file_role.role, file_role.evidence
 
 
-def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Sequence[str]) -> str:
-    """What a file was read as, in a few words: ``training checkpoint``, ``weights`` …"""
-    counts = Counter(roles)
+#: Every word :func:`role_from_name` looks for, found anywhere in a name, in any case: a
+#: name without one of them gets no role from its name (the components are compared in
+#: lower case, and ``re.IGNORECASE`` matches every character whose lower case is ASCII).
+NAME_WORDS = re.compile(
+    "|".join(map(re.escape, sorted(BUFFER_NAMES | GRADIENT_CONTAINERS | {"grad"}))),
+    re.IGNORECASE,
+)
+
+
+def describe_file(roles: Counter[Role], file_role: FileEvidence) -> str:
+    """What a file was read as, in a few words: ``training checkpoint``, ``weights`` …
+
+    ``roles`` counts the file's tensors by role.
+    """
+    counts = +roles  # only the roles some tensor has
     if counts[Role.OPTIMIZER_MOMENT] or counts[Role.OPTIMIZER_SECOND_MOMENT]:
         return "training checkpoint" if counts[Role.WEIGHT] else "optimizer state"
     main = [r for r in counts if r not in (Role.BUFFER, Role.UNKNOWN)]
@@ -292,16 +312,15 @@ def describe_file(roles: Sequence[Role], file_role: FileEvidence, evidences: Seq
     return {Role.WEIGHT: "weights", Role.GRADIENT: "gradients"}.get(role, role.value)
 
 
-def file_evidence_text(
-    roles: Sequence[Role], evidences: Sequence[str], file_role: FileEvidence
-) -> str:
+def file_evidence_text(rest: Counter[str], optimizer_state: bool, file_role: FileEvidence) -> str:
     """The evidence shown for a file: the most common reason among its tensors.
 
-    A file with optimizer state says so first, then why the rest was read as it was.
+    ``rest`` counts the evidence of the tensors that are not optimizer state, in the
+    order each reason first appears (a tie goes to the first). A file with optimizer
+    state says so first, then why the rest was read as it was.
     """
-    rest = [e for r, e in zip(roles, evidences, strict=True) if r not in _OPTIMIZER_ROLES]
-    common = Counter(rest).most_common(1)[0][0] if rest else None
-    if len(rest) < len(evidences):
+    common = rest.most_common(1)[0][0] if rest else None
+    if optimizer_state:
         return "a torch.optim state dict" + (f"; the rest {common}" if common else "")
     return common or file_role.evidence
 

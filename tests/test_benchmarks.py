@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import bench_gpu
@@ -139,3 +141,23 @@ def test_roles_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert [line.split(" | ")[0] for line in lines[2:4]] == ["weights", "gradients"]
     assert lines[4].startswith("checkpoint of ")
+
+
+def test_many_tensors_benchmark_smoke_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every step of a 3,000-tensor file runs to exit 0, the pure-Python header reader too."""
+    from benchmarks import bench_many
+
+    options = ["--formats", "table", "--data", "zeros", "--python-reader"]
+    bench_many.main(["--count", "3000", *options, "--dir", str(tmp_path)])
+    final = capsys.readouterr().out.split("each\n\n")[-1]
+    rows = [line.split(" | ") for line in final.splitlines()[2:]]
+    assert [row[2] for row in rows] == [
+        "import torch (floor)",
+        "read_header",
+        "scan --format table",
+        "scan --format table (Python header reader)",
+    ]
+    assert [row[5] for row in rows] == ["0"] * 4  # vanishing is a warning by default
+    assert all(float(row[6]) > 0 for row in rows)

@@ -783,10 +783,255 @@ static PyObject *py_set_path(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(previous);
 }
 
+/* ---- safetensors header columns ------------------------------------------------------
+ *
+ * A header of a million tiny tensors is 74 MB of JSON; parsed into Python objects it
+ * cost ~550 bytes and a few microseconds per entry. This scanner reads the common form
+ * that writers produce, {"__metadata__":{...},"name":{"dtype":"F32","shape":[4],
+ * "data_offsets":[0,16]},...} (JSON whitespace allowed between tokens, keys in that
+ * order), straight into columns. It decides nothing about validity beyond the grammar:
+ * anything else (an escape in a name, another key order, a number that is negative,
+ * fractional or beyond int64, an unknown dtype) returns None and the caller's full JSON
+ * parser takes the header, which also names every problem. The pure-Python
+ * gradaudit/io/header_columns.py accepts exactly the same texts. */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} growbuf_t;
+
+static int grow_put(growbuf_t *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        char *data = realloc(b->data, cap);
+        if (data == NULL) return -1;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static inline const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+/* A JSON integer without sign, fraction or exponent that fits int64; NULL otherwise. */
+static const char *scan_count(const char *p, const char *end, int64_t *out) {
+    if (p >= end || *p < '0' || *p > '9') return NULL;
+    if (*p == '0') {
+        p++;
+        if (p < end && (*p == '.' || *p == 'e' || *p == 'E' || (*p >= '0' && *p <= '9'))) return NULL;
+        *out = 0;
+        return p;
+    }
+    uint64_t value = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        value = value * 10 + (uint64_t)(*p - '0');
+        if (value > (uint64_t)INT64_MAX) return NULL;
+        p++;
+    }
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return NULL;
+    *out = (int64_t)value;
+    return p;
+}
+
+/* A string with no escape and no control character: [*start, *stop) is its content. */
+static const char *scan_plain_string(const char *p, const char *end, const char **start,
+                                     const char **stop) {
+    if (p >= end || *p != '"') return NULL;
+    p++;
+    *start = p;
+    while (p < end && *p != '"') {
+        if (*p == '\\' || (unsigned char)*p < 0x20) return NULL;
+        p++;
+    }
+    if (p >= end) return NULL;
+    *stop = p;
+    return p + 1;
+}
+
+/* Any JSON string (escapes skipped over, not decoded); the caller's parser reads it. */
+static const char *skip_string(const char *p, const char *end) {
+    if (p >= end || *p != '"') return NULL;
+    p++;
+    while (p < end && *p != '"') {
+        if ((unsigned char)*p < 0x20) return NULL;
+        if (*p == '\\') p++;
+        p++;
+    }
+    return p < end ? p + 1 : NULL;
+}
+
+static const char *expect(const char *p, const char *end, const char *literal) {
+    size_t n = strlen(literal);
+    p = skip_ws(p, end);
+    if ((size_t)(end - p) < n || memcmp(p, literal, n) != 0) return NULL;
+    return skip_ws(p + n, end);
+}
+
+/* The __metadata__ object when it is string to string: its end, or NULL. */
+static const char *skip_metadata(const char *p, const char *end) {
+    if (p >= end || *p != '{') return NULL;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') return p + 1;
+    for (;;) {
+        p = skip_string(p, end);
+        if (p == NULL || (p = expect(p, end, ":")) == NULL) return NULL;
+        p = skip_string(p, end);
+        if (p == NULL) return NULL;
+        p = skip_ws(p, end);
+        if (p < end && *p == '}') return p + 1;
+        if (p >= end || *p != ',') return NULL;
+        p = skip_ws(p + 1, end);
+    }
+}
+
+PyDoc_STRVAR(header_columns_doc,
+    "header_columns(header, dtypes) -> (names, codes, ranks, dims, offsets, meta) or None\n\n"
+    "Columns of a safetensors header in its common form; dtypes is the tuple of dtype\n"
+    "spellings (codes index it). names: list of str; codes: bytes; ranks, dims, offsets:\n"
+    "bytes of int64 (offsets two per tensor); meta: (start, end) of the __metadata__\n"
+    "object in header, or None. None when the text is not in that form.");
+
+static PyObject *py_header_columns(PyObject *self, PyObject *args) {
+    Py_buffer text;
+    PyObject *dtypes;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*O!", &text, &PyTuple_Type, &dtypes)) return NULL;
+    Py_ssize_t ndtypes = PyTuple_GET_SIZE(dtypes);
+    if (ndtypes > 255) {
+        PyBuffer_Release(&text);
+        PyErr_SetString(PyExc_ValueError, "too many dtypes");
+        return NULL;
+    }
+    const char *base = text.buf, *end = base + text.len, *p;
+    growbuf_t codes = {0}, ranks = {0}, dims = {0}, offsets = {0};
+    PyObject *names = PyList_New(0), *result = NULL, *meta = Py_None;
+    Py_INCREF(Py_None);
+    const char *spelling[255];
+    Py_ssize_t spelling_len[255];
+    if (names == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < ndtypes; k++) {
+        PyObject *item = PyTuple_GET_ITEM(dtypes, k);
+        spelling[k] = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &spelling_len[k]) : NULL;
+        if (spelling[k] == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "dtypes must be str");
+            goto fail;
+        }
+    }
+    p = expect(base, end, "{");
+    if (p == NULL) goto reject;
+    if (p < end && *p == '}') goto reject; /* no tensors: the full parser says so */
+    for (int first = 1;; first = 0) {
+        const char *name, *name_end;
+        p = scan_plain_string(p, end, &name, &name_end);
+        if (p == NULL || (p = expect(p, end, ":")) == NULL) goto reject;
+        if (first && name_end - name == 12 && memcmp(name, "__metadata__", 12) == 0) {
+            const char *meta_end = skip_metadata(p, end);
+            if (meta_end == NULL) goto reject;
+            Py_DECREF(meta);
+            meta = Py_BuildValue("nn", (Py_ssize_t)(p - base), (Py_ssize_t)(meta_end - base));
+            if (meta == NULL) goto fail;
+            p = expect(meta_end, end, ",");
+            if (p == NULL) goto reject;
+            continue;
+        }
+        const char *dtype, *dtype_end;
+        if ((p = expect(p, end, "{")) == NULL || (p = expect(p, end, "\"dtype\"")) == NULL ||
+            (p = expect(p, end, ":")) == NULL)
+            goto reject;
+        p = scan_plain_string(p, end, &dtype, &dtype_end);
+        if (p == NULL) goto reject;
+        Py_ssize_t k;
+        for (k = 0; k < ndtypes; k++) {
+            if (spelling_len[k] == dtype_end - dtype &&
+                memcmp(spelling[k], dtype, (size_t)spelling_len[k]) == 0)
+                break;
+        }
+        if (k == ndtypes) goto reject;
+        unsigned char code = (unsigned char)k;
+        if ((p = expect(p, end, ",")) == NULL || (p = expect(p, end, "\"shape\"")) == NULL ||
+            (p = expect(p, end, ":")) == NULL || (p = expect(p, end, "[")) == NULL)
+            goto reject;
+        int64_t rank = 0, value;
+        if (p < end && *p != ']') {
+            for (;;) {
+                p = scan_count(p, end, &value);
+                if (p == NULL || grow_put(&dims, &value, 8)) goto reject_or_fail;
+                rank++;
+                p = skip_ws(p, end);
+                if (p < end && *p == ']') break;
+                if (p >= end || *p != ',') goto reject;
+                p = skip_ws(p + 1, end);
+            }
+        }
+        if ((p = expect(p, end, "]")) == NULL || (p = expect(p, end, ",")) == NULL ||
+            (p = expect(p, end, "\"data_offsets\"")) == NULL || (p = expect(p, end, ":")) == NULL ||
+            (p = expect(p, end, "[")) == NULL)
+            goto reject;
+        int64_t pair[2];
+        if ((p = scan_count(p, end, &pair[0])) == NULL || (p = expect(p, end, ",")) == NULL ||
+            (p = scan_count(p, end, &pair[1])) == NULL || (p = expect(p, end, "]")) == NULL ||
+            (p = expect(p, end, "}")) == NULL)
+            goto reject;
+        PyObject *item = PyUnicode_DecodeUTF8(name, name_end - name, NULL);
+        if (item == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto fail;
+            PyErr_Clear();
+            goto reject;
+        }
+        int appended = PyList_Append(names, item);
+        Py_DECREF(item);
+        if (appended) goto fail;
+        if (grow_put(&codes, &code, 1) || grow_put(&ranks, &rank, 8) ||
+            grow_put(&offsets, pair, 16)) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        if (p < end && *p == '}') {
+            p = skip_ws(p + 1, end);
+            if (p != end) goto reject;
+            break;
+        }
+        if (p >= end || *p != ',') goto reject;
+        p = skip_ws(p + 1, end);
+    }
+    result = Py_BuildValue("(Oy#y#y#y#O)", names, codes.data ? codes.data : "",
+                           (Py_ssize_t)codes.len, ranks.data ? ranks.data : "",
+                           (Py_ssize_t)ranks.len, dims.data ? dims.data : "", (Py_ssize_t)dims.len,
+                           offsets.data ? offsets.data : "", (Py_ssize_t)offsets.len, meta);
+    goto done;
+reject_or_fail:
+    if (p != NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+reject:
+    Py_INCREF(Py_None);
+    result = Py_None;
+    goto done;
+fail:
+    result = NULL;
+done:
+    Py_XDECREF(names);
+    Py_XDECREF(meta);
+    free(codes.data);
+    free(ranks.data);
+    free(dims.data);
+    free(offsets.data);
+    PyBuffer_Release(&text);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"set_path", py_set_path, METH_O, set_path_doc},
     {"stats", py_stats, METH_VARARGS, stats_doc},
     {"stats_batch", py_stats_batch, METH_VARARGS, stats_batch_doc},
+    {"header_columns", py_header_columns, METH_VARARGS, header_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,10 +62,16 @@ from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
+from gradaudit.engine.row import MAX_ABS as MAX_ABS
+from gradaudit.engine.row import NAN as NAN
+from gradaudit.engine.row import NEG_INF as NEG_INF
+from gradaudit.engine.row import POS_INF as POS_INF
+from gradaudit.engine.row import ROW_WIDTH as ROW_WIDTH
+from gradaudit.engine.row import SCALE as SCALE
+from gradaudit.engine.row import SSQ as SSQ
+from gradaudit.engine.row import ZEROS as ZEROS
 from gradaudit.errors import UsageError
 
-NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
-ROW_WIDTH = 7
 _COUNT_SLOTS = slice(NAN, ZEROS + 1)
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
@@ -760,16 +766,25 @@ class StatsCollector:
         self._layout.check_placed()
         return list(self._blocks)
 
-    def gather(self, tickets: list[int], blocks: list[torch.Tensor]) -> torch.Tensor:
+    def gather(
+        self, tickets: list[int], blocks: list[torch.Tensor], *, fresh: bool = True
+    ) -> torch.Tensor:
         """The rows ``[len(tickets), 7]`` of ``tickets``, in that order, bucket padding taken out.
 
         ``blocks`` are :meth:`flush`'s blocks, or their host copy (one read).
-        Always a new tensor; nothing is read back (it runs on ``meta`` too).
+        A new tensor, unless ``fresh=False`` lets a single block come back as it
+        is (for a caller that only reads it: a fresh copy of a large block costs
+        its page faults); nothing is read back (it runs on ``meta`` too).
         """
-        stacked = torch.cat(blocks) if blocks else torch.empty((0, ROW_WIDTH), dtype=torch.float64)
+        single = len(blocks) == 1
+        if single:
+            stacked = blocks[0]
+        else:
+            empty = torch.empty((0, ROW_WIDTH), dtype=torch.float64)
+            stacked = torch.cat(blocks) if blocks else empty
         index, padding = self._layout.index(tickets)
         if index is None:  # tickets are the blocks' rows in order: no gather
-            rows = stacked.clone() if len(blocks) == 1 else stacked
+            rows = stacked.clone() if single and (fresh or padding is not None) else stacked
         else:
             rows = stacked.index_select(
                 0, torch.tensor(index, dtype=torch.long, device=stacked.device)
@@ -936,10 +951,14 @@ def read_blocks(
     Blocks normally share one device; blocks spread over several devices cost
     one read for each, each queued on its own device after the ``settled``
     events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
-    in the order given.
+    in the order given; blocks already on the CPU come back as they are.
     """
     host: list[torch.Tensor | None] = [None] * len(blocks)
     for device, indices in blocks_by_device(blocks).items():
+        if device.type == "cpu":  # already on the host: no copy
+            for i in indices:
+                host[i] = blocks[i]
+            continue
         if device.type == "cuda":
             with torch.cuda.device(device):
                 wait_for(device, settled or {})

@@ -26,6 +26,7 @@ from gradaudit.io.safetensors_header import (
     read_header_open,
 )
 from gradaudit.results import Skipped
+from gradaudit.stats_table import shapes_of
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -158,7 +159,7 @@ class SafetensorsSource:
                 yield TensorRun(
                     names=table.names[start:end],
                     dtype=dtype,
-                    shapes=_shapes(table, start, end),
+                    shapes=shapes_of(table.dims, table.starts, start, end),
                     pointers=pointers,
                     counts=counts,
                     data=torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low),
@@ -220,20 +221,6 @@ RUN_TENSORS = 1 << 15
 _RUNNABLE_CODES = np.array(
     [name in TORCH_DTYPES and dtype_skip_reason(TORCH_DTYPES[name]) is None for name in DTYPE_NAMES]
 )
-
-
-def _shapes(table: TensorTable, start: int, end: int) -> list[tuple[int, ...]]:
-    """The shapes of tensors ``start`` to ``end``, in one pass when they share a rank."""
-    first, last = int(table.starts[start]), int(table.starts[end])
-    ranks = np.diff(table.starts[start : end + 1])
-    rank = int(ranks[0])
-    if (ranks == rank).all():
-        if rank == 0:
-            return [()] * (end - start)
-        # Tuples straight from columns: no list per shape made and thrown away.
-        columns = table.dims[first:last].reshape(-1, rank).T.tolist()
-        return list(zip(*columns, strict=True))
-    return [table.shape(index) for index in range(start, end)]
 
 
 class _Each:

@@ -277,7 +277,7 @@ def charted_tensors(report: Report) -> tuple[TensorStats, ...]:
         chosen = tuple(t for t in report.tensors if t.role is role)
         if chosen:
             return chosen
-    return report.tensors
+    return tuple(report.tensors)
 
 
 def report_layers(report: Report, group_by: GroupBy) -> tuple[GroupBy, tuple[Layer, ...]]:

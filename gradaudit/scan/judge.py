@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds, fraction_exceeds
+from gradaudit.policy import (
+    FindingKind,
+    InputKind,
+    LimitKind,
+    Role,
+    Severity,
+    Thresholds,
+    fraction_exceeds,
+)
 from gradaudit.results import (
     FileResult,
     Finding,
@@ -27,6 +36,7 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.roles import (
+    NAME_WORDS,
     FileEvidence,
     TensorHint,
     decide,
@@ -36,7 +46,44 @@ from gradaudit.roles import (
     stats_evidence,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
+
 _OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+
+def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
+    """``tensors`` as a :class:`~gradaudit.stats_table.StatsTable` (itself when it is one).
+
+    numpy is imported here, not with the module: the CLI's start-up path imports
+    this module for :func:`exit_code` and must stay free of torch and numpy.
+    """
+    from gradaudit.stats_table import StatsTable
+
+    return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
+
+
+def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) -> np.ndarray:
+    """Indices (ascending) of the tensors named by ``(source, name)`` pairs.
+
+    One pass over the names in C (a set lookup each) instead of a dict of every
+    tensor: a million tensors with a handful of findings build nothing per tensor.
+    """
+    import numpy as np
+
+    wanted = set(keys)
+    names = {name for _, name in wanted}
+    hits = np.fromiter(map(names.__contains__, table.names), dtype=bool, count=len(table))
+    candidates = np.flatnonzero(hits)
+    sources, codes = table.sources, table.source_codes
+    keep = [
+        index
+        for index in candidates.tolist()
+        if (sources[codes[index]], table.names[index]) in wanted
+    ]
+    return np.array(keep, dtype=np.int64)
 
 
 def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
@@ -97,7 +144,33 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tuple[Finding, ...]:
-    return tuple(finding for stats in tensors for finding in evaluate(stats, thresholds))
+    """:func:`evaluate` for every tensor that can have a finding, in tensor order.
+
+    Which tensors can is decided on the columns at once (a superset of what
+    :func:`evaluate` flags: the same comparisons), and only those are judged one by
+    one: with a million healthy tiny tensors nothing is made per tensor.
+    """
+    table = _columns(tensors)
+    return tuple(
+        finding
+        for stats in table.each(judged_candidates(table, thresholds))
+        for finding in evaluate(stats, thresholds)
+    )
+
+
+def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
+    """Indices of the tensors :func:`evaluate` may flag (every one it flags is among them)."""
+    import numpy as np
+
+    finite = table.finite > 0
+    norm = table.norm
+    gradient = table.role_mask(Role.GRADIENT) & finite
+    gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
+    weight = table.role_mask(Role.WEIGHT)
+    if thresholds.cast_check is None:
+        weight &= (table.numel > 0) & (table.zeros == table.numel)
+    mask = (table.nonfinite > 0) | gradient | weight
+    return np.flatnonzero(mask)
 
 
 def cast_limits(target: str) -> tuple[float, float]:
@@ -207,50 +280,76 @@ def find_outliers(
     cover them), roles with fewer than 8 tensors in a file, and tensors that already
     have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
     the outlier check is for what an absolute threshold cannot see.
+
+    Computed on the columns (:class:`~gradaudit.stats_table.StatsTable`): the logs with
+    ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
+    the two middle values), so the numbers are those of a loop over the tensors.
     """
+    import numpy as np
+
+    from gradaudit.stats_table import ROLES
+
+    table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
-    groups: dict[tuple[str | None, Role, str], list[TensorStats]] = {}
-    for stats in tensors:
-        if stats.role in _OUTLIER_ROLES and stats.rms is not None and stats.rms > 0:
-            groups.setdefault((stats.source, stats.role, _shape_class(stats)), []).append(stats)
+    rms = table.rms
+    with np.errstate(invalid="ignore"):
+        eligible = rms > 0  # NaN (no finite element) compares False
+    roles = table.role_codes
+    eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
+    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    # and of matrices sit decades apart in healthy models, weights do not (measured).
+    gradient = roles == ROLES.index(Role.GRADIENT)
+    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), 0)
+    indices = np.flatnonzero(eligible)
+    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
+    keys += shape_class[indices]
+    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    labels = ("all", "1-D", "2-D+")
     findings: list[Finding] = []
     references: list[OutlierReference] = []
-    for (source, role, shapes), members in groups.items():
-        if len(members) < OUTLIER_MIN_TENSORS:
+    for key_index in np.argsort(first, kind="stable").tolist():  # groups in first-seen order
+        if counts[key_index] < OUTLIER_MIN_TENSORS:
             continue
-        logs = [math.log10(t.rms) for t in members if t.rms is not None]
-        median = statistics.median(logs)
-        spread = 1.4826 * statistics.median(abs(x - median) for x in logs)
+        members = indices[keys == unique[key_index]]
+        first_member = int(members[0])
+        source = table.sources[table.source_codes[first_member]]
+        role = ROLES[roles[first_member]]
+        shapes = labels[int(shape_class[first_member])]
+        member_rms = rms[members]
+        logs = np.fromiter(map(math.log10, member_rms.tolist()), dtype=np.float64)
+        median = _median(logs)
+        spread = 1.4826 * _median(np.abs(logs - median))
         limit = thresholds.outlier_limit(role)
         references.append(
             OutlierReference(role, source, len(members), median, spread, limit, shapes)
         )
-        for stats, x in zip(members, logs, strict=True):
-            distance = x - median
-            if abs(distance) <= limit:
+        distance = logs - median
+        for where in np.flatnonzero(np.abs(distance) > limit).tolist():
+            name = table.names[int(members[where])]
+            if (source, name) in already:
                 continue
-            direction = "above" if distance > 0 else "below"
+            away = float(distance[where])
+            direction = "above" if away > 0 else "below"
             message = (
-                f"RMS {stats.rms:.3g} is {abs(distance):.1f} decades {direction} the median "
-                f"{10**median:.3g} of {len(members)} {role.value} tensors"
+                f"RMS {float(member_rms[where]):.3g} is {abs(away):.1f} decades {direction} the "
+                f"median {10**median:.3g} of {len(members)} {role.value} tensors"
                 f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
             )
             kind = FindingKind.OUTLIER
-            if (source, stats.name) in already:
-                continue
-            findings.append(
-                Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, source)
-            )
+            findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
     return tuple(findings), tuple(references)
 
 
-def _shape_class(stats: TensorStats) -> str:
-    """The group a tensor is compared within: gradients of vectors (biases, norm scales)
-    and of matrices sit decades apart in healthy models, weights do not (measured)."""
-    if stats.role is not Role.GRADIENT:
-        return "all"
-    return "1-D" if len(stats.shape) <= 1 else "2-D+"
+def _median(values: np.ndarray) -> float:
+    """:func:`statistics.median` of a float64 array: the middle value, or the mean of two."""
+    import numpy as np
+
+    ordered = np.sort(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[middle])
+    return (float(ordered[middle - 1]) + float(ordered[middle])) / 2
 
 
 def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding]) -> float:
@@ -263,12 +362,13 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
     its tensor, so a non-finite value is never lost in the rounding of a large model.
     Nothing audited scores 0: no evidence of health.
     """
-    total = sum(t.numel for t in tensors)
+    table = _columns(tensors)
+    total = int(table.numel.sum())
     if total == 0:
         return 0.0
     flagged = {(f.source, f.tensor) for f in findings if f.severity is not Severity.IGNORED}
-    clean = sum(t.numel for t in tensors if (t.source, t.name) not in flagged)
-    nonfinite = sum(t.nonfinite for t in tensors)
+    clean = total - int(table.numel[tensor_indices(table, flagged)].sum())
+    nonfinite = int(table.nonfinite.sum())
     score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
     return min(1.0, max(0.0, score))
 
@@ -318,6 +418,8 @@ def evaluate_limits(
     vanishing = {
         (f.source, f.tensor) for f in findings if f.kind is FindingKind.VANISHING and not f.ignored
     }
+    table = _columns(tensors)
+    dead_indices = set(tensor_indices(table, vanishing).tolist())
     out: list[LimitFinding] = []
     for source, norm in groups:
         where = "" if source is None else f" in {source}"
@@ -334,20 +436,22 @@ def evaluate_limits(
             )
         fraction = thresholds.max_vanishing_fraction
         if fraction is not None:
-            judged = [
-                t
-                for t in tensors
-                if (not files or t.source == source) and thresholds.ignored_by(t.name) is None
-            ]
-            dead = sum(1 for t in judged if (t.source, t.name) in vanishing)
-            if fraction_exceeds(dead, len(judged), fraction):
+            judged: Sequence[int] = (
+                table.source_indices(source).tolist() if files else range(len(table))
+            )
+            if thresholds.ignore:
+                names = table.names
+                judged = [i for i in judged if thresholds.ignored_by(names[i]) is None]
+            dead = len(dead_indices.intersection(judged))
+            count = len(judged)
+            if fraction_exceeds(dead, count, fraction):
                 out.append(
                     LimitFinding(
                         LimitKind.VANISHING_FRACTION,
-                        dead / len(judged),
+                        dead / count,
                         fraction,
-                        f"{dead} of {len(judged)} tensors vanish{where} "
-                        f"({dead / len(judged):.1%} > max-vanishing-fraction {fraction:g})",
+                        f"{dead} of {count} tensors vanish{where} "
+                        f"({dead / count:.1%} > max-vanishing-fraction {fraction:g})",
                         source,
                     )
                 )
@@ -372,57 +476,95 @@ def exit_code(report: Report) -> ExitCode:
 
 
 def with_roles(
-    tensors: list[TensorStats],
-    hints: list[TensorHint | None],
+    table: StatsTable,
+    hints: Sequence[TensorHint | None],
     thresholds: Thresholds,
     file_evidence: Mapping[str, FileEvidence],
-) -> tuple[tuple[TensorStats, ...], dict[str | None, tuple[str, str, bool]]]:
-    """Each tensor with its role decided (:func:`gradaudit.roles.decide`), per file.
+) -> dict[str | None, tuple[str, str, bool]]:
+    """Each tensor's role decided (:func:`gradaudit.roles.decide`), set on ``table``'s columns.
 
     ``file_evidence`` is what each file's metadata says it holds (see
     :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
 
-    Returns the tensors and, per source, ``(read as, evidence, thin)``.
+    Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
+    tensors with a hint or a name :func:`role_from_name` may read are decided one by
+    one; every other tensor of a file takes the file's role (or ``--kind``), which is
+    what :func:`decide` gives it, so a million plainly named tensors cost a regular
+    expression search each.
     """
-    by_source: dict[str | None, list[int]] = {}
-    for index, stats in enumerate(tensors):
-        by_source.setdefault(stats.source, []).append(index)
-    out = list(tensors)
+    import numpy as np
+
+    from gradaudit.stats_table import ROLES
+
+    kind = thresholds.kind
+    names = table.names
+    count = len(names)
+    special = np.fromiter(map(bool, map(NAME_WORDS.search, names)), dtype=bool, count=count)
+    if any(hint is not None for hint in hints):
+        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
+    role_codes = np.zeros(count, dtype=np.int8)
+    evidence_codes = np.zeros(count, dtype=np.int32)
+    evidences: dict[str, int] = {"": 0}
+
+    def code_of(evidence: str) -> int:
+        return evidences.setdefault(evidence, len(evidences))
+
+    optimizer = [ROLES.index(role) for role in _OPTIMIZER_STATE]
     readings: dict[str | None, tuple[str, str, bool]] = {}
-    for source, indices in by_source.items():
+    for source_code, source in enumerate(table.sources):
+        indices = np.flatnonzero(table.source_codes == source_code)
+        if not len(indices):
+            continue
         if source is None:
             file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
         else:
-            file_role = file_evidence.get(source) or stats_evidence([tensors[i] for i in indices])
-        roles, evidences = [], []
-        for i in indices:
-            stats = tensors[i]
-            role, evidence = decide(stats.name, hints[i], thresholds.kind, file_role)
-            roles.append(role)
-            evidences.append(evidence)
-            out[i] = _with_role(stats, role, evidence)
-        thin = file_role.thin and any(e == file_role.evidence for e in evidences)
+            file_role = file_evidence.get(source) or stats_evidence(
+                table if len(indices) == count else table.subset(indices)
+            )
+        if kind is InputKind.GRADIENTS:
+            default = Role.GRADIENT, "--kind gradients"
+        elif kind is InputKind.WEIGHTS:
+            default = Role.WEIGHT, "--kind weights"
+        else:
+            default = file_role.role, file_role.evidence
+        role_codes[indices] = ROLES.index(default[0])
+        evidence_codes[indices] = code_of(default[1])
+        for index in indices[special[indices]].tolist():
+            role, evidence = decide(names[index], hints[index], kind, file_role)
+            role_codes[index] = ROLES.index(role)
+            evidence_codes[index] = code_of(evidence)
+        roles, their_evidences = role_codes[indices], evidence_codes[indices]
+        role_counts = Counter(
+            {ROLES[c]: n for c, n in enumerate(np.bincount(roles, minlength=len(ROLES))) if n}
+        )
+        rest = their_evidences[~np.isin(roles, optimizer)]
+        unique, first, counts = np.unique(rest, return_index=True, return_counts=True)
+        by_text = list(evidences)
+        rest_counts = Counter(
+            {by_text[unique[k]]: int(counts[k]) for k in np.argsort(first, kind="stable")}
+        )
+        thin = file_role.thin and bool(
+            (their_evidences == evidences.get(file_role.evidence, -1)).any()
+        )
         readings[source] = (
-            describe_file(roles, file_role, evidences),
-            file_evidence_text(roles, evidences, file_role),
+            describe_file(role_counts, file_role),
+            file_evidence_text(rest_counts, len(rest) < len(indices), file_role),
             thin,
         )
-    return tuple(out), readings
+    table.with_roles(role_codes, evidence_codes, tuple(evidences))
+    return readings
 
 
-def _with_role(stats: TensorStats, role: Role, evidence: str) -> TensorStats:
-    """``stats`` with its role; built without ``dataclasses.replace``, which re-validates."""
-    copy = object.__new__(TensorStats)
-    copy.__dict__.update(stats.__dict__, role=role, role_evidence=evidence)
-    return copy
+def in_tensor_order(table: StatsTable, findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept).
 
-
-def in_tensor_order(
-    tensors: Sequence[TensorStats], findings: Sequence[Finding]
-) -> tuple[Finding, ...]:
-    """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept)."""
-    order = {(t.source, t.name): i for i, t in enumerate(tensors)}
-    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(order))))
+    Only the flagged tensors are looked up (:func:`tensor_indices`).
+    """
+    keys = {(f.source, f.tensor) for f in findings}
+    found = tensor_indices(table, keys).tolist()
+    sources, codes, names = table.sources, table.source_codes, table.names
+    order = {(sources[codes[i]], names[i]): i for i in found}
+    return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(table))))
 
 
 def gradient_estimates(
@@ -483,29 +625,37 @@ def gradient_estimates(
 
 
 def summarize(
-    tensors: Sequence[TensorStats],
+    tensors: StatsTable,
     findings: Sequence[Finding],
     limit_findings: Sequence[LimitFinding],
     skipped: int,
     global_norm: float,
     excluded: int = 0,
 ) -> Summary:
-    def flagged(kind: FindingKind) -> int:
-        return len({(f.source, f.tensor) for f in findings if f.kind is kind and not f.ignored})
+    # One pass over the findings (a dump of a million flagged tensors has a million).
+    flagged: dict[FindingKind, set[tuple[str | None, str]]] = {}
+    severities: Counter[Severity] = Counter()
+    for finding in findings:
+        severities[finding.severity] += 1
+        if finding.severity is not Severity.IGNORED:
+            flagged.setdefault(finding.kind, set()).add((finding.source, finding.tensor))
+
+    def count(kind: FindingKind) -> int:
+        return len(flagged.get(kind, ()))
 
     return Summary(
         tensors=len(tensors),
         skipped=skipped,
-        elements=sum(t.numel for t in tensors),
+        elements=int(tensors.numel.sum()),
         global_norm=global_norm,
-        nan_tensors=flagged(FindingKind.NAN),
-        inf_tensors=flagged(FindingKind.INF),
-        vanishing_tensors=flagged(FindingKind.VANISHING),
-        exploding_tensors=flagged(FindingKind.EXPLODING),
-        outlier_tensors=flagged(FindingKind.OUTLIER),
+        nan_tensors=count(FindingKind.NAN),
+        inf_tensors=count(FindingKind.INF),
+        vanishing_tensors=count(FindingKind.VANISHING),
+        exploding_tensors=count(FindingKind.EXPLODING),
+        outlier_tensors=count(FindingKind.OUTLIER),
         gradient_health=gradient_health(tensors, findings),
-        failing_findings=sum(1 for f in findings if f.failing) + len(limit_findings),
-        warnings=sum(1 for f in findings if f.severity is Severity.WARNING),
-        ignored_findings=sum(1 for f in findings if f.ignored),
+        failing_findings=severities[Severity.ERROR] + len(limit_findings),
+        warnings=severities[Severity.WARNING],
+        ignored_findings=severities[Severity.IGNORED],
         excluded=excluded,
     )

@@ -11,13 +11,14 @@ terminal and the process. Collection (device work only) and materialisation
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from gradaudit.engine.bulk import native_segments
@@ -33,7 +34,6 @@ from gradaudit.results import (
     InputProblem,
     Report,
     Skipped,
-    TensorStats,
 )
 from gradaudit.roles import (
     FileEvidence,
@@ -51,6 +51,7 @@ from gradaudit.scan.judge import (
     summarize,
     with_roles,
 )
+from gradaudit.stats_table import ROLES, StatsTable
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -60,12 +61,7 @@ if TYPE_CHECKING:
 from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     DEFAULT_MEMORY_BUDGET,
-    MAX_ABS,
-    NAN,
-    NEG_INF,
-    POS_INF,
     ROW_WIDTH,
-    ZEROS,
     HostRow,
     StatsCollector,
     blocks_by_device,
@@ -76,11 +72,12 @@ from gradaudit.engine.stats import (
     merge_rows,
     not_audited_reason,
     read_blocks,
-    row_norm,
     wait_for,
 )
 
 _CPU = torch.device("cpu")
+#: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
+_OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -619,49 +616,59 @@ class PendingStats:
         return host
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
-        """Read every stats row back in one transfer and judge them by ``thresholds``."""
+        """Read every stats row back in one transfer and judge them by ``thresholds``.
+
+        The per-tensor results are a :class:`~gradaudit.stats_table.StatsTable`
+        (columns; a TensorStats is made when one is asked for), judged on the
+        columns where that is simple: a million tiny tensors make no object each.
+        """
         thresholds = thresholds or Thresholds()
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
         # out; the merges (per file, global) then run on this host copy.
-        host = self._collector.gather(self._tickets, host_blocks)
+        host = self._collector.gather(self._tickets, host_blocks, fresh=False)
         self._resolve_counts(host_blocks)
         with paused_gc():
-            values = _host_rows(host)  # bound to every row, before host is narrowed below
-            main = [i for i, hint in enumerate(self._hints) if hint is None or hint.aux is None]
-            if len(main) != host.shape[0]:  # derived rows ride along; not audited tensors
-                host = host[main]
-            raw = list(self._tensor_stats(values))
+            table = self._table(host)
+            hints = self._hints
+            aux = [i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None]
             derived = {
                 (stats.source, hint.aux_for, hint.aux): stats
-                for stats, hint in zip(raw, self._hints, strict=True)
+                for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
                 if hint is not None and hint.aux is not None
             }
-            hints = [self._hints[i] for i in main]
-            tensors, readings = with_roles(
-                [raw[i] for i in main], hints, thresholds, self._file_evidence
+            main: list[int] = []
+            if aux:  # derived rows ride along; they are not audited tensors
+                skip = set(aux)
+                main = [i for i in range(len(table)) if i not in skip]
+                host = host[main]
+                table = table.subset(main)
+                hints = [hints[i] for i in main]
+            readings = with_roles(table, hints, thresholds, self._file_evidence)
+            optimizer = np.flatnonzero(np.isin(table.role_codes, _OPTIMIZER_CODES)).tolist()
+            estimates, negatives = gradient_estimates(
+                table.take(optimizer), [hints[i] for i in optimizer], derived
             )
-            estimates, negatives = gradient_estimates(tensors, hints, derived)
-            findings = evaluate_all(tensors, thresholds) + evaluate_optimizer_state(
+            findings = evaluate_all(table, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds
             )
-            outliers, references = find_outliers(tensors, thresholds, findings)
-            findings = in_tensor_order(tensors, findings + outliers) + evaluate_skipped(
+            outliers, references = find_outliers(table, thresholds, findings)
+            findings = in_tensor_order(table, findings + outliers) + evaluate_skipped(
                 self._skipped, thresholds
             )
-        global_row = merge_rows(host) if len(tensors) else None
+        global_row = merge_rows(host) if len(table) else None
         global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host, [self._sources[i] for i in main], tensors, readings))
-        limit_findings = evaluate_limits(tensors, findings, files, global_norm, thresholds)
+        files = tuple(self._file_results(host, table, readings, global_row))
+        limit_findings = evaluate_limits(table, findings, files, global_norm, thresholds)
         histograms = self._read_histograms()
-        if histograms and len(histograms) != len(tensors):
+        if histograms and aux:
             histograms = tuple(histograms[i] for i in main)
         return Report(
-            tensors=tensors,
+            tensors=table,
             findings=findings,
             skipped=tuple(self._skipped),
             summary=summarize(
-                tensors,
+                table,
                 findings,
                 limit_findings,
                 len(self._skipped),
@@ -678,6 +685,27 @@ class PendingStats:
             estimates=estimates,
             outlier_references=references,
             histograms=histograms,
+        )
+
+    def _table(self, host: torch.Tensor) -> StatsTable:
+        """The collected tensors' facts and their host rows as a :class:`StatsTable`."""
+        shapes = self._shapes
+        count = len(shapes)
+        ranks = np.fromiter(map(len, shapes), dtype=np.int64, count=count)
+        starts = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(ranks, out=starts[1:])
+        dims = np.fromiter(chain.from_iterable(shapes), dtype=np.int64, count=int(starts[-1]))
+        dtypes = {name: code for code, name in enumerate(dict.fromkeys(self._dtypes))}
+        sources = {name: code for code, name in enumerate(dict.fromkeys(self._sources))}
+        return StatsTable.from_rows(
+            self._names,
+            dims,
+            starts,
+            np.fromiter(map(dtypes.__getitem__, self._dtypes), dtype=np.int16, count=count),
+            tuple(dtypes),
+            np.fromiter(map(sources.__getitem__, self._sources), dtype=np.int32, count=count),
+            tuple(sources),
+            host.numpy(),
         )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
@@ -707,53 +735,33 @@ class PendingStats:
                 out[i] = ExponentHistogram(tuple(counts))
         return tuple(out)
 
-    def _tensor_stats(self, rows: Iterable[list[float]]) -> Iterator[TensorStats]:
-        """Host rows to TensorStats, in submission order.
-
-        One loop with positional arguments and :class:`HostRow`'s conversion
-        inlined: it runs once per tensor, which is what a dump of thousands of
-        tiny tensors pays for.
-        """
-        prod, sqrt = math.prod, math.sqrt
-        for name, shape, dtype, source, values in zip(
-            self._names, self._shapes, self._dtypes, self._sources, rows, strict=True
-        ):
-            numel = prod(shape)
-            nan, pos_inf, neg_inf = int(values[NAN]), int(values[POS_INF]), int(values[NEG_INF])
-            norm = row_norm(values)
-            finite = numel - nan - pos_inf - neg_inf
-            yield TensorStats(
-                name,
-                shape,
-                dtype,
-                numel,
-                nan,
-                pos_inf,
-                neg_inf,
-                int(values[ZEROS]),
-                values[MAX_ABS],
-                norm,
-                norm / sqrt(finite) if finite else None,
-                source,
-            )
-
     def _file_results(
         self,
         host: torch.Tensor,
-        sources: list[str | None],
-        tensors: Sequence[TensorStats],
+        table: StatsTable,
         readings: Mapping[str | None, tuple[str, str, bool]],
+        global_row: torch.Tensor | None,
     ) -> Iterator[FileResult]:
         errors = {problem.path: problem.message for problem in self._errors}
+        skipped = Counter(s.source for s in self._skipped)
         for path in dict.fromkeys(self._files + list(errors)):
-            indices = [i for i, source in enumerate(sources) if source == path]
-            norm = HostRow.from_values(merge_rows(host[indices]).tolist()).norm if indices else None
+            indices = table.source_indices(path)
+            if not len(indices):
+                norm = None
+            else:
+                # A file that holds every tensor has the global row (no copy of the rows).
+                row = (
+                    global_row
+                    if global_row is not None and len(indices) == len(table)
+                    else merge_rows(host[torch.from_numpy(indices)])
+                )
+                norm = HostRow.from_values(row.tolist()).norm
             read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
                 tensors=len(indices),
-                skipped=sum(1 for s in self._skipped if s.source == path),
-                elements=sum(tensors[i].numel for i in indices),
+                skipped=skipped[path],
+                elements=int(table.numel[indices].sum()),
                 global_norm=norm,
                 error=errors.get(path),
                 excluded=self._excluded[path],
@@ -767,16 +775,6 @@ class PendingStats:
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
-
-
-def _host_rows(host: torch.Tensor, step: int = 1 << 16) -> Iterator[list[float]]:
-    """The rows of ``host`` as Python lists, a slice at a time.
-
-    ``tolist()`` of a million rows at once held a million lists of seven floats
-    (about 280 MB) next to the results being built from them.
-    """
-    for start in range(0, host.shape[0], step):
-        yield from host[start : start + step].tolist()
 
 
 #: CPU reductions for derived rows run in pieces this long, below torch's grain size

@@ -21,7 +21,10 @@ control characters. Each table or line is yielded as soon as it is rendered.
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import TypeVar
 
@@ -157,33 +160,54 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
     """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
     without ``--all``) and how many unflagged ones."""
     findings = findings_by_tensor(report)
-    flagged_failing, flagged_warning, flagged_ignored, rest = [], [], [], []
-    for stats in report.tensors:
-        found = findings.get((stats.source, stats.name), [])
-        if any(f.failing for f in found):
-            flagged_failing.append(stats)
-        elif any(f.severity is Severity.WARNING for f in found):
-            flagged_warning.append(stats)
-        elif found:
-            flagged_ignored.append(stats)
-        else:
-            rest.append(stats)
+    flagged_failing: list[TensorStats] = []
+    flagged_warning: list[TensorStats] = []
+    flagged_ignored: list[TensorStats] = []
+    unflagged = flagged_count = 0
+
+    def sort_out() -> Iterator[TensorStats]:
+        """Files the flagged tensors; yields the others (counted), none of them kept here:
+        a million healthy tensors must not all be held to show the top few."""
+        nonlocal unflagged, flagged_count
+        # Without --all at most MAX_FLAGGED_ROWS are shown: each kind keeps that many.
+        keep = len(report.tensors) if options.show_all else MAX_FLAGGED_ROWS
+        for stats in report.tensors:
+            found = findings.get((stats.source, stats.name), [])
+            if not found:
+                unflagged += 1
+                yield stats
+                continue
+            if options.quiet and all(f.ignored for f in found):
+                continue
+            flagged_count += 1
+            if any(f.failing for f in found):
+                kind = flagged_failing
+            elif any(f.severity is Severity.WARNING for f in found):
+                kind = flagged_warning
+            else:
+                kind = flagged_ignored
+            if len(kind) < keep:
+                kind.append(stats)
+
     if options.quiet:
+        deque(sort_out(), maxlen=0)
         flagged = flagged_failing + flagged_warning
         if options.show_all:
             return flagged, 0, 0
-        return flagged[:MAX_FLAGGED_ROWS], max(0, len(flagged) - MAX_FLAGGED_ROWS), 0
-    flagged = flagged_failing + flagged_warning + flagged_ignored
-    rest.sort(key=lambda s: s.norm, reverse=True)
+        return flagged[:MAX_FLAGGED_ROWS], max(0, flagged_count - MAX_FLAGGED_ROWS), 0
+    by_norm = attrgetter("norm")
     if not options.show_all:
-        shown_rest = rest[: options.top]
-        hidden_flagged = max(0, len(flagged) - MAX_FLAGGED_ROWS)
+        # nlargest is sorted(..., reverse=True)[:top], ties in tensor order included.
+        shown_rest = heapq.nlargest(options.top, sort_out(), key=by_norm)
+        flagged = flagged_failing + flagged_warning + flagged_ignored
+        hidden_flagged = max(0, flagged_count - MAX_FLAGGED_ROWS)
         return (
             flagged[:MAX_FLAGGED_ROWS] + shown_rest,
             hidden_flagged,
-            len(rest) - len(shown_rest),
+            unflagged - len(shown_rest),
         )
-    return flagged + rest, 0, 0
+    rest = sorted(sort_out(), key=by_norm, reverse=True)
+    return flagged_failing + flagged_warning + flagged_ignored + rest, 0, 0
 
 
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
