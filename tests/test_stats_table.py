@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import FindingKind, InputKind, Role, Severity, Thresholds
 from gradaudit.results import TensorStats
-from gradaudit.roles import NAME_WORDS, FileEvidence, TensorHint, decide, role_from_name
+from gradaudit.roles import (
+    NAME_WORDS,
+    FileEvidence,
+    TensorHint,
+    decide,
+    name_word_mask,
+    role_from_name,
+)
 from gradaudit.scan.judge import (
     OUTLIER_MIN_TENSORS,
     evaluate,
@@ -352,7 +359,30 @@ def test_every_character_whose_lower_case_is_ascii_is_matched_by_the_name_words(
             for variant in spellings.get(letter, []):
                 name = f"m.{word[:index]}{variant}{word[index + 1 :]}"
                 if role_from_name(name) is not None:
-                    assert NAME_WORDS.search(name), name
+                    assert name_word_mask([name])[0], name
+
+
+def test_the_name_word_mask_maps_each_hit_to_its_own_name() -> None:
+    """Names whose lower case is longer (İ), hold newlines or several words: each hit is
+    attributed to the name it lies in, and the mask equals a per-name search."""
+    names = [
+        "İİİİ.weight",
+        "bn.Running_Mean",
+        "a\nb",
+        "\ngrads.x",
+        "İ.GRAD",
+        "plain",
+        "",
+        "token_type_ids.position_ids.grad",
+        "ΣΑΣ.sin_cached",
+    ]
+    expected = [any(w in n.lower() for w in NAME_WORDS) for n in names]
+    assert expected == [False, True, False, True, True, False, False, True, True]
+    assert name_word_mask(names).tolist() == expected
+    for size in (1, 2):
+        # Hits at the very first and last character of the joined names.
+        assert name_word_mask(["grad"] * size).tolist() == [True] * size
+    assert name_word_mask([]).tolist() == []
 
 
 def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:

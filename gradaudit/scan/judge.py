@@ -36,13 +36,13 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.roles import (
-    NAME_WORDS,
     FileEvidence,
     TensorHint,
     decide,
     describe_file,
     estimate_value,
     file_evidence_text,
+    name_word_mask,
     stats_evidence,
 )
 
@@ -489,8 +489,8 @@ def with_roles(
     Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
     tensors with a hint or a name :func:`role_from_name` may read are decided one by
     one; every other tensor of a file takes the file's role (or ``--kind``), which is
-    what :func:`decide` gives it, so a million plainly named tensors cost a regular
-    expression search each.
+    what :func:`decide` gives it, so a million plainly named tensors cost a few string
+    searches (:func:`~gradaudit.roles.name_word_mask`).
     """
     import numpy as np
 
@@ -499,7 +499,7 @@ def with_roles(
     kind = thresholds.kind
     names = table.names
     count = len(names)
-    special = np.fromiter(map(bool, map(NAME_WORDS.search, names)), dtype=bool, count=count)
+    special = name_word_mask(names)
     if any(hint is not None for hint in hints):
         special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
     role_codes = np.zeros(count, dtype=np.int8)
