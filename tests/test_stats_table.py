@@ -23,6 +23,7 @@ from gradaudit.roles import (
     FileEvidence,
     TensorHint,
     decide,
+    name_templates,
     name_word_mask,
     role_from_name,
 )
@@ -383,6 +384,32 @@ def test_the_name_word_mask_maps_each_hit_to_its_own_name() -> None:
         # Hits at the very first and last character of the joined names.
         assert name_word_mask(["grad"] * size).tolist() == [True] * size
     assert name_word_mask([]).tolist() == []
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(
+                [*NAME_WORDS, "0", "12", "grad3", "Running_Mean", "x9y", "(", " (", "\n"]
+            ),
+            max_size=5,
+        ).map(lambda parts: ".".join(parts)),
+        max_size=6,
+    )
+)
+def test_a_name_template_is_read_as_its_name(names: list[str]) -> None:
+    templates = name_templates(names)
+    assert len(templates) == len(names)
+    for name, template in zip(names, templates, strict=True):
+        assert role_from_name(template) == role_from_name(name), (name, template)
+
+
+def test_names_differing_in_their_numbers_share_a_template() -> None:
+    assert name_templates(["params.7.grad", "params.18.grad", "a\n1"]) == [
+        "params.0.grad",
+        "params.0.grad",
+        "a\n0",
+    ]
 
 
 def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:

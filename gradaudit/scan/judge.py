@@ -42,6 +42,7 @@ from gradaudit.roles import (
     describe_file,
     estimate_value,
     file_evidence_text,
+    name_templates,
     name_word_mask,
     stats_evidence,
 )
@@ -487,10 +488,12 @@ def with_roles(
     :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
 
     Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
-    tensors with a hint or a name :func:`role_from_name` may read are decided one by
-    one; every other tensor of a file takes the file's role (or ``--kind``), which is
-    what :func:`decide` gives it, so a million plainly named tensors cost a few string
-    searches (:func:`~gradaudit.roles.name_word_mask`).
+    tensors with a hint are decided one by one, and those with a name
+    :func:`role_from_name` may read once per name template
+    (:func:`~gradaudit.roles.name_templates`); every other tensor of a file takes the
+    file's role (or ``--kind``), which is what :func:`decide` gives it, so a million
+    plainly named tensors cost a few string searches
+    (:func:`~gradaudit.roles.name_word_mask`).
     """
     import numpy as np
 
@@ -500,8 +503,9 @@ def with_roles(
     names = table.names
     count = len(names)
     special = name_word_mask(names)
+    hinted = np.zeros(count, dtype=bool)
     if any(hint is not None for hint in hints):
-        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
+        hinted = np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
     role_codes = np.zeros(count, dtype=np.int8)
     evidence_codes = np.zeros(count, dtype=np.int32)
     evidences: dict[str, int] = {"": 0}
@@ -529,7 +533,21 @@ def with_roles(
             default = file_role.role, file_role.evidence
         role_codes[indices] = ROLES.index(default[0])
         evidence_codes[indices] = code_of(default[1])
-        for index in indices[special[indices]].tolist():
+        # Plainly named tensors keep the default; those a name may decide are decided
+        # once per name template (``params.0.grad``), hinted ones one by one.
+        by_name = indices[special[indices] & ~hinted[indices]]
+        if len(by_name):
+            templates = name_templates([names[i] for i in by_name.tolist()])
+            keys = {template: k for k, template in enumerate(dict.fromkeys(templates))}
+            decided = [decide(template, None, kind, file_role) for template in keys]
+            which = np.fromiter(
+                map(keys.__getitem__, templates), dtype=np.int64, count=len(by_name)
+            )
+            role_codes[by_name] = np.array([ROLES.index(role) for role, _ in decided], np.int8)[
+                which
+            ]
+            evidence_codes[by_name] = np.array([code_of(e) for _, e in decided], np.int32)[which]
+        for index in indices[hinted[indices]].tolist():
             role, evidence = decide(names[index], hints[index], kind, file_role)
             role_codes[index] = ROLES.index(role)
             evidence_codes[index] = code_of(evidence)
