@@ -324,9 +324,15 @@ def name_word_mask(names: Sequence[str]) -> npt.NDArray[np.bool_]:
         lowered = "\n".join(lengths)
     ends: npt.NDArray[np.int64] | None = None
     for word in _SEARCHED_WORDS:
-        at = lowered.find(word)
-        if at < 0:
+        hits = lowered.count(word)
+        if not hits:
             continue
+        if hits * 4 > count:
+            # Most names hold it (``….grad`` for every tensor): placing each hit costs more
+            # than the reading that follows saves, so every name is a candidate.
+            mask[:] = True
+            return mask
+        at = lowered.find(word)
         if ends is None:
             ends = np.cumsum(np.fromiter(map(len, lengths), dtype=np.int64, count=count) + 1)
         found = []

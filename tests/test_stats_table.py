@@ -379,10 +379,12 @@ def test_the_name_word_mask_maps_each_hit_to_its_own_name() -> None:
     ]
     expected = [any(w in n.lower() for w in NAME_WORDS) for n in names]
     assert expected == [False, True, False, True, True, False, False, True, True]
-    assert name_word_mask(names).tolist() == expected
-    for size in (1, 2):
-        # Hits at the very first and last character of the joined names.
-        assert name_word_mask(["grad"] * size).tolist() == [True] * size
+    # Among many plain names, so each hit is placed (not every name taken as a candidate).
+    plain = [f"layer.{i}.weight" for i in range(100)]
+    assert name_word_mask(names + plain).tolist() == expected + [False] * len(plain)
+    assert name_word_mask(["grad"] + plain + ["x.GRAD"]).tolist() == [True] + [False] * 100 + [True]
+    # Where most names hold a word, all are candidates: still a superset.
+    assert name_word_mask(names).tolist() == [True] * len(names)
     assert name_word_mask([]).tolist() == []
 
 
