@@ -344,23 +344,24 @@ def name_word_mask(names: Sequence[str]) -> npt.NDArray[np.bool_]:
     return mask
 
 
-_DIGITS = re.compile("[0-9]+")
+_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
 
 
 def name_templates(names: Sequence[str]) -> list[str]:
-    """Each name with its runs of digits written ``0``: :func:`role_from_name` (and so
+    """Each name with its digits written ``0``: :func:`role_from_name` (and so
     :func:`decide`) gives a template the name's own answer.
 
     Why: ``params.7.grad`` and ``params.8.grad`` are read alike, so a hundred thousand such
     names are decided once per template, not once each. It holds because no word of
     :data:`NAME_WORDS` holds a digit: a component holding one matches no word before and
-    after, and every other component is left as it was.
+    after, and every other component is left as it was. (``str.translate`` over all the
+    names joined is a third of what a regular expression's substitution costs.)
     """
     joined = "\n".join(names)
     if joined.count("\n") == len(names) - 1:
-        # One substitution over all names; split back where no name holds a newline.
-        return _DIGITS.sub("0", joined).split("\n")
-    return [_DIGITS.sub("0", name) for name in names]
+        # Split back where no name holds a newline.
+        return joined.translate(_DIGITS_AS_ZERO).split("\n")
+    return [name.translate(_DIGITS_AS_ZERO) for name in names]
 
 
 def describe_file(roles: Counter[Role], file_role: FileEvidence) -> str:

@@ -36,7 +36,7 @@ from gradaudit.scan.judge import (
     in_tensor_order,
     with_roles,
 )
-from gradaudit.stats_table import ROLES, StatsTable, shapes_of
+from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
 
 SHAPES = st.lists(st.integers(0, 5), max_size=3).map(tuple)
 COUNTS = st.integers(0, 3)
@@ -382,7 +382,7 @@ def test_the_name_word_mask_maps_each_hit_to_its_own_name() -> None:
     # Among many plain names, so each hit is placed (not every name taken as a candidate).
     plain = [f"layer.{i}.weight" for i in range(100)]
     assert name_word_mask(names + plain).tolist() == expected + [False] * len(plain)
-    assert name_word_mask(["grad"] + plain + ["x.GRAD"]).tolist() == [True] + [False] * 100 + [True]
+    assert name_word_mask(["grad", *plain, "x.GRAD"]).tolist() == [True] + [False] * 100 + [True]
     # Where most names hold a word, all are candidates: still a superset.
     assert name_word_mask(names).tolist() == [True] * len(names)
     assert name_word_mask([]).tolist() == []
@@ -407,9 +407,10 @@ def test_a_name_template_is_read_as_its_name(names: list[str]) -> None:
 
 
 def test_names_differing_in_their_numbers_share_a_template() -> None:
-    assert name_templates(["params.7.grad", "params.18.grad", "a\n1"]) == [
+    assert name_templates(["params.7.grad", "params.8.grad", "p.18", "a\n1"]) == [
         "params.0.grad",
         "params.0.grad",
+        "p.00",
         "a\n0",
     ]
 
@@ -422,3 +423,14 @@ def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:
     assert table[-1].role is Role.BUFFER
     assert {t.role for t in table[:-1]} == {Role.GRADIENT}
     assert ROLES[int(table.role_codes[0])] is Role.GRADIENT
+
+
+def test_coded_values_keep_their_first_appearance_order() -> None:
+    distinct, codes = coded(["b", None, "b", "a"], np.int32)
+    assert distinct == ("b", None, "a")
+    assert codes.dtype == np.int32
+    assert codes.tolist() == [0, 1, 0, 2]
+    distinct, codes = coded([None] * 3, np.int16)
+    assert (distinct, codes.tolist()) == ((None,), [0, 0, 0])
+    distinct, codes = coded([], np.int16)
+    assert (distinct, codes.tolist()) == ((), [])

@@ -497,14 +497,14 @@ def with_roles(
     """
     import numpy as np
 
-    from gradaudit.stats_table import ROLES
+    from gradaudit.stats_table import ROLES, coded
 
     kind = thresholds.kind
     names = table.names
     count = len(names)
     special = name_word_mask(names)
     hinted = np.zeros(count, dtype=bool)
-    if any(hint is not None for hint in hints):
+    if hints.count(None) != len(hints):  # C speed: most collections hold no hint
         hinted = np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
     role_codes = np.zeros(count, dtype=np.int8)
     evidence_codes = np.zeros(count, dtype=np.int32)
@@ -537,12 +537,8 @@ def with_roles(
         # once per name template (``params.0.grad``), hinted ones one by one.
         by_name = indices[special[indices] & ~hinted[indices]]
         if len(by_name):
-            templates = name_templates([names[i] for i in by_name.tolist()])
-            keys = {template: k for k, template in enumerate(dict.fromkeys(templates))}
+            keys, which = coded(name_templates([names[i] for i in by_name.tolist()]), np.int64)
             decided = [decide(template, None, kind, file_role) for template in keys]
-            which = np.fromiter(
-                map(keys.__getitem__, templates), dtype=np.int64, count=len(by_name)
-            )
             role_codes[by_name] = np.array([ROLES.index(role) for role, _ in decided], np.int8)[
                 which
             ]
