@@ -537,7 +537,9 @@ def with_roles(
         # once per name template (``params.0.grad``), hinted ones one by one.
         by_name = indices[special[indices] & ~hinted[indices]]
         if len(by_name):
-            keys, which = coded(name_templates([names[i] for i in by_name.tolist()]), np.int64)
+            # (All of them: the indices are sorted, so they are 0 … count - 1.)
+            read = names if len(by_name) == count else [names[i] for i in by_name.tolist()]
+            keys, which = coded(name_templates(read), np.int64)
             decided = [decide(template, None, kind, file_role) for template in keys]
             role_codes[by_name] = np.array([ROLES.index(role) for role, _ in decided], np.int8)[
                 which

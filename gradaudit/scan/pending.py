@@ -491,7 +491,10 @@ class PendingStats:
             spelled = {dtype: _dtype_name(dtype) for dtype in set(segment.dtypes)}
             self._names += names[segment.start : segment.stop]
             self._shapes += segment.shapes
-            self._dtypes += map(spelled.__getitem__, segment.dtypes)
+            if len(spelled) == 1:
+                self._dtypes += [*spelled.values()] * count
+            else:
+                self._dtypes += map(spelled.__getitem__, segment.dtypes)
             self._sources += [source] * count
             self._tickets += tickets
             self._hints += [None] * count
