@@ -303,6 +303,13 @@ NAMES = st.sampled_from(
         "attn.masKed_bias",  # a Kelvin sign, whose lower case is "k"
         "x/grad/y",
         "plain",
+        # Read once per template (digits written 0): a digit never makes a role word.
+        "layers.3.grad",
+        "layers.17.grad",
+        "grads.12.fc",
+        "bn2.running_mean",
+        "fc.grad0",
+        "running_mean1",
     ]
 )
 HINTS = st.sampled_from(
