@@ -37,6 +37,8 @@ from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
 
 if TYPE_CHECKING:  # judging roles needs no torch: only a hint's step tensor is one
+    import numpy as np
+    import numpy.typing as npt
     import torch
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
@@ -288,13 +290,78 @@ def decide(
     return file_role.role, file_role.evidence
 
 
-#: Every word :func:`role_from_name` looks for, found anywhere in a name, in any case: a
-#: name without one of them gets no role from its name (the components are compared in
-#: lower case, and ``re.IGNORECASE`` matches every character whose lower case is ASCII).
-NAME_WORDS = re.compile(
-    "|".join(map(re.escape, sorted(BUFFER_NAMES | GRADIENT_CONTAINERS | {"grad"}))),
-    re.IGNORECASE,
-)
+#: Every word :func:`role_from_name` looks for, in lower case: a name whose lower case
+#: holds none of them gets no role from its name (:func:`role_from_name` compares its
+#: lower-cased components, and a component's lower case is a piece of the name's).
+NAME_WORDS = tuple(sorted(BUFFER_NAMES | GRADIENT_CONTAINERS | {"grad"}))
+
+#: The shortest of them: a name holding ``gradients`` holds ``grad``.
+_SEARCHED_WORDS = tuple(w for w in NAME_WORDS if not any(v != w and v in w for v in NAME_WORDS))
+
+
+def name_word_mask(names: Sequence[str]) -> npt.NDArray[np.bool_]:
+    """Which names hold one of :data:`NAME_WORDS` in any case: those :func:`role_from_name`
+    may read (a superset of them).
+
+    Why not a case-insensitive regular expression per name: that costs 2-5 µs a name,
+    more than a tiny tensor's whole scan. Instead all names are lower-cased as one string
+    and each word is looked for with ``str.find`` (a memchr-speed search); only the hits
+    are mapped back to names, so a plainly named model costs a few string searches.
+    """
+    import numpy as np
+
+    count = len(names)
+    mask = np.zeros(count, dtype=bool)
+    if not count:
+        return mask
+    joined = "\n".join(names)
+    lowered = joined.lower()
+    if len(lowered) == len(joined):
+        # No character grew (lower case never shrinks one), so offsets are the names'.
+        lengths = names
+    else:
+        lengths = [name.lower() for name in names]
+        lowered = "\n".join(lengths)
+    ends: npt.NDArray[np.int64] | None = None
+    for word in _SEARCHED_WORDS:
+        hits = lowered.count(word)
+        if not hits:
+            continue
+        if hits * 4 > count:
+            # Most names hold it (``….grad`` for every tensor): placing each hit costs more
+            # than the reading that follows saves, so every name is a candidate.
+            mask[:] = True
+            return mask
+        at = lowered.find(word)
+        if ends is None:
+            ends = np.cumsum(np.fromiter(map(len, lengths), dtype=np.int64, count=count) + 1)
+        found = []
+        while at >= 0:
+            found.append(at)
+            at = lowered.find(word, at + len(word))
+        # A word holds no newline, so each hit lies inside one name.
+        mask[np.searchsorted(ends, found, side="right")] = True
+    return mask
+
+
+_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
+
+
+def name_templates(names: Sequence[str]) -> list[str]:
+    """Each name with its digits written ``0``: :func:`role_from_name` (and so
+    :func:`decide`) gives a template the name's own answer.
+
+    Why: ``params.7.grad`` and ``params.8.grad`` are read alike, so a hundred thousand such
+    names are decided once per template, not once each. It holds because no word of
+    :data:`NAME_WORDS` holds a digit: a component holding one matches no word before and
+    after, and every other component is left as it was. (``str.translate`` over all the
+    names joined is a third of what a regular expression's substitution costs.)
+    """
+    joined = "\n".join(names)
+    if joined.count("\n") == len(names) - 1:
+        # Split back where no name holds a newline.
+        return joined.translate(_DIGITS_AS_ZERO).split("\n")
+    return [name.translate(_DIGITS_AS_ZERO) for name in names]
 
 
 def describe_file(roles: Counter[Role], file_role: FileEvidence) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import TypeVar, overload
 
 import numpy as np
 
@@ -26,13 +26,14 @@ from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZER
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
 
-__all__ = ["ROLES", "StatsTable", "shapes_of"]
+__all__ = ["ROLES", "StatsTable", "coded", "shapes_of"]
 
 #: Role by code, in the enum's order.
 ROLES: tuple[Role, ...] = tuple(Role)
 _ROLE_CODES = {role: code for code, role in enumerate(ROLES)}
 #: Tensors turned into :class:`TensorStats` per step of an iteration.
 _STEP = 1 << 14
+_K = TypeVar("_K")
 
 
 def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> list[tuple[int, ...]]:
@@ -56,6 +57,19 @@ def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> lis
         shapes = [tuple(dims[starts[i] : starts[i + 1]].tolist()) for i in range(start, end)]
     seen: dict[tuple[int, ...], tuple[int, ...]] = {}
     return list(map(seen.setdefault, shapes, shapes))
+
+
+def coded(values: Sequence[_K], dtype: type[np.integer]) -> tuple[tuple[_K, ...], np.ndarray]:
+    """The distinct ``values`` in order of first appearance, and each value's index among
+    them: how the columns hold a text per tensor (dtype, source, evidence).
+
+    One value (a whole collection of one dtype, from one source) costs no lookup per item.
+    """
+    distinct = tuple(dict.fromkeys(values))
+    if len(distinct) <= 1:
+        return distinct, np.zeros(len(values), dtype=dtype)
+    index = {value: code for code, value in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, values), dtype=dtype, count=len(values))
 
 
 def numels_of(dims: np.ndarray, starts: np.ndarray) -> np.ndarray:

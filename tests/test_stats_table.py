@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import FindingKind, InputKind, Role, Severity, Thresholds
 from gradaudit.results import TensorStats
-from gradaudit.roles import NAME_WORDS, FileEvidence, TensorHint, decide, role_from_name
+from gradaudit.roles import (
+    NAME_WORDS,
+    FileEvidence,
+    TensorHint,
+    decide,
+    name_templates,
+    name_word_mask,
+    role_from_name,
+)
 from gradaudit.scan.judge import (
     OUTLIER_MIN_TENSORS,
     evaluate,
@@ -28,7 +36,7 @@ from gradaudit.scan.judge import (
     in_tensor_order,
     with_roles,
 )
-from gradaudit.stats_table import ROLES, StatsTable, shapes_of
+from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
 
 SHAPES = st.lists(st.integers(0, 5), max_size=3).map(tuple)
 COUNTS = st.integers(0, 3)
@@ -295,6 +303,13 @@ NAMES = st.sampled_from(
         "attn.masKed_bias",  # a Kelvin sign, whose lower case is "k"
         "x/grad/y",
         "plain",
+        # Read once per template (digits written 0): a digit never makes a role word.
+        "layers.3.grad",
+        "layers.17.grad",
+        "grads.12.fc",
+        "bn2.running_mean",
+        "fc.grad0",
+        "running_mean1",
     ]
 )
 HINTS = st.sampled_from(
@@ -352,7 +367,59 @@ def test_every_character_whose_lower_case_is_ascii_is_matched_by_the_name_words(
             for variant in spellings.get(letter, []):
                 name = f"m.{word[:index]}{variant}{word[index + 1 :]}"
                 if role_from_name(name) is not None:
-                    assert NAME_WORDS.search(name), name
+                    assert name_word_mask([name])[0], name
+
+
+def test_the_name_word_mask_maps_each_hit_to_its_own_name() -> None:
+    """Names whose lower case is longer (İ), hold newlines or several words: each hit is
+    attributed to the name it lies in, and the mask equals a per-name search."""
+    names = [
+        "İİİİ.weight",
+        "bn.Running_Mean",
+        "a\nb",
+        "\ngrads.x",
+        "İ.GRAD",
+        "plain",
+        "",
+        "token_type_ids.position_ids.grad",
+        "ΣΑΣ.sin_cached",
+    ]
+    expected = [any(w in n.lower() for w in NAME_WORDS) for n in names]
+    assert expected == [False, True, False, True, True, False, False, True, True]
+    # Among many plain names, so each hit is placed (not every name taken as a candidate).
+    plain = [f"layer.{i}.weight" for i in range(100)]
+    assert name_word_mask(names + plain).tolist() == expected + [False] * len(plain)
+    assert name_word_mask(["grad", *plain, "x.GRAD"]).tolist() == [True] + [False] * 100 + [True]
+    # Where most names hold a word, all are candidates: still a superset.
+    assert name_word_mask(names).tolist() == [True] * len(names)
+    assert name_word_mask([]).tolist() == []
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(
+                [*NAME_WORDS, "0", "12", "grad3", "Running_Mean", "x9y", "(", " (", "\n"]
+            ),
+            max_size=5,
+        ).map(lambda parts: ".".join(parts)),
+        max_size=6,
+    )
+)
+def test_a_name_template_is_read_as_its_name(names: list[str]) -> None:
+    templates = name_templates(names)
+    assert len(templates) == len(names)
+    for name, template in zip(names, templates, strict=True):
+        assert role_from_name(template) == role_from_name(name), (name, template)
+
+
+def test_names_differing_in_their_numbers_share_a_template() -> None:
+    assert name_templates(["params.7.grad", "params.8.grad", "p.18", "a\n1"]) == [
+        "params.0.grad",
+        "params.0.grad",
+        "p.00",
+        "a\n0",
+    ]
 
 
 def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:
@@ -363,3 +430,14 @@ def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:
     assert table[-1].role is Role.BUFFER
     assert {t.role for t in table[:-1]} == {Role.GRADIENT}
     assert ROLES[int(table.role_codes[0])] is Role.GRADIENT
+
+
+def test_coded_values_keep_their_first_appearance_order() -> None:
+    distinct, codes = coded(["b", None, "b", "a"], np.int32)
+    assert distinct == ("b", None, "a")
+    assert codes.dtype == np.int32
+    assert codes.tolist() == [0, 1, 0, 2]
+    distinct, codes = coded([None] * 3, np.int16)
+    assert (distinct, codes.tolist()) == ((None,), [0, 0, 0])
+    distinct, codes = coded([], np.int16)
+    assert (distinct, codes.tolist()) == ((), [])

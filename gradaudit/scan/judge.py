@@ -36,13 +36,14 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.roles import (
-    NAME_WORDS,
     FileEvidence,
     TensorHint,
     decide,
     describe_file,
     estimate_value,
     file_evidence_text,
+    name_templates,
+    name_word_mask,
     stats_evidence,
 )
 
@@ -487,21 +488,24 @@ def with_roles(
     :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
 
     Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
-    tensors with a hint or a name :func:`role_from_name` may read are decided one by
-    one; every other tensor of a file takes the file's role (or ``--kind``), which is
-    what :func:`decide` gives it, so a million plainly named tensors cost a regular
-    expression search each.
+    tensors with a hint are decided one by one, and those with a name
+    :func:`role_from_name` may read once per name template
+    (:func:`~gradaudit.roles.name_templates`); every other tensor of a file takes the
+    file's role (or ``--kind``), which is what :func:`decide` gives it, so a million
+    plainly named tensors cost a few string searches
+    (:func:`~gradaudit.roles.name_word_mask`).
     """
     import numpy as np
 
-    from gradaudit.stats_table import ROLES
+    from gradaudit.stats_table import ROLES, coded
 
     kind = thresholds.kind
     names = table.names
     count = len(names)
-    special = np.fromiter(map(bool, map(NAME_WORDS.search, names)), dtype=bool, count=count)
-    if any(hint is not None for hint in hints):
-        special |= np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
+    special = name_word_mask(names)
+    hinted = np.zeros(count, dtype=bool)
+    if hints.count(None) != len(hints):  # C speed: most collections hold no hint
+        hinted = np.fromiter((hint is not None for hint in hints), dtype=bool, count=count)
     role_codes = np.zeros(count, dtype=np.int8)
     evidence_codes = np.zeros(count, dtype=np.int32)
     evidences: dict[str, int] = {"": 0}
@@ -529,7 +533,19 @@ def with_roles(
             default = file_role.role, file_role.evidence
         role_codes[indices] = ROLES.index(default[0])
         evidence_codes[indices] = code_of(default[1])
-        for index in indices[special[indices]].tolist():
+        # Plainly named tensors keep the default; those a name may decide are decided
+        # once per name template (``params.0.grad``), hinted ones one by one.
+        by_name = indices[special[indices] & ~hinted[indices]]
+        if len(by_name):
+            # (All of them: the indices are sorted, so they are 0 … count - 1.)
+            read = names if len(by_name) == count else [names[i] for i in by_name.tolist()]
+            keys, which = coded(name_templates(read), np.int64)
+            decided = [decide(template, None, kind, file_role) for template in keys]
+            role_codes[by_name] = np.array([ROLES.index(role) for role, _ in decided], np.int8)[
+                which
+            ]
+            evidence_codes[by_name] = np.array([code_of(e) for _, e in decided], np.int32)[which]
+        for index in indices[hinted[indices]].tolist():
             role, evidence = decide(names[index], hints[index], kind, file_role)
             role_codes[index] = ROLES.index(role)
             evidence_codes[index] = code_of(evidence)

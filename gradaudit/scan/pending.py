@@ -51,7 +51,7 @@ from gradaudit.scan.judge import (
     summarize,
     with_roles,
 )
-from gradaudit.stats_table import ROLES, StatsTable
+from gradaudit.stats_table import ROLES, StatsTable, coded
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -491,7 +491,10 @@ class PendingStats:
             spelled = {dtype: _dtype_name(dtype) for dtype in set(segment.dtypes)}
             self._names += names[segment.start : segment.stop]
             self._shapes += segment.shapes
-            self._dtypes += map(spelled.__getitem__, segment.dtypes)
+            if len(spelled) == 1:
+                self._dtypes += [*spelled.values()] * count
+            else:
+                self._dtypes += map(spelled.__getitem__, segment.dtypes)
             self._sources += [source] * count
             self._tickets += tickets
             self._hints += [None] * count
@@ -631,7 +634,13 @@ class PendingStats:
         with paused_gc():
             table = self._table(host)
             hints = self._hints
-            aux = [i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None]
+            aux = (
+                []
+                if hints.count(None) == len(hints)  # C speed: most collections hold no hint
+                else [
+                    i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None
+                ]
+            )
             derived = {
                 (stats.source, hint.aux_for, hint.aux): stats
                 for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
@@ -695,17 +704,10 @@ class PendingStats:
         starts = np.zeros(count + 1, dtype=np.int64)
         np.cumsum(ranks, out=starts[1:])
         dims = np.fromiter(chain.from_iterable(shapes), dtype=np.int64, count=int(starts[-1]))
-        dtypes = {name: code for code, name in enumerate(dict.fromkeys(self._dtypes))}
-        sources = {name: code for code, name in enumerate(dict.fromkeys(self._sources))}
+        dtypes, dtype_codes = coded(self._dtypes, np.int16)
+        sources, source_codes = coded(self._sources, np.int32)
         return StatsTable.from_rows(
-            self._names,
-            dims,
-            starts,
-            np.fromiter(map(dtypes.__getitem__, self._dtypes), dtype=np.int16, count=count),
-            tuple(dtypes),
-            np.fromiter(map(sources.__getitem__, self._sources), dtype=np.int32, count=count),
-            tuple(sources),
-            host.numpy(),
+            self._names, dims, starts, dtype_codes, dtypes, source_codes, sources, host.numpy()
         )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
