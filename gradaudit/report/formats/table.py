@@ -94,10 +94,12 @@ from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import (
     ROLE_LABELS,
     audited_line,
+    file_findings,
     findings_by_tensor,
     flagged_line,
     reading_lines,
     skipped_lines,
+    tensor_findings,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
@@ -159,7 +161,6 @@ def _tensor_status(stats: TensorStats, findings: list[Finding]) -> Text:
 def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
     """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
     without ``--all``) and how many unflagged ones."""
-    findings = findings_by_tensor(report)
     flagged_failing: list[TensorStats] = []
     flagged_warning: list[TensorStats] = []
     flagged_ignored: list[TensorStats] = []
@@ -171,8 +172,7 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
         nonlocal unflagged, flagged_count
         # Without --all at most MAX_FLAGGED_ROWS are shown: each kind keeps that many.
         keep = len(report.tensors) if options.show_all else MAX_FLAGGED_ROWS
-        for stats in report.tensors:
-            found = findings.get((stats.source, stats.name), [])
+        for stats, found in tensor_findings(report):
             if not found:
                 unflagged += 1
                 yield stats
@@ -212,7 +212,7 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
 
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
-    findings = findings_by_tensor(report)
+    findings = findings_by_tensor(report, only={(s.source, s.name) for s in rows})
     several_files = len({t.source for t in report.tensors}) > 1
     # A gradient dump's table stays as it was; a role column appears once roles differ.
     roles = any(t.role is not Role.GRADIENT for t in report.tensors)
@@ -280,13 +280,11 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     """One word (and the reason) per input: error, FAIL, ok or nothing to audit."""
     if result.error is not None:
         return Text(f"error: {printable(result.error)}", style="bold red")
-    found = [f for f in report.findings if f.source == result.path]
-    failing = sorted({f.kind.value for f in found if f.failing})
+    failing, warnings = file_findings(report, result.path)
     if failing:
         return Text(f"FAIL ({', '.join(failing)})", style="bold red")
     if not result.tensors:
         return Text("nothing to audit", style="yellow")
-    warnings = sum(1 for f in found if not f.failing)
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
 
