@@ -694,7 +694,10 @@ def summarize(
         severities.update(dict(zip(SEVERITIES, counts, strict=True)))
 
         def count(kind: FindingKind) -> int:
-            return len(flagged_indices(tensors, columns, (kind,), ignored=False))
+            on_table = len(flagged_indices(tensors, columns, (kind,), ignored=False))
+            mask = columns.kind_is(kind) & ~columns.severity_is(Severity.IGNORED)
+            elsewhere = {(f.source, f.tensor) for f in columns.select(mask & (columns.rows < 0))}
+            return on_table + len(elsewhere)
 
     else:
         # One pass over the findings.
