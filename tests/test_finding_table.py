@@ -137,14 +137,14 @@ def test_judging_on_columns_equals_judging_a_tuple(
     table = StatsTable.from_stats(stats)
     columns = evaluate_all(table, policy) + extras(stats, policy)
     plain = tuple(columns)
-    assert isinstance(columns, FindingTable) and plain == tuple(
-        f for s in stats for f in evaluate(s, policy)
-    ) + extras(stats, policy)
+    assert isinstance(columns, FindingTable)
+    assert plain == tuple(f for s in stats for f in evaluate(s, policy)) + extras(stats, policy)
     outliers_columns = find_outliers(table, policy, columns)
     assert outliers_columns == find_outliers(table, policy, plain)
     ordered = in_tensor_order(table, columns + outliers_columns[0])
     ordered_plain = in_tensor_order(table, plain + outliers_columns[0])
-    assert isinstance(ordered, FindingTable) and ordered.ordered
+    assert isinstance(ordered, FindingTable)
+    assert ordered.ordered
     assert tuple(ordered) == ordered_plain
     assert gradient_health(table, ordered) == gradient_health(table, ordered_plain)
     assert summarize(table, ordered, (), 1, 2.0) == summarize(table, ordered_plain, (), 1, 2.0)
@@ -187,7 +187,8 @@ def test_a_million_findings_are_columns_not_objects() -> None:
         [TensorStats("t", (4,), "float32", 4, 0, 0, 0, 4, 0.0, 0.0, 0.0, "f")]
     ).subset(np.zeros(count, dtype=np.int64))
     found = in_tensor_order(table, evaluate_all(table, Thresholds()))
-    assert isinstance(found, FindingTable) and not found.objects
+    assert isinstance(found, FindingTable)
+    assert not found.objects
     assert len(found) == count
     assert found.rows.nbytes + found.kinds.nbytes + found.slots.nbytes < 16 * count
     summary = summarize(table, found, (), 0, 0.0)
