@@ -271,6 +271,16 @@ class FindingTable(Sequence[Finding]):
             for i in range(end - start):
                 yield built[local[i] : local[i + 1]]
 
+    def severity_bits(self) -> np.ndarray:
+        """Per tensor of ``table``, the severities of its findings as bits (``1 << code``,
+        codes into :data:`SEVERITIES`); 0 for a tensor without findings."""
+        bits = np.zeros(len(self.table), dtype=np.int8)
+        on_table = self.rows >= 0
+        np.bitwise_or.at(
+            bits, self.rows[on_table], np.left_shift(1, self.severities[on_table]).astype(np.int8)
+        )
+        return bits
+
     # -- the Sequence[Finding] view ----------------------------------------------
 
     def _build(self, positions: np.ndarray) -> list[Finding]:

@@ -23,6 +23,7 @@ from gradaudit.report.verdict import (
     findings_by_tensor,
     flagged_tensors,
     tensor_findings,
+    tensor_severities,
     unaudited,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
@@ -167,6 +168,7 @@ def test_renderers_group_columns_as_they_group_a_tuple(
     report = Report(table, findings, (), summary, "cpu", "eager", 0.0, thresholds=policy)
     plain = Report(table, tuple(findings), (), summary, "cpu", "eager", 0.0, thresholds=policy)
     assert list(tensor_findings(report)) == list(tensor_findings(plain))
+    assert list(tensor_severities(report)) == list(tensor_severities(plain))
     assert flagged_tensors(report) == flagged_tensors(plain)
     assert findings_by_tensor(report) == findings_by_tensor(plain)
     skipped = (FindingKind.SKIPPED,)

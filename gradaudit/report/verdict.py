@@ -91,6 +91,26 @@ def tensor_findings(report: Report) -> Iterator[tuple[TensorStats, list[Finding]
         yield stats, by_tensor.get((stats.source, stats.name), [])
 
 
+def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[Severity]]]:
+    """Each audited tensor with the severities of its findings (empty: none).
+
+    What the table sorts its rows by; read on the columns, no Finding is built.
+    """
+    columns = _columns(report)
+    if columns is None:
+        for stats, found in tensor_findings(report):
+            yield stats, frozenset(f.severity for f in found)
+        return
+    from gradaudit.finding_table import SEVERITIES
+
+    sets = [
+        frozenset(s for code, s in enumerate(SEVERITIES) if bits >> code & 1)
+        for bits in range(1 << len(SEVERITIES))
+    ]
+    bits = columns.severity_bits().tolist()
+    yield from zip(report.tensors, map(sets.__getitem__, bits), strict=True)
+
+
 def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
     """The failing kinds (sorted) of the findings in file ``source``, and how many others."""
     columns = _columns(report)

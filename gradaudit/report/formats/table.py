@@ -99,7 +99,7 @@ from gradaudit.report.verdict import (
     flagged_line,
     reading_lines,
     skipped_lines,
-    tensor_findings,
+    tensor_severities,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
@@ -158,6 +158,9 @@ def _tensor_status(stats: TensorStats, findings: list[Finding]) -> Text:
     return text
 
 
+_IGNORED = frozenset({Severity.IGNORED})
+
+
 def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
     """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
     without ``--all``) and how many unflagged ones."""
@@ -172,17 +175,17 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
         nonlocal unflagged, flagged_count
         # Without --all at most MAX_FLAGGED_ROWS are shown: each kind keeps that many.
         keep = len(report.tensors) if options.show_all else MAX_FLAGGED_ROWS
-        for stats, found in tensor_findings(report):
-            if not found:
+        for stats, severities in tensor_severities(report):
+            if not severities:
                 unflagged += 1
                 yield stats
                 continue
-            if options.quiet and all(f.ignored for f in found):
+            if options.quiet and severities == _IGNORED:
                 continue
             flagged_count += 1
-            if any(f.failing for f in found):
+            if Severity.ERROR in severities:
                 kind = flagged_failing
-            elif any(f.severity is Severity.WARNING for f in found):
+            elif Severity.WARNING in severities:
                 kind = flagged_warning
             else:
                 kind = flagged_ignored
@@ -213,9 +216,16 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report, only={(s.source, s.name) for s in rows})
-    several_files = len({t.source for t in report.tensors}) > 1
+    from gradaudit.stats_table import ROLES, StatsTable
+
+    tensors = report.tensors
     # A gradient dump's table stays as it was; a role column appears once roles differ.
-    roles = any(t.role is not Role.GRADIENT for t in report.tensors)
+    if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
+        several_files = len(set(tensors.source_codes.tolist())) > 1
+        roles = bool((tensors.role_codes != ROLES.index(Role.GRADIENT)).any())
+    else:
+        several_files = len({t.source for t in tensors}) > 1
+        roles = any(t.role is not Role.GRADIENT for t in tensors)
     names: list[Text | str] = []
     statuses: list[Text | str] = []
     for stats in rows:
