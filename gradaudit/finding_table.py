@@ -19,13 +19,13 @@ Counts, the health score and the renderers read the columns where they can.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
-from gradaudit.results import Finding
+from gradaudit.results import Finding, TensorStats
 
 if TYPE_CHECKING:
     from gradaudit.stats_table import StatsTable
@@ -253,23 +253,44 @@ class FindingTable(Sequence[Finding]):
         for start in range(0, len(positions), _STEP):
             yield from self._build(positions[start : start + _STEP])
 
-    def per_tensor(self) -> Iterator[list[Finding]]:
-        """Each tensor's findings (a list, maybe empty), tensor by tensor in ``table``'s order.
+    def per_tensor(
+        self, tensors: Iterable[TensorStats]
+    ) -> Iterator[tuple[TensorStats, list[Finding]]]:
+        """Each tensor with its findings (a list, maybe empty), in ``table``'s order.
 
-        Needs :attr:`ordered`. Findings on no tensor of the table are not in any list.
+        ``tensors`` are ``table``'s, in its order (iterating it): :func:`evaluate`
+        judges each flagged one as it passes, so no TensorStats is made twice. Needs
+        :attr:`ordered`; findings on no tensor of the table are in no list.
         """
+        from gradaudit.scan.judge import evaluate
+
         if not self.ordered:
             raise ValueError("per_tensor needs findings in tensor order")
         count = len(self.table)
         keys = np.where(self.rows < 0, count, self.rows)  # findings on no tensor are last
         bounds = np.searchsorted(keys, np.arange(count + 1), side="left")
+        each = iter(tensors)
+        objects, thresholds = self.objects, self.thresholds
         for start in range(0, count, _STEP):
             end = min(count, start + _STEP)
-            lo, hi = int(bounds[start]), int(bounds[end])
-            built = self._build(np.arange(lo, hi))
-            local = (bounds[start : end + 1] - lo).tolist()
+            local = bounds[start : end + 1].tolist()
+            base = local[0]
+            slots = self.slots[base : local[-1]].tolist()
             for i in range(end - start):
-                yield built[local[i] : local[i + 1]]
+                stats = next(each)
+                lo, hi = local[i] - base, local[i + 1] - base
+                if lo == hi:
+                    yield stats, []
+                    continue
+                judged: tuple[Finding, ...] = ()
+                found = []
+                for slot in slots[lo:hi]:
+                    if slot < 0:
+                        found.append(objects[-1 - slot])
+                        continue
+                    judged = judged or evaluate(stats, thresholds)
+                    found.append(judged[slot])
+                yield stats, found
 
     def severity_bits(self) -> np.ndarray:
         """Per tensor of ``table``, the severities of its findings as bits (``1 << code``,

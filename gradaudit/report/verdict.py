@@ -84,7 +84,7 @@ def tensor_findings(report: Report) -> Iterator[tuple[TensorStats, list[Finding]
     """
     columns = _columns(report)
     if columns is not None and columns.ordered:
-        yield from zip(report.tensors, columns.per_tensor(), strict=True)
+        yield from columns.per_tensor(report.tensors)
         return
     by_tensor = findings_by_tensor(report)
     for stats in report.tensors:

@@ -260,7 +260,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
 def _tensors(report: Report) -> Iterator[dict[str, Any]]:
     policy = report.thresholds
     for t, found in tensor_findings(report):
-        yield _tensor(t, found, policy.ignored_by(t.name))
+        yield _tensor(t, found, policy.ignored_by(t.name) if policy.ignore else None)
 
 
 #: The top-level ``tensors`` key as ``json.dumps(indent=2)`` writes an empty list. Nothing
