@@ -28,6 +28,7 @@ from gradaudit.report.verdict import (
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 from gradaudit.scan.judge import (
+    cast_limits,
     evaluate,
     evaluate_all,
     evaluate_limits,
@@ -38,6 +39,12 @@ from gradaudit.scan.judge import (
     summarize,
 )
 from gradaudit.stats_table import StatsTable
+
+NORMS = [1e-9, 1e-7, 1e-3, 0.01, 1.0, 10.0, 50.0, 100.0, 1e5, 1e20]
+#: Around the cast checks' limits (fp16 and fp8_e4m3fn), the limits included.
+PEAKS = [0.0, 1e-9, 3.0, 1e5, 1e20] + [
+    x for target in ("fp16", "fp8_e4m3fn") for x in cast_limits(target)
+]
 
 
 @st.composite
@@ -51,8 +58,8 @@ def tensors(draw: st.DrawFn) -> list[TensorStats]:
         neg_inf = min(numel - nan - pos_inf, draw(st.sampled_from([0, 0, 0, 2])))
         finite = numel - nan - pos_inf - neg_inf
         zeros = draw(st.sampled_from([0, 0, finite]))
-        rms = draw(st.sampled_from([1e-9, 1e-3, 0.01, 1.0, 50.0, 1e5, 1e20]))
-        norm = 0.0 if zeros == finite else rms * math.sqrt(finite)
+        # The policies' thresholds themselves among the norms: the comparisons' edges.
+        norm = 0.0 if zeros == finite else draw(st.sampled_from(NORMS))
         out.append(
             TensorStats(
                 f"layer.{i % 5}.w{i}",
@@ -63,7 +70,7 @@ def tensors(draw: st.DrawFn) -> list[TensorStats]:
                 pos_inf,
                 neg_inf,
                 zeros,
-                draw(st.sampled_from([0.0, 1e-9, 3.0, 1e5, 1e20])),
+                draw(st.sampled_from(PEAKS)),
                 norm,
                 (norm / math.sqrt(finite)) if finite else None,
                 draw(st.sampled_from(["a", "b"])),
