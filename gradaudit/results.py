@@ -258,7 +258,10 @@ class Report:
     #: :class:`~gradaudit.stats_table.StatsTable` (columns that make each TensorStats
     #: when it is asked for: a million tensors hold no object each); any sequence does.
     tensors: Sequence[TensorStats]
-    findings: tuple[Finding, ...]
+    #: In tensor order, then the findings on tensors that were not audited. An audit
+    #: gives a :class:`~gradaudit.finding_table.FindingTable` (columns over ``tensors``
+    #: that make each Finding when it is asked for); any sequence does.
+    findings: Sequence[Finding]
     skipped: tuple[Skipped, ...]
     summary: Summary
     device: str

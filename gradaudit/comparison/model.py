@@ -10,6 +10,7 @@ arithmetic that defines the ratios, so that the formula exists exactly once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -313,7 +314,7 @@ class Comparison:
     policy: ComparePolicy = field(default_factory=ComparePolicy)
 
     @property
-    def tensor_findings(self) -> tuple[Finding, ...]:
+    def tensor_findings(self) -> Sequence[Finding]:
         return self.report.findings
 
     @property

@@ -7,12 +7,17 @@ verdict is; they say it with these functions.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, Role
+from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, Skipped, TensorStats
 from gradaudit.scan.judge import exit_code
+
+if TYPE_CHECKING:
+    from gradaudit.finding_table import FindingTable
 
 #: Short role names for table cells.
 ROLE_LABELS: dict[Role, str] = {
@@ -30,20 +35,104 @@ TensorKey = tuple[str | None, str]
 GROUP_SKIPPED = 4
 
 
-def findings_by_tensor(report: Report) -> dict[TensorKey, list[Finding]]:
-    """Findings grouped by ``(file, tensor name)``, in report order."""
+def _columns(report: Report) -> FindingTable | None:
+    """The report's findings when they are columns over its tensors, else ``None``."""
+    if type(report.findings).__name__ != "FindingTable":  # no numpy for a tuple
+        return None
+    from gradaudit.finding_table import FindingTable
+
+    findings = report.findings
+    if isinstance(findings, FindingTable) and findings.table is report.tensors:
+        return findings
+    return None
+
+
+def findings_by_tensor(
+    report: Report,
+    kinds: Collection[FindingKind] | None = None,
+    only: Collection[TensorKey] | None = None,
+) -> dict[TensorKey, list[Finding]]:
+    """Findings grouped by ``(file, tensor name)``, in report order.
+
+    ``kinds`` and ``only`` (tensor keys) keep some: with a million findings as
+    columns, only those are built.
+    """
+    columns = _columns(report)
+    found: Iterable[Finding] = report.findings
+    if columns is not None and (kinds is not None or only is not None):
+        import numpy as np
+
+        from gradaudit.scan.judge import tensor_indices
+
+        mask = np.ones(len(columns), dtype=bool) if kinds is None else columns.kind_is(*kinds)
+        if only is not None:
+            mask &= np.isin(columns.rows, tensor_indices(columns.table, only)) | (columns.rows < 0)
+        found = columns.select(mask)
     by_tensor: dict[TensorKey, list[Finding]] = {}
-    for finding in report.findings:
-        by_tensor.setdefault((finding.source, finding.tensor), []).append(finding)
+    for finding in found:
+        key = (finding.source, finding.tensor)
+        if (kinds is None or finding.kind in kinds) and (only is None or key in only):
+            by_tensor.setdefault(key, []).append(finding)
     return by_tensor
+
+
+def tensor_findings(report: Report) -> Iterator[tuple[TensorStats, list[Finding]]]:
+    """Each audited tensor with its findings (a list, maybe empty), in the tensors' order.
+
+    Findings as columns in tensor order are walked alongside the tensors, a step
+    at a time; otherwise they are grouped by ``(file, tensor name)`` first.
+    """
+    columns = _columns(report)
+    if columns is not None and columns.ordered:
+        yield from columns.per_tensor(report.tensors)
+        return
+    by_tensor = findings_by_tensor(report)
+    for stats in report.tensors:
+        yield stats, by_tensor.get((stats.source, stats.name), [])
+
+
+def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[Severity]]]:
+    """Each audited tensor with the severities of its findings (empty: none).
+
+    What the table sorts its rows by; read on the columns, no Finding is built.
+    """
+    columns = _columns(report)
+    if columns is None:
+        for stats, found in tensor_findings(report):
+            yield stats, frozenset(f.severity for f in found)
+        return
+    from gradaudit.finding_table import SEVERITIES
+
+    sets = [
+        frozenset(s for code, s in enumerate(SEVERITIES) if bits >> code & 1)
+        for bits in range(1 << len(SEVERITIES))
+    ]
+    bits = columns.severity_bits().tolist()
+    yield from zip(report.tensors, map(sets.__getitem__, bits), strict=True)
+
+
+def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
+    """The failing kinds (sorted) of the findings in file ``source``, and how many others."""
+    columns = _columns(report)
+    if columns is None:
+        found = [f for f in report.findings if f.source == source]
+        failing = sorted({f.kind.value for f in found if f.failing})
+        return failing, sum(1 for f in found if not f.failing)
+    import numpy as np
+
+    from gradaudit.finding_table import KINDS
+
+    mask = columns.source_is(source)
+    errors = columns.severity_is(Severity.ERROR)
+    kinds = np.unique(columns.kinds[mask & errors]).tolist()
+    return sorted({KINDS[k].value for k in kinds}), int((mask & ~errors).sum())
 
 
 def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
     """Tensors with a failing or warning finding: failing first, then warnings, in file order."""
-    by_tensor = findings_by_tensor(report)
     failing, warning = [], []
-    for stats in report.tensors:
-        found = [f for f in by_tensor.get((stats.source, stats.name), []) if not f.ignored]
+    for stats, all_found in tensor_findings(report):
+        found = [f for f in all_found if not f.ignored]
         if any(f.failing for f in found):
             failing.append((stats, found))
         elif found:
@@ -53,12 +142,25 @@ def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
 
 def unaudited(report: Report) -> list[Finding]:
     """The ``skipped`` findings that are not ignored: data the audit could not read."""
+    columns = _columns(report)
+    if columns is not None:
+        mask = columns.kind_is(FindingKind.SKIPPED) & ~columns.severity_is(Severity.IGNORED)
+        return list(columns.select(mask))
     return [f for f in report.findings if f.kind is FindingKind.SKIPPED and not f.ignored]
 
 
 def failing_kinds(report: Report) -> list[str]:
     """The kinds that fail the run, sorted: tensor finding kinds and exceeded limits."""
-    kinds = {f.kind.value for f in report.findings if f.failing}
+    columns = _columns(report)
+    if columns is not None:
+        import numpy as np
+
+        from gradaudit.finding_table import KINDS
+
+        errors = np.unique(columns.kinds[columns.severity_is(Severity.ERROR)]).tolist()
+        kinds = {KINDS[k].value for k in errors}
+    else:
+        kinds = {f.kind.value for f in report.findings if f.failing}
     kinds.update(f.kind.value for f in report.limit_findings)
     return sorted(kinds)
 

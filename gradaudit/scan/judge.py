@@ -50,6 +50,7 @@ from gradaudit.roles import (
 if TYPE_CHECKING:
     import numpy as np
 
+    from gradaudit.finding_table import FindingTable
     from gradaudit.stats_table import StatsTable
 
 _OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
@@ -64,6 +65,42 @@ def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
     from gradaudit.stats_table import StatsTable
 
     return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
+
+
+def _column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
+    """``findings`` when they are a :class:`~gradaudit.finding_table.FindingTable` over
+    ``table`` (their counts and sets are then read on the columns), else ``None``."""
+    from gradaudit.finding_table import FindingTable
+
+    if isinstance(findings, FindingTable) and findings.table is table:
+        return findings
+    return None
+
+
+def flagged_indices(
+    table: StatsTable,
+    findings: Sequence[Finding],
+    kinds: Iterable[FindingKind] | None = None,
+    *,
+    ignored: bool = True,
+) -> np.ndarray:
+    """Indices (ascending) of the tensors with a finding of ``kinds`` (any kind: ``None``);
+    ``ignored=False`` leaves out the ignored findings."""
+    import numpy as np
+
+    wanted = None if kinds is None else tuple(kinds)
+    columns = _column_findings(table, findings)
+    if columns is not None:
+        mask = np.ones(len(columns), dtype=bool) if wanted is None else columns.kind_is(*wanted)
+        if not ignored:
+            mask &= ~columns.severity_is(Severity.IGNORED)
+        return columns.tensors_where(mask)
+    keys = {
+        (f.source, f.tensor)
+        for f in findings
+        if (wanted is None or f.kind in wanted) and (ignored or not f.ignored)
+    }
+    return tensor_indices(table, keys)
 
 
 def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) -> np.ndarray:
@@ -144,19 +181,18 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
     )
 
 
-def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> tuple[Finding, ...]:
-    """:func:`evaluate` for every tensor that can have a finding, in tensor order.
+def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> FindingTable:
+    """:func:`evaluate` for every tensor, in tensor order, as a
+    :class:`~gradaudit.finding_table.FindingTable`.
 
-    Which tensors can is decided on the columns at once (a superset of what
-    :func:`evaluate` flags: the same comparisons), and only those are judged one by
-    one: with a million healthy tiny tensors nothing is made per tensor.
+    Which tensors have findings, and of which kinds, is decided on the columns at
+    once (the same comparisons as :func:`evaluate`); each finding is built by
+    :func:`evaluate` when it is asked for: a million flagged tiny tensors hold no
+    object each.
     """
-    table = _columns(tensors)
-    return tuple(
-        finding
-        for stats in table.each(judged_candidates(table, thresholds))
-        for finding in evaluate(stats, thresholds)
-    )
+    from gradaudit.finding_table import FindingTable
+
+    return FindingTable.judge(_columns(tensors), thresholds)
 
 
 def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
@@ -292,7 +328,7 @@ def find_outliers(
 
     table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
-    already = {(f.source, f.tensor) for f in findings_so_far if f.kind in magnitude}
+    already = set(flagged_indices(table, findings_so_far, magnitude).tolist())
     rms = table.rms
     with np.errstate(invalid="ignore"):
         eligible = rms > 0  # NaN (no finite element) compares False
@@ -327,9 +363,10 @@ def find_outliers(
         )
         distance = logs - median
         for where in np.flatnonzero(np.abs(distance) > limit).tolist():
-            name = table.names[int(members[where])]
-            if (source, name) in already:
+            member = int(members[where])
+            if member in already:
                 continue
+            name = table.names[member]
             away = float(distance[where])
             direction = "above" if away > 0 else "below"
             message = (
@@ -367,8 +404,8 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
     total = int(table.numel.sum())
     if total == 0:
         return 0.0
-    flagged = {(f.source, f.tensor) for f in findings if f.severity is not Severity.IGNORED}
-    clean = total - int(table.numel[tensor_indices(table, flagged)].sum())
+    flagged = flagged_indices(table, findings, ignored=False)
+    clean = total - int(table.numel[flagged].sum())
     nonfinite = int(table.nonfinite.sum())
     score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
     return min(1.0, max(0.0, score))
@@ -416,11 +453,9 @@ def evaluate_limits(
         if files
         else ([(None, global_norm)] if tensors else [])
     )
-    vanishing = {
-        (f.source, f.tensor) for f in findings if f.kind is FindingKind.VANISHING and not f.ignored
-    }
     table = _columns(tensors)
-    dead_indices = set(tensor_indices(table, vanishing).tolist())
+    vanishing = flagged_indices(table, findings, (FindingKind.VANISHING,), ignored=False)
+    dead_indices = set(vanishing.tolist())
     out: list[LimitFinding] = []
     for source, norm in groups:
         where = "" if source is None else f" in {source}"
@@ -471,9 +506,19 @@ def exit_code(report: Report) -> ExitCode:
     """
     if report.errors or report.summary.tensors == 0:
         return ExitCode.INPUT_ERROR
-    if report.limit_findings or any(finding.failing for finding in report.findings):
+    if report.limit_findings or _any_failing(report.findings):
         return ExitCode.FINDINGS
     return ExitCode.OK
+
+
+def _any_failing(findings: Sequence[Finding]) -> bool:
+    """Whether a finding fails the run (on the severity column of a FindingTable)."""
+    if type(findings).__name__ == "FindingTable":  # numpy is not imported here for a tuple
+        from gradaudit.finding_table import FindingTable
+
+        if isinstance(findings, FindingTable):
+            return bool(findings.severity_is(Severity.ERROR).any())
+    return any(finding.failing for finding in findings)
 
 
 def with_roles(
@@ -571,11 +616,17 @@ def with_roles(
     return readings
 
 
-def in_tensor_order(table: StatsTable, findings: Sequence[Finding]) -> tuple[Finding, ...]:
+def in_tensor_order(
+    table: StatsTable, findings: Sequence[Finding]
+) -> FindingTable | tuple[Finding, ...]:
     """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept).
 
-    Only the flagged tensors are looked up (:func:`tensor_indices`).
+    Only the flagged tensors are looked up (:func:`tensor_indices`); a
+    :class:`~gradaudit.finding_table.FindingTable` is sorted on its columns.
     """
+    columns = _column_findings(table, findings)
+    if columns is not None:
+        return columns.in_tensor_order()
     keys = {(f.source, f.tensor) for f in findings}
     found = tensor_indices(table, keys).tolist()
     sources, codes, names = table.sources, table.source_codes, table.names
@@ -648,16 +699,32 @@ def summarize(
     global_norm: float,
     excluded: int = 0,
 ) -> Summary:
-    # One pass over the findings (a dump of a million flagged tensors has a million).
-    flagged: dict[FindingKind, set[tuple[str | None, str]]] = {}
+    columns = _column_findings(tensors, findings)
     severities: Counter[Severity] = Counter()
-    for finding in findings:
-        severities[finding.severity] += 1
-        if finding.severity is not Severity.IGNORED:
-            flagged.setdefault(finding.kind, set()).add((finding.source, finding.tensor))
+    if columns is not None:  # a million flagged tensors: counted on the columns
+        import numpy as np
 
-    def count(kind: FindingKind) -> int:
-        return len(flagged.get(kind, ()))
+        from gradaudit.finding_table import SEVERITIES
+
+        counts = np.bincount(columns.severities, minlength=len(SEVERITIES)).tolist()
+        severities.update(dict(zip(SEVERITIES, counts, strict=True)))
+
+        def count(kind: FindingKind) -> int:
+            on_table = len(flagged_indices(tensors, columns, (kind,), ignored=False))
+            mask = columns.kind_is(kind) & ~columns.severity_is(Severity.IGNORED)
+            elsewhere = {(f.source, f.tensor) for f in columns.select(mask & (columns.rows < 0))}
+            return on_table + len(elsewhere)
+
+    else:
+        # One pass over the findings.
+        flagged: dict[FindingKind, set[tuple[str | None, str]]] = {}
+        for finding in findings:
+            severities[finding.severity] += 1
+            if finding.severity is not Severity.IGNORED:
+                flagged.setdefault(finding.kind, set()).add((finding.source, finding.tensor))
+
+        def count(kind: FindingKind) -> int:
+            return len(flagged.get(kind, ()))
 
     return Summary(
         tensors=len(tensors),

@@ -658,11 +658,11 @@ class PendingStats:
             estimates, negatives = gradient_estimates(
                 table.take(optimizer), [hints[i] for i in optimizer], derived
             )
-            findings = evaluate_all(table, thresholds) + evaluate_optimizer_state(
+            judged = evaluate_all(table, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds
             )
-            outliers, references = find_outliers(table, thresholds, findings)
-            findings = in_tensor_order(table, findings + outliers) + evaluate_skipped(
+            outliers, references = find_outliers(table, thresholds, judged)
+            findings = in_tensor_order(table, judged + outliers) + evaluate_skipped(
                 self._skipped, thresholds
             )
         global_row = merge_rows(host) if len(table) else None

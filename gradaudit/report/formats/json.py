@@ -45,7 +45,7 @@ from gradaudit.report.compare_text import (
     side_of,
     warning_count,
 )
-from gradaudit.report.verdict import findings_by_tensor
+from gradaudit.report.verdict import findings_by_tensor, tensor_findings
 from gradaudit.results import (
     Finding,
     GradientEstimate,
@@ -184,7 +184,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
     writes it line by line).
     """
     summary = report.summary
-    by_tensor = findings_by_tensor(report)
+    by_tensor = findings_by_tensor(report, kinds=(FindingKind.SKIPPED,))
     policy = report.thresholds
     return {
         "schema_version": SCHEMA_VERSION,
@@ -258,10 +258,9 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
 
 
 def _tensors(report: Report) -> Iterator[dict[str, Any]]:
-    by_tensor = findings_by_tensor(report)
     policy = report.thresholds
-    for t in report.tensors:
-        yield _tensor(t, by_tensor.get((t.source, t.name), []), policy.ignored_by(t.name))
+    for t, found in tensor_findings(report):
+        yield _tensor(t, found, policy.ignored_by(t.name) if policy.ignore else None)
 
 
 #: The top-level ``tensors`` key as ``json.dumps(indent=2)`` writes an empty list. Nothing

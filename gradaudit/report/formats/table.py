@@ -94,10 +94,12 @@ from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import (
     ROLE_LABELS,
     audited_line,
+    file_findings,
     findings_by_tensor,
     flagged_line,
     reading_lines,
     skipped_lines,
+    tensor_severities,
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
@@ -156,10 +158,12 @@ def _tensor_status(stats: TensorStats, findings: list[Finding]) -> Text:
     return text
 
 
+_IGNORED = frozenset({Severity.IGNORED})
+
+
 def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorStats], int, int]:
     """Rows to show, how many flagged rows were left out (past :data:`MAX_FLAGGED_ROWS`
     without ``--all``) and how many unflagged ones."""
-    findings = findings_by_tensor(report)
     flagged_failing: list[TensorStats] = []
     flagged_warning: list[TensorStats] = []
     flagged_ignored: list[TensorStats] = []
@@ -171,18 +175,17 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
         nonlocal unflagged, flagged_count
         # Without --all at most MAX_FLAGGED_ROWS are shown: each kind keeps that many.
         keep = len(report.tensors) if options.show_all else MAX_FLAGGED_ROWS
-        for stats in report.tensors:
-            found = findings.get((stats.source, stats.name), [])
-            if not found:
+        for stats, severities in tensor_severities(report):
+            if not severities:
                 unflagged += 1
                 yield stats
                 continue
-            if options.quiet and all(f.ignored for f in found):
+            if options.quiet and severities == _IGNORED:
                 continue
             flagged_count += 1
-            if any(f.failing for f in found):
+            if Severity.ERROR in severities:
                 kind = flagged_failing
-            elif any(f.severity is Severity.WARNING for f in found):
+            elif Severity.WARNING in severities:
                 kind = flagged_warning
             else:
                 kind = flagged_ignored
@@ -212,10 +215,17 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
 
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
-    findings = findings_by_tensor(report)
-    several_files = len({t.source for t in report.tensors}) > 1
+    findings = findings_by_tensor(report, only={(s.source, s.name) for s in rows})
+    from gradaudit.stats_table import ROLES, StatsTable
+
+    tensors = report.tensors
     # A gradient dump's table stays as it was; a role column appears once roles differ.
-    roles = any(t.role is not Role.GRADIENT for t in report.tensors)
+    if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
+        several_files = len(set(tensors.source_codes.tolist())) > 1
+        roles = bool((tensors.role_codes != ROLES.index(Role.GRADIENT)).any())
+    else:
+        several_files = len({t.source for t in tensors}) > 1
+        roles = any(t.role is not Role.GRADIENT for t in tensors)
     names: list[Text | str] = []
     statuses: list[Text | str] = []
     for stats in rows:
@@ -280,13 +290,11 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     """One word (and the reason) per input: error, FAIL, ok or nothing to audit."""
     if result.error is not None:
         return Text(f"error: {printable(result.error)}", style="bold red")
-    found = [f for f in report.findings if f.source == result.path]
-    failing = sorted({f.kind.value for f in found if f.failing})
+    failing, warnings = file_findings(report, result.path)
     if failing:
         return Text(f"FAIL ({', '.join(failing)})", style="bold red")
     if not result.tensors:
         return Text("nothing to audit", style="yellow")
-    warnings = sum(1 for f in found if not f.failing)
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
 
