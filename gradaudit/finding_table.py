@@ -20,10 +20,11 @@ Counts, the health score and the renderers read the columns where they can.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gradaudit.column_view import ColumnView
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 
@@ -96,7 +97,7 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     return np.repeat(rows, present.sum(axis=1)), grid[present]
 
 
-class FindingTable(Sequence[Finding]):
+class FindingTable(ColumnView[Finding]):
     """Findings as columns over a :class:`StatsTable`; a ``Sequence[Finding]``.
 
     Columns, one entry per finding: ``rows`` (the tensor's index in ``table``, -1
@@ -107,6 +108,7 @@ class FindingTable(Sequence[Finding]):
     grouped tensor by tensor in the tensors' order (:meth:`in_tensor_order`).
     """
 
+    item_noun = "finding"
     __slots__ = (
         "kinds",
         "objects",
@@ -332,25 +334,8 @@ class FindingTable(Sequence[Finding]):
         for start in range(0, len(self), _STEP):
             yield from self._build(np.arange(start, min(len(self), start + _STEP)))
 
-    @overload
-    def __getitem__(self, index: int) -> Finding: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Finding, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Finding | tuple[Finding, ...]:
-        if isinstance(index, slice):
-            return tuple(self._build(np.arange(len(self))[index]))
-        if not -len(self) <= index < len(self):
-            raise IndexError("finding index out of range")
-        return self._build(np.array([index % len(self)]))[0]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def _take(self, indices: range) -> Iterator[Finding]:
+        return iter(self._build(np.array(indices, dtype=np.int64)))
 
     def __repr__(self) -> str:
         return f"FindingTable({len(self)} findings)"

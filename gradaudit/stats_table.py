@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TypeVar, overload
+from typing import TypeVar
 
 import numpy as np
 
+from gradaudit.column_view import ColumnView
 from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
@@ -83,7 +84,7 @@ def numels_of(dims: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return numel
 
 
-class StatsTable(Sequence[TensorStats]):
+class StatsTable(ColumnView[TensorStats]):
     """The stats of many tensors as columns; a ``Sequence[TensorStats]``.
 
     Columns (numpy, one entry per tensor): ``numel``, ``nan``, ``pos_inf``,
@@ -92,6 +93,7 @@ class StatsTable(Sequence[TensorStats]):
     ``role_evidence``; shapes as ``dims``/``starts``. ``names`` is a list.
     """
 
+    item_noun = "tensor"
     __slots__ = (
         "dims",
         "dtype_codes",
@@ -372,30 +374,10 @@ class StatsTable(Sequence[TensorStats]):
         table.with_roles(self.role_codes[chosen], self.evidence_codes[chosen], self.evidences)
         return table
 
-    @overload
-    def __getitem__(self, index: int) -> TensorStats: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[TensorStats, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> TensorStats | tuple[TensorStats, ...]:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1:
-                return tuple(self._slice(start, max(start, stop)))
-            return tuple(self.take(range(start, stop, step)))
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("tensor index out of range")
-        return next(self._slice(index, index + 1))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def _take(self, indices: range) -> Iterator[TensorStats]:
+        if indices.step == 1:
+            return iter(self._slice(indices.start, max(indices.start, indices.stop)))
+        return self.each(indices)
 
     def __repr__(self) -> str:
         return f"StatsTable({len(self)} tensors)"

@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
-from typing import Any, BinaryIO, NoReturn, overload
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
+from gradaudit.column_view import ColumnView
 from gradaudit.errors import InputError
 from gradaudit.io.files import SHOW_LIMIT, FileIdentity, describe_os_error, open_checked, show
 from gradaudit.no_gc import paused_gc
@@ -114,7 +115,7 @@ DTYPE_NAMES: tuple[str, ...] = tuple(SAFETENSORS_DTYPE_SIZES)
 _DTYPE_CODES: dict[str, int] = {name: code for code, name in enumerate(DTYPE_NAMES)}
 
 
-class TensorTable(Sequence[TensorEntry]):
+class TensorTable(ColumnView[TensorEntry]):
     """The tensors of a header as columns, in data-offset order.
 
     A file can declare a million tiny tensors (LoRA adapters, MoE experts); a
@@ -124,6 +125,7 @@ class TensorTable(Sequence[TensorEntry]):
     still gives :class:`TensorEntry` values, made on demand.
     """
 
+    item_noun = "tensor"
     __slots__ = ("begins", "codes", "dims", "ends", "names", "starts")
 
     def __init__(
@@ -179,30 +181,8 @@ class TensorTable(Sequence[TensorEntry]):
             int(self.ends[index]),
         )
 
-    @overload
-    def __getitem__(self, index: int) -> TensorEntry: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[TensorEntry, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> TensorEntry | tuple[TensorEntry, ...]:
-        if isinstance(index, slice):
-            return tuple(self._entry(i) for i in range(len(self))[index])
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("tensor index out of range")
-        return self._entry(index)
-
-    def __iter__(self) -> Iterator[TensorEntry]:
-        return (self._entry(i) for i in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, TensorTable | tuple):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def _take(self, indices: range) -> Iterator[TensorEntry]:
+        return (self._entry(i) for i in indices)
 
     def __repr__(self) -> str:
         return f"TensorTable({len(self)} tensors)"
