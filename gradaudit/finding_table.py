@@ -155,6 +155,8 @@ class FindingTable(ColumnView[Finding]):
 
     def extended(self, findings: Sequence[Finding]) -> FindingTable:
         """These findings, then ``findings`` (kept as objects), in that order."""
+        if not findings:
+            return self
         if (
             isinstance(findings, FindingTable)
             and findings.table is self.table

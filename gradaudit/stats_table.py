@@ -64,8 +64,11 @@ def coded(values: Sequence[_K], dtype: type[np.integer]) -> tuple[tuple[_K, ...]
     """The distinct ``values`` in order of first appearance, and each value's index among
     them: how the columns hold a text per tensor (dtype, source, evidence).
 
-    One value (a whole collection of one dtype, from one source) costs no lookup per item.
+    One value (a whole collection of one dtype, from one source) costs no lookup per item:
+    ``count`` compares by identity first, at C speed.
     """
+    if values and values.count(values[0]) == len(values):
+        return (values[0],), np.zeros(len(values), dtype=dtype)
     distinct = tuple(dict.fromkeys(values))
     if len(distinct) <= 1:
         return distinct, np.zeros(len(values), dtype=dtype)

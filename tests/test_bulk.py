@@ -38,6 +38,7 @@ def mixed() -> dict[str, torch.Tensor]:
     return tensors
 
 
+@needs_native
 def test_segments_and_others_cover_the_list_in_order() -> None:
     tensors = [*mixed().values(), *other_layouts().values(), torch.ones(2)]
     codes = {torch.float32: 0, torch.float16: 2}
@@ -50,7 +51,8 @@ def test_segments_and_others_cover_the_list_in_order() -> None:
         assert list(segment.pointers) == [t.data_ptr() for t in part]
         assert list(segment.counts) == [t.numel() for t in part]
         assert list(segment.codes) == [codes[t.dtype] for t in part]
-        assert segment.shapes == [tuple(t.shape) for t in part]
+        assert list(segment.ranks) == [t.dim() for t in part]
+        assert list(segment.dims) == [size for t in part for size in t.shape]
         assert segment.nbytes == sum(t.numel() * t.element_size() for t in part)
     for index in others:
         tensor = tensors[index]
@@ -74,11 +76,12 @@ def other_layouts() -> dict[str, torch.Tensor]:
     }
 
 
+@needs_native
 @pytest.mark.parametrize("layout", list(other_layouts()))
 def test_a_tensor_of_another_layout_is_never_read_as_strided(layout: str) -> None:
-    """The common case skips the pass over layouts: another layout must still be told apart
-    (sparse COO is not contiguous, compressed sparse layouts raise in is_contiguous(), mkldnn
-    in data_ptr()), alone or among plain tensors."""
+    """No layout is asked: another layout must still be told apart (sparse COO is not
+    contiguous, compressed sparse layouts raise in is_contiguous(), mkldnn in data_ptr()),
+    alone or among plain tensors."""
     odd = other_layouts()[layout]
     plain = [torch.ones(3), torch.full((5,), 2.0)]
     codes = {torch.float32: 0}
@@ -88,13 +91,26 @@ def test_a_tensor_of_another_layout_is_never_read_as_strided(layout: str) -> Non
     assert [(s.start, s.stop) for s in segments] == [(0, 1), (2, 3)]
 
 
+@needs_native
 def test_anything_but_plain_tensors_takes_the_per_tensor_path() -> None:
+    """A subclass (DTensor, a wrapper) is decided tensor by tensor; the plain ones beside
+    it still go to the kernel as columns."""
+
     class Marked(torch.Tensor):
         pass
 
-    tensors = [torch.ones(3), torch.ones(3).as_subclass(Marked)]
-    assert native_segments(tensors, {torch.float32: 0}) == ([], [0, 1])
+    tensors = [torch.ones(3), torch.ones(3).as_subclass(Marked), torch.nn.Parameter(torch.ones(2))]
+    segments, others = native_segments(tensors, {torch.float32: 0})
+    assert others == [1]
+    assert [(s.start, s.stop) for s in segments] == [(0, 1), (2, 3)]
     assert native_segments([torch.ones(3)], {}) == ([], [0])
+
+
+def test_without_the_native_build_every_tensor_takes_the_per_tensor_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert native_segments([torch.ones(3), torch.ones(2)], {torch.float32: 0}) == ([], [0, 1])
 
 
 @needs_native

@@ -19,7 +19,7 @@ import torch
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.
-_ABI = 2
+_ABI = 3
 
 
 def _load() -> ModuleType | None:
@@ -115,6 +115,26 @@ def rows_of_pointers(
     rows = torch.empty((len(pointers), 7), dtype=torch.float64)
     _module.stats_batch(pointers, counts, codes, rows.data_ptr(), threads)
     return rows
+
+
+def tensor_facts(
+    tensors: list[torch.Tensor], codes: Mapping[torch.dtype, int], plain: tuple[type, ...]
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, int]:
+    """The kernel's columns for a list of in-memory tensors, read in one pass.
+
+    ``(ok, pointers, counts, codes, ranks, dims, nbytes)``: ``ok`` holds 1 for each
+    tensor the kernel reads as it is (of an exact type in ``plain``, a dtype in
+    ``codes``, on the CPU, contiguous, strided) and 0 for the others, whose other
+    columns hold nothing (rank 0); pointers and counts are uint64, codes int32,
+    ranks int64, dims the ok tensors' shapes back to back (int64); ``nbytes`` the ok
+    tensors' bytes in all. See :mod:`gradaudit.engine.bulk`.
+    """
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    facts: tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] = _module.tensor_facts(
+        tensors, dict(codes), plain
+    )
+    return facts
 
 
 def set_path(name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,8 +36,9 @@ class TensorRun:
 
     names: list[str]
     dtype: torch.dtype
-    #: Each tensor's shape.
-    shapes: list[tuple[int, ...]]
+    #: Each tensor's rank (int64), and every tensor's dimensions back to back (int64).
+    ranks: array.array[int]
+    dims: array.array[int]
     #: Address of each tensor's first byte (uint64), every one aligned to its element size.
     pointers: array.array[int]
     #: Elements of each tensor (uint64).
@@ -50,8 +52,10 @@ class TensorRun:
         base = self.data.data_ptr()
         flat = self.data.view(torch.uint8)
         size = self.dtype.itemsize
+        dims = iter(self.dims)
+        shapes = (tuple(islice(dims, rank)) for rank in self.ranks)
         for name, shape, pointer, count in zip(
-            self.names, self.shapes, self.pointers, self.counts, strict=True
+            self.names, shapes, self.pointers, self.counts, strict=True
         ):
             start = pointer - base
             yield name, flat[start : start + count * size].view(self.dtype).view(shape)

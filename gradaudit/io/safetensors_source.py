@@ -26,7 +26,6 @@ from gradaudit.io.safetensors_header import (
     read_header_open,
 )
 from gradaudit.results import Skipped
-from gradaudit.stats_table import shapes_of
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -156,10 +155,16 @@ class SafetensorsSource:
                 counts.frombytes(numel[start:end].astype(np.uint64).tobytes())
                 low = data_start + int(table.begins[start])
                 high = data_start + int(table.ends[end - 1])
+                first_dim, end_dim = int(table.starts[start]), int(table.starts[end])
+                ranks = array.array("q")
+                ranks.frombytes(np.diff(table.starts[start : end + 1]).astype(np.int64).tobytes())
+                dims = array.array("q")
+                dims.frombytes(table.dims[first_dim:end_dim].astype(np.int64).tobytes())
                 yield TensorRun(
                     names=table.names[start:end],
                     dtype=dtype,
-                    shapes=shapes_of(table.dims, table.starts, start, end),
+                    ranks=ranks,
+                    dims=dims,
                     pointers=pointers,
                     counts=counts,
                     data=torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low),

@@ -112,6 +112,8 @@ def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) ->
     import numpy as np
 
     wanted = set(keys)
+    if not wanted:
+        return np.zeros(0, dtype=np.int64)
     names = {name for _, name in wanted}
     hits = np.fromiter(map(names.__contains__, table.names), dtype=bool, count=len(table))
     candidates = np.flatnonzero(hits)

@@ -10,12 +10,12 @@ terminal and the process. Collection (device work only) and materialisation
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,7 +51,7 @@ from gradaudit.scan.judge import (
     summarize,
     with_roles,
 )
-from gradaudit.stats_table import ROLES, StatsTable, coded
+from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -156,7 +156,10 @@ class PendingStats:
         )
         self._started = time.perf_counter()
         self._names: list[str] = []
-        self._shapes: list[tuple[int, ...]] = []
+        #: Shapes as columns: each entry's rank, and every entry's dimensions back to back
+        #: (a million tiny tensors keep no tuple each).
+        self._ranks = array.array("q")
+        self._dims = array.array("q")
         self._dtypes: list[str] = []
         self._sources: list[str | None] = []
         self._tickets: list[int] = []
@@ -189,8 +192,19 @@ class PendingStats:
         return tuple(
             PendingEntry(*facts)
             for facts in zip(
-                self._names, self._shapes, self._dtypes, self._sources, self._hints, strict=True
+                self._names, self._shapes(), self._dtypes, self._sources, self._hints, strict=True
             )
+        )
+
+    def _starts(self) -> np.ndarray:
+        """Where each entry's dimensions start in :attr:`_dims` (one more: the end)."""
+        starts = np.zeros(len(self._ranks) + 1, dtype=np.int64)
+        np.cumsum(np.frombuffer(self._ranks, dtype=np.int64), out=starts[1:])
+        return starts
+
+    def _shapes(self) -> list[tuple[int, ...]]:
+        return shapes_of(
+            np.frombuffer(self._dims, dtype=np.int64), self._starts(), 0, len(self._ranks)
         )
 
     @property
@@ -243,12 +257,14 @@ class PendingStats:
         host yet: it is read with the rows, and the entry is then 1-D of that
         length.
         """
+        shape = tuple(entry.shape)
         if numel is not None:
             carrier = torch.zeros(ROW_WIDTH, dtype=torch.float64, device=numel.device)
             carrier[0] = numel
             self._deferred_numel[len(self._names)] = self._collector.adopt(carrier)
         self._names.append(entry.name)
-        self._shapes.append(tuple(entry.shape))
+        self._ranks.append(len(shape))
+        self._dims.extend(shape)
         self._dtypes.append(entry.dtype)
         self._sources.append(entry.source)
         self._hints.append(entry.hint)
@@ -314,8 +330,10 @@ class PendingStats:
             # A derived row (a second moment's sum, a step) is not a tensor of the file.
             derived = hint is not None and hint.aux is not None
             self._histograms.append(None if derived else exponent_histogram(tensor))
+        shape = tensor.shape
         self._names.append(name)
-        self._shapes.append(tuple(tensor.shape))
+        self._ranks.append(len(shape))
+        self._dims.extend(shape)
         self._dtypes.append(_dtype_name(dtype))
         self._sources.append(source)
         self._tickets.append(ticket)
@@ -342,7 +360,8 @@ class PendingStats:
             return
         count = len(tickets)
         self._names += run.names
-        self._shapes += run.shapes
+        self._ranks += run.ranks
+        self._dims += run.dims
         self._dtypes += [dtype_name(run.dtype)] * count
         self._sources += [source] * count
         self._tickets += tickets
@@ -476,7 +495,9 @@ class PendingStats:
             pairs = list(_named(tensors))
             names = [name for name, _ in pairs]
             values = [tensor for _, tensor in pairs]
-        segments, others = native_segments(values, self._collector.cpu_native_codes)
+        codes = self._collector.cpu_native_codes
+        segments, others = native_segments(values, codes)
+        spelled = {code: _dtype_name(dtype) for dtype, code in codes.items()}
         done = 0
         for segment in segments:
             while done < len(others) and others[done] < segment.start:
@@ -488,13 +509,14 @@ class PendingStats:
                 segment.pointers, segment.counts, segment.codes, segment.nbytes, part
             )
             count = len(tickets)
-            spelled = {dtype: _dtype_name(dtype) for dtype in set(segment.dtypes)}
             self._names += names[segment.start : segment.stop]
-            self._shapes += segment.shapes
-            if len(spelled) == 1:
-                self._dtypes += [*spelled.values()] * count
+            self._ranks += segment.ranks
+            self._dims += segment.dims
+            kinds = segment.codes
+            if kinds.count(kinds[0]) == count:  # C speed: one dtype, no lookup per tensor
+                self._dtypes += [spelled[kinds[0]]] * count
             else:
-                self._dtypes += map(spelled.__getitem__, segment.dtypes)
+                self._dtypes += map(spelled.__getitem__, kinds)
             self._sources += [source] * count
             self._tickets += tickets
             self._hints += [None] * count
@@ -533,7 +555,8 @@ class PendingStats:
         for index, ticket in other._deferred_numel.items():
             self._deferred_numel[index + shift] = ticket
         self._names += other._names
-        self._shapes += other._shapes
+        self._ranks += other._ranks
+        self._dims += other._dims
         self._dtypes += other._dtypes
         self._sources += other._sources
         self._tickets += other._tickets
@@ -698,12 +721,8 @@ class PendingStats:
 
     def _table(self, host: torch.Tensor) -> StatsTable:
         """The collected tensors' facts and their host rows as a :class:`StatsTable`."""
-        shapes = self._shapes
-        count = len(shapes)
-        ranks = np.fromiter(map(len, shapes), dtype=np.int64, count=count)
-        starts = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(ranks, out=starts[1:])
-        dims = np.fromiter(chain.from_iterable(shapes), dtype=np.int64, count=int(starts[-1]))
+        starts = self._starts()
+        dims = np.frombuffer(self._dims, dtype=np.int64).copy()
         dtypes, dtype_codes = coded(self._dtypes, np.int16)
         sources, source_codes = coded(self._sources, np.int32)
         return StatsTable.from_rows(
@@ -715,8 +734,11 @@ class PendingStats:
         if not self._deferred_numel:
             return
         carriers = self._collector.gather(list(self._deferred_numel.values()), host_blocks)
+        shapes = self._shapes()
         for index, count in zip(self._deferred_numel, carriers[:, 0].tolist(), strict=True):
-            self._shapes[index] = (int(count),)
+            shapes[index] = (int(count),)
+        self._ranks = array.array("q", map(len, shapes))
+        self._dims = array.array("q", [size for shape in shapes for size in shape])
 
     def _read_histograms(self) -> tuple[ExponentHistogram | None, ...]:
         """The exponent histograms, read right after the stats rows (one copy per device)."""

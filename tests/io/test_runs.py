@@ -56,8 +56,11 @@ def test_runs_match_reading_one_tensor_at_a_time(
     items = list(SafetensorsSource(str(path)).runs())
     runs = [item for item in items if isinstance(item, TensorRun)]
     assert [len(run.names) for run in runs] == [42, 20, 1]  # a.*+scalar+nan, b.*, c.0
-    assert runs[0].shapes[:2] == [(3, 5), (3, 5)]
-    assert runs[0].shapes[40] == ()
+    shapes = [tuple(tensor.shape) for _, tensor in runs[0].tensors()]
+    assert shapes[:2] == [(3, 5), (3, 5)]
+    assert shapes[40] == ()
+    assert list(runs[0].ranks) == [len(shape) for shape in shapes]
+    assert list(runs[0].dims) == [size for shape in shapes for size in shape]
 
     by_runs = scan_paths([path], device="cpu")
     import gradaudit.io.safetensors_source as module
