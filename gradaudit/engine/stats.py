@@ -19,9 +19,10 @@ The stats row
   so float64 blocks are divided by a power of two just above their ``max_abs``
   (exact, no rounding) and record that ``scale``; other blocks use ``scale=1``.
 
-The merge rule (:func:`merge_rows`) combines rows of chunks into a tensor,
-tensors into a file or a whole scan, and shards and ranks: counts add, maxima
-take the max, and sums of squares add after rescaling to the largest scale.
+The merge rule (:func:`~gradaudit.engine.row.merge_rows`, one code for device
+tensors and host arrays) combines rows of chunks into a tensor, tensors into a
+file or a whole scan, and shards and ranks: counts add, maxima take the max,
+and sums of squares add after rescaling to the largest scale.
 
 How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 ------------------------------------------------------------------
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import array
 import functools
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -70,9 +70,9 @@ from gradaudit.engine.row import ROW_WIDTH as ROW_WIDTH
 from gradaudit.engine.row import SCALE as SCALE
 from gradaudit.engine.row import SSQ as SSQ
 from gradaudit.engine.row import ZEROS as ZEROS
+from gradaudit.engine.row import merge_rows as merge_rows
+from gradaudit.engine.row import row_norm as row_norm
 from gradaudit.errors import UsageError
-
-_COUNT_SLOTS = slice(NAN, ZEROS + 1)
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
 #: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
@@ -166,26 +166,6 @@ def dtype_skip_reason(dtype: torch.dtype) -> str | None:
     if dtype.is_floating_point:
         return f"dtype {dtype_name(dtype)} is not supported by the engine; not audited"
     return f"dtype {dtype_name(dtype)} is not floating-point; not audited"
-
-
-def merge_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Merge stats rows ``[k, 7]`` (k >= 1) into one row ``[7]``; the one merge rule.
-
-    Rescaling multiplies by ``(scale_i / scale)`` twice rather than by its
-    square so that a large ``ssq`` meets the small factor before it can
-    underflow; contributions that still underflow are below 2**-1074 of the
-    largest one and cannot change the result.
-    """
-    counts = rows[:, _COUNT_SLOTS].sum(dim=0)
-    max_abs = rows[:, MAX_ABS].amax()
-    # Only rows that hold a sum of squares choose the common scale: an all-zero
-    # float32 row (scale 1) must not flush a float64 row of 1e-300 values to zero.
-    live = rows[:, SSQ] > 0
-    scale = torch.where(live, rows[:, SCALE], 0.0).amax()
-    scale = torch.where(scale > 0, scale, 1.0)
-    ratio = rows[:, SCALE] / scale
-    ssq = torch.where(live, rows[:, SSQ] * ratio * ratio, 0.0).sum()
-    return torch.cat([counts, torch.stack([max_abs, scale, ssq])])
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -918,11 +898,6 @@ class HostRow:
             max_abs=values[MAX_ABS],
             norm=row_norm(values),
         )
-
-
-def row_norm(values: list[float]) -> float:
-    """The L2 norm a host stats row stands for: ``scale * sqrt(ssq)``."""
-    return values[SCALE] * math.sqrt(values[SSQ])
 
 
 def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:
