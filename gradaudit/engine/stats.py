@@ -61,6 +61,9 @@ import torch
 from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
+from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
+from gradaudit.engine.native_rows import NativeBatch, native_threads
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.engine.row import MAX_ABS as MAX_ABS
 from gradaudit.engine.row import NAN as NAN
@@ -83,11 +86,6 @@ COMPILED_CHUNK_ELEMENTS = 1 << 22
 BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
-#: Tensors handed to the native kernel in one call, at most (count, and bytes once
-#: exceeded). One call splits its bytes between threads, so batching large tensors
-#: too saves a thread launch per tensor; the batch only holds references.
-NATIVE_BATCH_TENSORS = 2048
-NATIVE_BATCH_BYTES = 64 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
@@ -352,7 +350,7 @@ class StatsCollector:
         self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
         self._native_codes = native.codes() if self._native else {}
-        self._threads = max(1, torch.get_num_threads())
+        self._threads = native_threads()
         self._fallback = (
             Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
         )
@@ -546,16 +544,8 @@ class StatsCollector:
                 tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
                 contiguous = True
             if contiguous:
-                self._batch.append(tensor)
-                self._batch_tickets.append(ticket)
-                self._batch_pointers.append(tensor.data_ptr())
-                self._batch_counts.append(numel)
-                self._batch_codes.append(code)
-                self._batch_bytes += numel * tensor.dtype.itemsize
-                if (
-                    len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
-                    or self._batch_bytes >= NATIVE_BATCH_BYTES
-                ):
+                nbytes = numel * tensor.dtype.itemsize
+                if self._batch.add_one(ticket, tensor.data_ptr(), numel, code, nbytes, tensor):
                     self._reduce_batch()
                 return ticket
         if numel == 0 or numel > BUCKET_MAX_ELEMENTS:
@@ -635,16 +625,7 @@ class StatsCollector:
         first = len(self._layout.rows)
         self._layout.rows.extend([-1] * count)
         tickets = range(first, first + count)
-        self._batch.append(keep_alive)
-        self._batch_tickets += tickets
-        self._batch_pointers += pointers
-        self._batch_counts += counts
-        self._batch_codes += codes
-        self._batch_bytes += nbytes
-        if (
-            len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
-            or self._batch_bytes >= NATIVE_BATCH_BYTES
-        ):
+        if self._batch.add(tickets, pointers, counts, codes, nbytes, keep_alive):
             self._reduce_batch()
         return tickets
 
@@ -783,10 +764,8 @@ class StatsCollector:
 
     def _reduce_batch(self) -> None:
         """Rows of the batched CPU tensors, in one native call; then let them go."""
-        rows = native.rows_of_pointers(
-            self._batch_pointers, self._batch_counts, self._batch_codes, self._threads
-        )
-        self._add_block(rows, self._batch_tickets)
+        rows = torch.from_numpy(self._batch.reduce(self._threads))
+        self._add_block(rows, self._batch.tickets)
         self._ran["native"] = None
         self._new_batch()
 
@@ -805,13 +784,7 @@ class StatsCollector:
 
     def _new_batch(self) -> None:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
-        #: What keeps the batch's bytes alive: its tensors, or the views runs lie in.
-        self._batch: list[object] = []
-        self._batch_tickets: list[int] = []
-        self._batch_pointers = array.array("Q")
-        self._batch_counts = array.array("Q")
-        self._batch_codes = array.array("i")
-        self._batch_bytes = 0
+        self._batch = NativeBatch()
 
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
