@@ -65,6 +65,14 @@ def _namespace(rows: object) -> Any:
     return torch
 
 
+def skip_reason(name: str, *, floating: bool) -> str:
+    """Why a tensor of the dtype ``name`` (torch's spelling), which the engine does not
+    audit, is skipped: one wording whether torch or the torch-free scan says it."""
+    if floating:
+        return f"dtype {name} is not supported by the engine; not audited"
+    return f"dtype {name} is not floating-point; not audited"
+
+
 def row_norm(values: list[float]) -> float:
     """The L2 norm a host stats row stands for: ``scale * sqrt(ssq)``."""
     return values[SCALE] * math.sqrt(values[SSQ])

@@ -75,6 +75,7 @@ from gradaudit.engine.row import SSQ as SSQ
 from gradaudit.engine.row import ZEROS as ZEROS
 from gradaudit.engine.row import merge_rows as merge_rows
 from gradaudit.engine.row import row_norm as row_norm
+from gradaudit.engine.row import skip_reason
 from gradaudit.errors import UsageError
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
@@ -161,9 +162,7 @@ def dtype_skip_reason(dtype: torch.dtype) -> str | None:
     """Why a tensor of ``dtype`` is skipped, or ``None`` when the dtype is audited."""
     if dtype in AUDITED_DTYPES:
         return None
-    if dtype.is_floating_point:
-        return f"dtype {dtype_name(dtype)} is not supported by the engine; not audited"
-    return f"dtype {dtype_name(dtype)} is not floating-point; not audited"
+    return skip_reason(dtype_name(dtype), floating=dtype.is_floating_point)
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:

@@ -134,16 +134,16 @@ def two_files(tmp_path: Path) -> tuple[Path, Path]:
 def test_file_replaced_between_header_and_data_is_refused_not_misread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gradaudit.io.safetensors_source import SafetensorsSource
+    from gradaudit.io.safetensors_map import MappedSafetensors
 
     clean, poisoned = two_files(tmp_path)
-    real_map = SafetensorsSource._map
+    real_map = MappedSafetensors.map
 
-    def replace_then_map(self: SafetensorsSource) -> object:
+    def replace_then_map(self: MappedSafetensors) -> object:
         os.replace(poisoned, clean)  # same size: only the inode tells
         return real_map(self)
 
-    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    monkeypatch.setattr(MappedSafetensors, "map", replace_then_map)
     report = scan_paths([clean], device="cpu")
     assert report.tensors == ()
     assert report.findings == ()
@@ -156,16 +156,17 @@ def test_data_is_read_from_the_file_whose_header_was_validated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The map is made from the descriptor the header came from, not by reopening the path."""
+    from gradaudit.io.safetensors_map import MappedSafetensors
     from gradaudit.io.safetensors_source import SafetensorsSource
 
     clean, poisoned = two_files(tmp_path)
-    real_map = SafetensorsSource._map
+    real_map = MappedSafetensors.map
 
-    def replace_then_map(self: SafetensorsSource) -> object:
+    def replace_then_map(self: MappedSafetensors) -> object:
         os.replace(poisoned, clean)
         return real_map(self)
 
-    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    monkeypatch.setattr(MappedSafetensors, "map", replace_then_map)
     source = SafetensorsSource(str(clean))
     values = {name: tensor.clone() for name, tensor in source.items()}
     assert not values["a"].isnan().any()  # the validated (clean) file's bytes
