@@ -14,11 +14,12 @@ from __future__ import annotations
 import array
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from gradaudit.engine.row import merge_rows, row_norm
+from gradaudit.io.discover import BadInput, Expanded, SkippedPath
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram
@@ -108,6 +109,44 @@ class Collected:
 
     def add_error(self, problem: InputProblem) -> None:
         self._errors.append(problem)
+
+    def add_input(
+        self,
+        entry: Expanded,
+        select: Callable[[str], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Collect one expanded input: a file, or a path that was skipped or is bad."""
+        if isinstance(entry, SkippedPath):
+            self.skip(Skipped(entry.path, entry.reason, entry.within))
+        elif isinstance(entry, BadInput):
+            self.add_error(InputProblem(entry.path, entry.cause))
+        else:
+            self.add_path(entry.path, select, progress)
+
+    def add_path(
+        self,
+        path: str,
+        select: Callable[[str], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Collect one file; a file that fails is recorded as an error and contributes nothing."""
+        self.add_file(path)
+        problem = self.read_file(path, select, progress)
+        if problem is not None:
+            self.add_error(problem)
+
+    def read_file(
+        self,
+        path: str,
+        select: Callable[[str], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> InputProblem | None:
+        """Collect one file's tensors, all or nothing; return its problem if it fails.
+
+        ``select`` keeps tensors by name; ``progress`` hears the bytes read.
+        """
+        raise NotImplementedError
 
     def read_hints(self, reader: object, label: str) -> Mapping[str, TensorHint]:
         """Note what ``reader``'s file says it holds (under ``label``); return its tensor hints.

@@ -26,13 +26,12 @@ from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.results import Report, Skipped
+from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.roles import TensorHint
 from gradaudit.scan.collected import Collected
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
-    from gradaudit.io.discover import Expanded
     from gradaudit.precision import ExponentHistogram
 
 from gradaudit.engine.stats import (
@@ -451,27 +450,16 @@ class PendingStats(Collected):
         self._histograms += other._histograms
         self._devices.update(other._devices)
 
-    def add_input(
-        self,
-        entry: Expanded,
-        select: Callable[[str], bool] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Collect one expanded input (see :func:`gradaudit.scan.paths.add_input`)."""
-        from gradaudit.scan.paths import add_input
-
-        add_input(self, entry, select, progress)
-
-    def add_path(
+    def read_file(
         self,
         path: str,
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Collect one file (see :func:`gradaudit.scan.paths.add_path`)."""
-        from gradaudit.scan.paths import add_path
+    ) -> InputProblem | None:
+        """Collect one file's tensors (see :func:`gradaudit.scan.paths.read_file`)."""
+        from gradaudit.scan.paths import read_file
 
-        add_path(self, path, select, progress)
+        return read_file(self, path, select, progress)
 
     def prefetch(self) -> None:
         """Start copying the rows collected so far to the host, without waiting for it.
