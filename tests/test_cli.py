@@ -217,6 +217,9 @@ def test_internal_error_exits_4_with_a_hint(
 
     # scan imports the core when it runs; patch where it looks the function up
     monkeypatch.setattr(importlib.import_module("gradaudit.scan.paths"), "scan_paths", boom)
+    monkeypatch.setattr(
+        importlib.import_module("gradaudit.scan.torch_free"), "scan_torch_free", boom
+    )
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr
