@@ -10,6 +10,7 @@ and one way of cutting the file into runs of small tensors (:meth:`run_bounds`).
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import mmap
 import os
@@ -24,6 +25,7 @@ from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
 from gradaudit.io.safetensors_header import (
     SIZES_BY_CODE,
     SafetensorsHeader,
+    TensorTable,
     read_header_open,
 )
 
@@ -202,3 +204,38 @@ class MappedSafetensors:
             if guard.changed():
                 raise InputError(self.path, CHANGED_SIZE)
         check_path(self.path, self.header.identity)
+
+
+class ReadAhead:
+    """Asks the kernel to start reading the next large tensor while the current one is reduced.
+
+    On a cold page cache this overlaps disk reads with the reduction; it never
+    changes what is read. Small tensors are left to the kernel's own
+    read-ahead (a call per tensor would cost more than it saves), and
+    platforms without ``madvise`` skip it.
+    """
+
+    #: Tensors smaller than this are not worth a system call.
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, mapping: mmap.mmap | None, data_start: int, table: TensorTable):
+        self._mapping = mapping if hasattr(mmap, "MADV_WILLNEED") else None
+        self._data_start = data_start
+        lengths = table.ends - table.begins
+        #: Index -> data offset of each tensor large enough to be worth the call.
+        self._large = {
+            int(i): int(table.begins[i]) for i in (lengths >= self.MIN_BYTES).nonzero()[0]
+        }
+        self._lengths = lengths
+
+    def next_after(self, index: int) -> None:
+        if self._mapping is None:
+            return
+        begin = self._large.get(index + 1)
+        if begin is None:
+            return
+        length = int(self._lengths[index + 1])
+        start = self._data_start + begin
+        aligned = start - start % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):
+            self._mapping.madvise(mmap.MADV_WILLNEED, aligned, length + start - aligned)

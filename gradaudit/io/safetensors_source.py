@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 from collections.abc import Iterator
 
@@ -11,10 +10,10 @@ import torch
 
 from gradaudit.engine.stats import dtype_skip_reason, hides_values
 from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
-from gradaudit.io.safetensors_header import DTYPE_NAMES, SafetensorsHeader, TensorTable
+from gradaudit.io.safetensors_header import DTYPE_NAMES, SafetensorsHeader
 from gradaudit.io.safetensors_map import RUN_MAX_ELEMENTS as RUN_MAX_ELEMENTS
 from gradaudit.io.safetensors_map import RUN_TENSORS as RUN_TENSORS
-from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors
+from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
 from gradaudit.results import Skipped
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.
@@ -98,7 +97,7 @@ class _Each:
         self.mapping = mapping
         self.table = header.tensors
         self.data_start = 8 + header.header_length
-        self.read_ahead = _ReadAhead(mapping, self.data_start, self.table)
+        self.read_ahead = ReadAhead(mapping, self.data_start, self.table)
 
     def item(self, index: int) -> SourceItem:
         table = self.table
@@ -131,38 +130,3 @@ def _view(mapping: mmap.mmap | None, offset: int, nbytes: int, dtype: torch.dtyp
         # The format does not promise aligned tensors; a copy of this one is.
         return torch.frombuffer(bytearray(mapping[offset : offset + nbytes]), dtype=dtype)
     return torch.frombuffer(mapping, dtype=dtype, count=nbytes // itemsize, offset=offset)
-
-
-class _ReadAhead:
-    """Asks the kernel to start reading the next large tensor while the current one is reduced.
-
-    On a cold page cache this overlaps disk reads with the reduction; it never
-    changes what is read. Small tensors are left to the kernel's own
-    read-ahead (a call per tensor would cost more than it saves), and
-    platforms without ``madvise`` skip it.
-    """
-
-    #: Tensors smaller than this are not worth a system call.
-    MIN_BYTES = 1 << 20
-
-    def __init__(self, mapping: mmap.mmap | None, data_start: int, table: TensorTable):
-        self._mapping = mapping if hasattr(mmap, "MADV_WILLNEED") else None
-        self._data_start = data_start
-        lengths = table.ends - table.begins
-        #: Index -> data offset of each tensor large enough to be worth the call.
-        self._large = {
-            int(i): int(table.begins[i]) for i in (lengths >= self.MIN_BYTES).nonzero()[0]
-        }
-        self._lengths = lengths
-
-    def next_after(self, index: int) -> None:
-        if self._mapping is None:
-            return
-        begin = self._large.get(index + 1)
-        if begin is None:
-            return
-        length = int(self._lengths[index + 1])
-        start = self._data_start + begin
-        aligned = start - start % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError):
-            self._mapping.madvise(mmap.MADV_WILLNEED, aligned, length + start - aligned)

@@ -36,7 +36,7 @@ from gradaudit.io.discover import Expanded, FileInput, input_kind
 from gradaudit.io.files import check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
 from gradaudit.io.safetensors_header import DTYPE_NAMES, SIZES_BY_CODE
-from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors
+from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
 from gradaudit.io.sharded import in_shard, validated_shards
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
@@ -257,17 +257,18 @@ class NativeScan(Collected):
         if mapping is None or not len(table):
             return
         numel = source.element_counts()
+        ahead = ReadAhead(mapping, source.data_start, table)
         if select is not None:
             for index, name in enumerate(table.names):
                 if select(name):
-                    self._one(source, mapping, index, numel, label, progress)
+                    self._one(source, mapping, index, numel, label, progress, ahead)
                 else:
                     self.exclude(label)
             return
         for first, stop, code in source.run_bounds(self._kernel_codes >= 0):
             if code < 0:
                 for index in range(first, stop):
-                    self._one(source, mapping, index, numel, label, progress)
+                    self._one(source, mapping, index, numel, label, progress, ahead)
                 continue
             pointers, counts, ranks, dims = source.run_columns(first, stop, numel)
             nbytes = int(numel[first:stop].sum()) * int(SIZES_BY_CODE[code])
@@ -288,6 +289,7 @@ class NativeScan(Collected):
         numel: np.ndarray,
         label: str,
         progress: Callable[[int], None] | None,
+        ahead: ReadAhead,
     ) -> None:
         """Queue one tensor, or skip it as torch would (an integer or boolean dtype)."""
         table = source.header.tensors
@@ -298,6 +300,7 @@ class NativeScan(Collected):
         if kernel < 0:
             self.skip(Skipped(name, skip_reason(dtype, floating=False), label, False))
             return
+        ahead.next_after(index)
         begin = int(table.begins[index])
         nbytes = int(table.ends[index]) - begin
         offset = source.data_start + begin
