@@ -263,38 +263,6 @@ def test_dtypes_only_torch_reports_fall_back_to_the_torch_path(
     assert report["files"][1]["tensors"] == 3
 
 
-@needs_native
-def test_file_truncated_while_read_is_an_input_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The map's guard and check_unchanged hold on the torch-free path too."""
-    from gradaudit.io.safetensors_map import MappedSafetensors
-
-    victim = tmp_path / "victim.safetensors"
-    save_file({f"layer.{i}.weight": torch.randn(70_000) for i in range(8)}, str(victim))
-    other = planted(tmp_path / "other.safetensors")
-    real_map = MappedSafetensors.map
-
-    def truncating_map(self: MappedSafetensors) -> object:
-        mapping = real_map(self)
-        if Path(self.path).name.startswith("victim"):
-            os.truncate(self.path, 4096)
-        return mapping
-
-    monkeypatch.setattr(MappedSafetensors, "map", truncating_map)
-    result, ran = _invoke(
-        [str(victim), str(other), "--format", "json", "--device", "cpu"],
-        monkeypatch,
-        torch_path=False,
-    )
-    assert ran == [True]
-    assert result.exit_code == 3
-    report = json.loads(result.stdout)
-    assert report["errors"][0]["file"] == str(victim)
-    assert "changed" in report["errors"][0]["message"]
-    assert [f["tensors"] for f in report["files"]] == [0, 7]
-
-
 def test_the_choice_of_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(torch_free, "gpu_may_exist", lambda: False)
     if native_rows.available():
@@ -371,3 +339,18 @@ def test_thread_count_without_torch_is_torchs(tmp_path: Path) -> None:
         )
         guess, real = done.stdout.split()
         assert guess == real, env
+
+
+def test_the_host_half_of_the_engine_imports_no_torch() -> None:
+    """What the torch-free scan loads: the readers' package, the host half, the row."""
+    code = (
+        "import sys\n"
+        "import gradaudit.io, gradaudit.io.safetensors_map, gradaudit.io.sharded\n"
+        "import gradaudit.scan.torch_free, gradaudit.scan.collected, gradaudit.engine.row\n"
+        "import gradaudit.engine.native_rows, gradaudit.scan.torchrun\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"

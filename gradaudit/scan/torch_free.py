@@ -126,23 +126,15 @@ class _Rows:
 
     def add(
         self,
-        pointers: Sequence[int],
-        counts: Sequence[int],
-        codes: Sequence[int],
+        pointers: array.array[int],
+        counts: array.array[int],
+        codes: array.array[int],
         nbytes: int,
         keep: object,
     ) -> range:
         tickets = range(self.issued, self.issued + len(pointers))
         self.issued += len(pointers)
-        full = self.batch.add(
-            tickets,
-            pointers if isinstance(pointers, array.array) else array.array("Q", pointers),
-            counts if isinstance(counts, array.array) else array.array("Q", counts),
-            codes if isinstance(codes, array.array) else array.array("i", codes),
-            nbytes,
-            keep,
-        )
-        if full:
+        if self.batch.add(tickets, pointers, counts, codes, nbytes, keep):
             self.settle()
         return tickets
 
@@ -273,9 +265,8 @@ class NativeScan(Collected):
             pointers, counts, ranks, dims = source.run_columns(first, stop, numel)
             nbytes = int(numel[first:stop].sum()) * int(SIZES_BY_CODE[code])
             kernel = int(self._kernel_codes[code])
-            self._tickets += self._rows.add(
-                pointers, counts, [kernel] * (stop - first), nbytes, mapping
-            )
+            kinds = array.array("i", [kernel]) * (stop - first)
+            self._tickets += self._rows.add(pointers, counts, kinds, nbytes, mapping)
             dtype = TORCH_NAMES[DTYPE_NAMES[code]]
             self.add_columns(table.names[first:stop], ranks, dims, dtype, label)
             if progress is not None:
