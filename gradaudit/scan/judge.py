@@ -330,7 +330,10 @@ def find_outliers(
 
     table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
-    already = set(flagged_indices(table, findings_so_far, magnitude).tolist())
+    # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
+    # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
+    already = np.zeros(len(table), dtype=bool)
+    already[flagged_indices(table, findings_so_far, magnitude)] = True
     rms = table.rms
     with np.errstate(invalid="ignore"):
         eligible = rms > 0  # NaN (no finite element) compares False
@@ -366,7 +369,7 @@ def find_outliers(
         distance = logs - median
         for where in np.flatnonzero(np.abs(distance) > limit).tolist():
             member = int(members[where])
-            if member in already:
+            if already[member]:
                 continue
             name = table.names[member]
             away = float(distance[where])

@@ -125,6 +125,19 @@ class PendingEntry:
     hint: TensorHint | None = None
 
 
+#: PendingStats' attributes that hold one item per collected tensor, in order.
+_ENTRY_COLUMNS = (
+    "_names",
+    "_ranks",
+    "_dims",
+    "_dtypes",
+    "_sources",
+    "_tickets",
+    "_hints",
+    "_histograms",
+)
+
+
 class PendingStats:
     """Stats collected on the device and not read yet.
 
@@ -551,18 +564,23 @@ class PendingStats:
         return child
 
     def absorb(self, other: PendingStats) -> None:
+        """Take ``other``'s collected tensors, after this one's; ``other`` is left without them.
+
+        Moved, not copied: a file's child is absorbed once, and a file of a million tiny
+        tensors would otherwise hold its facts twice at that moment (the peak of the scan).
+        """
         shift = len(self._names)
         for index, ticket in other._deferred_numel.items():
             self._deferred_numel[index + shift] = ticket
-        self._names += other._names
-        self._ranks += other._ranks
-        self._dims += other._dims
-        self._dtypes += other._dtypes
-        self._sources += other._sources
-        self._tickets += other._tickets
-        self._hints += other._hints
+        other._deferred_numel = {}
+        for column in _ENTRY_COLUMNS:
+            mine, theirs = getattr(self, column), getattr(other, column)
+            if mine:
+                mine += theirs
+            else:
+                setattr(self, column, theirs)
+            setattr(other, column, theirs[:0])
         self._file_evidence.update(other._file_evidence)
-        self._histograms += other._histograms
         self._devices.update(other._devices)
         self._skipped += other._skipped
         self._excluded += other._excluded
