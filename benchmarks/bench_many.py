@@ -1,7 +1,7 @@
 """A safetensors file of very many tiny tensors: time and peak memory of each step.
 
     python -m benchmarks.bench_many [--count 1000000] [--elements 4] [--dir DIR]
-        [--formats table json] [--data random zeros] [--timeout 600]
+        [--formats table json markdown github junit] [--data random zeros] [--timeout 600]
 
 A LoRA-style or MoE dump can hold hundreds of thousands of tensors, and then
 what costs is not the bytes (a million 4-element float32 tensors is 16 MB)
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--elements", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--formats", nargs="+", default=["table", "json"])
+    parser.add_argument("--formats", nargs="+", default=["table", "json", "markdown", "github", "junit"])
     parser.add_argument("--data", nargs="+", default=["random", "zeros"])
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--python-reader", action="store_true")

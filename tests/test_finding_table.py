@@ -22,6 +22,8 @@ from gradaudit.report.verdict import (
     file_findings,
     findings_by_tensor,
     flagged_tensors,
+    kinds_in_file,
+    some_findings,
     tensor_findings,
     tensor_severities,
     unaudited,
@@ -176,7 +178,8 @@ def test_renderers_group_columns_as_they_group_a_tuple(
     plain = Report(table, tuple(findings), (), summary, "cpu", "eager", 0.0, thresholds=policy)
     assert list(tensor_findings(report)) == list(tensor_findings(plain))
     assert list(tensor_severities(report)) == list(tensor_severities(plain))
-    assert flagged_tensors(report) == flagged_tensors(plain)
+    for limit in (None, 0, 1, 3):
+        assert flagged_tensors(report, limit) == flagged_tensors(plain, limit)
     assert findings_by_tensor(report) == findings_by_tensor(plain)
     skipped = (FindingKind.SKIPPED,)
     assert findings_by_tensor(report, kinds=skipped) == findings_by_tensor(plain, kinds=skipped)
@@ -184,6 +187,19 @@ def test_renderers_group_columns_as_they_group_a_tuple(
     assert findings_by_tensor(report, only=some) == findings_by_tensor(plain, only=some)
     for source in ("a", "b", None):
         assert file_findings(report, source) == file_findings(plain, source)
+        assert kinds_in_file(report, source) == kinds_in_file(plain, source)
+        for kind in (None, FindingKind.VANISHING, FindingKind.NAN):
+            for limit in (None, 0, 2):
+                for severities in ([Severity.ERROR], [Severity.WARNING, Severity.IGNORED]):
+                    assert some_findings(
+                        report, severities, kind=kind, in_file=True, source=source, limit=limit
+                    ) == some_findings(
+                        plain, severities, kind=kind, in_file=True, source=source, limit=limit
+                    )
+    for limit in (None, 1):
+        assert some_findings(report, [Severity.WARNING], limit=limit) == some_findings(
+            plain, [Severity.WARNING], limit=limit
+        )
     assert failing_kinds(report) == failing_kinds(plain)
     assert unaudited(report) == unaudited(plain)
     assert exit_code(report) == exit_code(plain)

@@ -128,16 +128,111 @@ def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
     return sorted({KINDS[k].value for k in kinds}), int((mask & ~errors).sum())
 
 
-def flagged_tensors(report: Report) -> list[tuple[TensorStats, list[Finding]]]:
-    """Tensors with a failing or warning finding: failing first, then warnings, in file order."""
-    failing, warning = [], []
-    for stats, all_found in tensor_findings(report):
-        found = [f for f in all_found if not f.ignored]
-        if any(f.failing for f in found):
-            failing.append((stats, found))
-        elif found:
-            warning.append((stats, found))
-    return failing + warning
+def flagged_tensors(
+    report: Report, limit: int | None = None
+) -> tuple[list[tuple[TensorStats, list[Finding]]], int]:
+    """Tensors with a failing or warning finding, each with those findings (ignored ones
+    left out): failing first, then warnings, in file order; the first ``limit`` of them
+    (all for ``None``), and how many there are in all.
+
+    With the findings as columns, the flagged tensors are picked on the columns and
+    only the ``limit`` shown are built: a million flagged tensors (an all-zero dump)
+    cost no object each.
+    """
+    columns = _columns(report)
+    if columns is None:
+        failing, warning = [], []
+        for stats, all_found in tensor_findings(report):
+            found = [f for f in all_found if not f.ignored]
+            if any(f.failing for f in found):
+                failing.append((stats, found))
+            elif found:
+                warning.append((stats, found))
+        flagged = failing + warning
+        return flagged[:limit], len(flagged)
+    import numpy as np
+
+    from gradaudit.finding_table import SEVERITIES
+
+    bits = columns.severity_bits()
+    error = 1 << SEVERITIES.index(Severity.ERROR)
+    warn = 1 << SEVERITIES.index(Severity.WARNING)
+    failing = (bits & error) != 0
+    order = np.concatenate(
+        [np.flatnonzero(failing), np.flatnonzero(((bits & warn) != 0) & ~failing)]
+    )
+    chosen = order[:limit]
+    wanted = np.isin(columns.rows, chosen) & ~columns.severity_is(Severity.IGNORED)
+    by_row: dict[int, list[Finding]] = {}
+    for row, finding in zip(columns.rows[wanted].tolist(), columns.select(wanted), strict=True):
+        by_row.setdefault(row, []).append(finding)
+    tensors = report.tensors
+    return [(tensors[row], by_row[row]) for row in chosen.tolist()], len(order)
+
+
+def some_findings(
+    report: Report,
+    severities: Collection[Severity],
+    *,
+    kind: FindingKind | None = None,
+    in_file: bool = False,
+    source: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[Finding], int]:
+    """The findings of these severities (of ``kind``; in file ``source`` when ``in_file``),
+    in report order: the first ``limit`` of them (all for ``None``), and how many there are.
+
+    What the per-finding formats list (GitHub annotations, JUnit cases): with a million
+    findings as columns, only the ``limit`` listed are built.
+    """
+    columns = _columns(report)
+    if columns is None:
+        found = [
+            f
+            for f in report.findings
+            if f.severity in severities
+            and (kind is None or f.kind is kind)
+            and (not in_file or f.source == source)
+        ]
+        return found[:limit], len(found)
+    import numpy as np
+
+    mask = np.zeros(len(columns), dtype=bool)
+    for severity in severities:
+        mask |= columns.severity_is(severity)
+    if kind is not None:
+        mask &= columns.kind_is(kind)
+    if in_file:
+        mask &= columns.source_is(source)
+    positions = np.flatnonzero(mask)
+    if limit is not None and len(positions) > limit:
+        mask = np.zeros(len(columns), dtype=bool)
+        mask[positions[:limit]] = True
+    return list(columns.select(mask)), len(positions)
+
+
+def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
+    """The kinds of the findings in file ``source``, in order of first appearance."""
+    columns = _columns(report)
+    if columns is None:
+        return list(dict.fromkeys(f.kind for f in report.findings if f.source == source))
+    import numpy as np
+
+    from gradaudit.finding_table import KINDS
+
+    codes = columns.kinds[columns.source_is(source)]
+    unique, first = np.unique(codes, return_index=True)
+    return [KINDS[int(code)] for code in unique[np.argsort(first)].tolist()]
+
+
+def several_files(report: Report) -> bool:
+    """Whether the audited tensors come from more than one file (a file column is shown)."""
+    from gradaudit.stats_table import StatsTable
+
+    tensors = report.tensors
+    if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
+        return len(set(tensors.source_codes.tolist())) > 1
+    return len({t.source for t in tensors}) > 1
 
 
 def unaudited(report: Report) -> list[Finding]:

@@ -42,6 +42,10 @@ from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
 _OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
 
 
+#: Collected's attributes that hold one item per collected tensor, in order.
+_FACT_COLUMNS = ("_names", "_ranks", "_dims", "_dtypes", "_sources", "_hints")
+
+
 class Collected:
     """Per-tensor facts as columns, plus the skipped, excluded and failed inputs.
 
@@ -179,14 +183,20 @@ class Collected:
         self._sources += [source] * count
         self._hints += [None] * count
 
-    def absorb_facts(self, other: Collected) -> None:
-        """Append ``other``'s columns and inputs after this one's (a file read to the end)."""
-        self._names += other._names
-        self._ranks += other._ranks
-        self._dims += other._dims
-        self._dtypes += other._dtypes
-        self._sources += other._sources
-        self._hints += other._hints
+    def absorb_facts(self, other: Collected, columns: tuple[str, ...] = ()) -> None:
+        """Take ``other``'s facts after this one's (a file read to the end), and the
+        subclass's own per-tensor ``columns``; ``other`` is left without them.
+
+        Moved, not copied: a file's child is absorbed once, and a file of a million tiny
+        tensors would otherwise hold its facts twice at that moment (the peak of the scan).
+        """
+        for column in (*_FACT_COLUMNS, *columns):
+            mine, theirs = getattr(self, column), getattr(other, column)
+            if mine:
+                mine += theirs
+            else:
+                setattr(self, column, theirs)
+            setattr(other, column, theirs[:0])
         self._file_evidence.update(other._file_evidence)
         self._skipped += other._skipped
         self._excluded += other._excluded

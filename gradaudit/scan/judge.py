@@ -330,7 +330,10 @@ def find_outliers(
 
     table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
-    already = set(flagged_indices(table, findings_so_far, magnitude).tolist())
+    # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
+    # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
+    already = np.zeros(len(table), dtype=bool)
+    already[flagged_indices(table, findings_so_far, magnitude)] = True
     rms = table.rms
     with np.errstate(invalid="ignore"):
         eligible = rms > 0  # NaN (no finite element) compares False
@@ -356,7 +359,7 @@ def find_outliers(
         role = ROLES[roles[first_member]]
         shapes = labels[int(shape_class[first_member])]
         member_rms = rms[members]
-        logs = np.fromiter(map(math.log10, member_rms.tolist()), dtype=np.float64)
+        logs = _log10(member_rms)
         median = _median(logs)
         spread = 1.4826 * _median(np.abs(logs - median))
         limit = thresholds.outlier_limit(role)
@@ -366,7 +369,7 @@ def find_outliers(
         distance = logs - median
         for where in np.flatnonzero(np.abs(distance) > limit).tolist():
             member = int(members[where])
-            if member in already:
+            if already[member]:
                 continue
             name = table.names[member]
             away = float(distance[where])
@@ -379,6 +382,25 @@ def find_outliers(
             kind = FindingKind.OUTLIER
             findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
     return tuple(findings), tuple(references)
+
+
+#: Values turned into Python floats at once by :func:`_log10`.
+_LOG_CHUNK = 1 << 16
+
+
+def _log10(values: np.ndarray) -> np.ndarray:
+    """``math.log10`` of each value (libm's, as a loop over the tensors computes it; numpy's
+    own may differ in the last bit), a chunk at a time: a million values as Python floats
+    at once were 32 MB, the largest part of a big scan's peak memory."""
+    import numpy as np
+
+    logs = np.empty(len(values), dtype=np.float64)
+    for start in range(0, len(values), _LOG_CHUNK):
+        chunk = values[start : start + _LOG_CHUNK].tolist()
+        logs[start : start + len(chunk)] = np.fromiter(
+            map(math.log10, chunk), dtype=np.float64, count=len(chunk)
+        )
+    return logs
 
 
 def _median(values: np.ndarray) -> float:

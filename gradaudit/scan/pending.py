@@ -442,12 +442,16 @@ class PendingStats(Collected):
         return child
 
     def absorb(self, other: PendingStats) -> None:
+        """Take ``other``'s collected tensors, after this one's; ``other`` is left without them.
+
+        Moved, not copied: a file's child is absorbed once, and a file of a million tiny
+        tensors would otherwise hold its facts twice at that moment (the peak of the scan).
+        """
         shift = len(self._names)
         for index, ticket in other._deferred_numel.items():
             self._deferred_numel[index + shift] = ticket
-        self.absorb_facts(other)
-        self._tickets += other._tickets
-        self._histograms += other._histograms
+        other._deferred_numel = {}
+        self.absorb_facts(other, ("_tickets", "_histograms"))
         self._devices.update(other._devices)
 
     def read_file(

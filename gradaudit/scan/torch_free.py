@@ -192,8 +192,7 @@ class NativeScan(Collected):
         return NativeScan(self._rows)
 
     def absorb(self, other: NativeScan) -> None:
-        self.absorb_facts(other)
-        self._tickets += other._tickets
+        self.absorb_facts(other, ("_tickets",))
 
     def read_file(
         self,

@@ -35,7 +35,7 @@ from gradaudit.report.compare_text import verdict_line as compare_verdict_line
 from gradaudit.report.text import layer_label, printable
 from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
-from gradaudit.report.verdict import audited_line, nothing_to_audit, verdict_line
+from gradaudit.report.verdict import audited_line, nothing_to_audit, some_findings, verdict_line
 from gradaudit.results import InputProblem, Report
 from gradaudit.trend.builder import TrendReport
 
@@ -94,10 +94,12 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
         source = None if limit.source is None else printable(limit.source)
         title = f"gradaudit: {limit.kind.value} limit exceeded"
         yield command("error", printable(limit.message), file=source, title=title) + "\n"
-    lines = []
-    for finding in report.findings:
-        if finding.severity is Severity.IGNORED:
-            continue
+    # Failing findings first, then warnings; built only as far as they are listed.
+    listed = None if options.show_all else MAX_FLAGGED_ROWS
+    failing, failing_count = some_findings(report, [Severity.ERROR], limit=listed)
+    room = None if listed is None else listed - len(failing)
+    warnings, warning_count = some_findings(report, [Severity.WARNING], limit=room)
+    for finding in failing + warnings:
         name = printable(finding.tensor)
         line = command(
             _COMMAND[finding.severity],
@@ -105,8 +107,10 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
             file=None if finding.source is None else printable(finding.source),
             title=f"gradaudit: {finding.kind.value} in {name}",
         )
-        lines.append((finding.failing, line))
-    yield from _ranked(lines, options, "gradaudit")
+        yield line + "\n"
+    hidden = failing_count + warning_count - len(failing) - len(warnings)
+    if hidden:
+        yield command("notice", more_flagged(hidden, "finding"), title="gradaudit") + "\n"
     if not options.quiet:
         yield f"gradaudit: {verdict_line(report)} · {audited_line(report)}\n"
 

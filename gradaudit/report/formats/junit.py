@@ -42,7 +42,7 @@ from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, mo
 from gradaudit.report.compare_text import ab_mode, finding_subjects, ratio_sentence, side_input
 from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.report.trend_text import audited
-from gradaudit.report.verdict import nothing_to_audit
+from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings
 from gradaudit.results import Finding, LimitFinding, Report
 from gradaudit.scan.judge import exit_code
 from gradaudit.trend.builder import TrendKind, TrendReport
@@ -62,6 +62,10 @@ class Case:
     name: str
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Failures and notes counted but not listed (a case lists at most
+    #: :data:`MAX_FLAGGED_ROWS` of each, so a million findings build no line each).
+    unlisted_failures: int = 0
+    unlisted_notes: int = 0
     error: str | None = None
     skipped: str | None = None
 
@@ -70,25 +74,42 @@ def _finding_line(finding: Finding) -> str:
     return f"{printable(finding.tensor)}: {printable(finding.message)}"
 
 
+def _note(report: Report, finding: Finding) -> str:
+    if finding.severity is Severity.WARNING:
+        return "warning: " + _finding_line(finding)
+    pattern = report.thresholds.ignored_by(finding.tensor)
+    return f"ignored ({printable(pattern or '')}): " + _finding_line(finding)
+
+
 def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
     # The four gradient checks always run; the role checks appear when they applied.
     kinds = [FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING]
     if report.thresholds.cast_check is not None:
         kinds.append(FindingKind.CAST)
-    kinds += [f.kind for f in report.findings if f.source == source]
+    kinds += kinds_in_file(report, source)
     checks = {kind: Case(kind.value) for kind in dict.fromkeys(kinds)}
-    for finding in report.findings:
-        if finding.source != source:
-            continue
-        case = checks.setdefault(finding.kind, Case(finding.kind.value))
-        if finding.severity is Severity.ERROR:
-            case.failures.append(_finding_line(finding))
-        elif finding.severity is Severity.WARNING:
-            case.notes.append("warning: " + _finding_line(finding))
-        else:
-            pattern = report.thresholds.ignored_by(finding.tensor)
-            case.notes.append(f"ignored ({printable(pattern or '')}): " + _finding_line(finding))
+    for finding_kind, case in checks.items():
+        failing, count = some_findings(
+            report,
+            [Severity.ERROR],
+            kind=finding_kind,
+            in_file=True,
+            source=source,
+            limit=MAX_FLAGGED_ROWS,
+        )
+        case.failures = [_finding_line(finding) for finding in failing]
+        case.unlisted_failures = count - len(failing)
+        others, count = some_findings(
+            report,
+            [Severity.WARNING, Severity.IGNORED],
+            kind=finding_kind,
+            in_file=True,
+            source=source,
+            limit=MAX_FLAGGED_ROWS,
+        )
+        case.notes = [_note(report, finding) for finding in others]
+        case.unlisted_notes = count - len(others)
     cases = list(checks.values())
     limits: dict[LimitKind, float | None] = {
         LimitKind.GLOBAL_NORM: report.thresholds.max_global_norm,
@@ -133,21 +154,26 @@ def add_suite(parent: ET.Element, name: str, cases: list[Case]) -> None:
                 element,
                 "failure",
                 type=case.name,
-                message=f"{case.name}: {plural(len(case.failures), 'failing finding')}",
+                message=(
+                    f"{case.name}: "
+                    f"{plural(len(case.failures) + case.unlisted_failures, 'failing finding')}"
+                ),
             )
-            failure.text = "\n".join(_capped(case.failures))
+            failure.text = "\n".join(_capped(case.failures, case.unlisted_failures))
         if case.notes:
-            ET.SubElement(element, "system-out").text = "\n".join(_capped(case.notes))
+            notes = _capped(case.notes, case.unlisted_notes)
+            ET.SubElement(element, "system-out").text = "\n".join(notes)
 
 
-def _capped(lines: list[str]) -> list[str]:
+def _capped(lines: list[str], unlisted: int) -> list[str]:
     """At most :data:`MAX_FLAGGED_ROWS` lines of one case, then how many more there are.
 
     The counts (``failures``, the failure message) stay exact; only the listing is cut.
     """
-    if len(lines) <= MAX_FLAGGED_ROWS:
+    hidden = unlisted + max(0, len(lines) - MAX_FLAGGED_ROWS)
+    if not hidden:
         return lines
-    return [*lines[:MAX_FLAGGED_ROWS], more_flagged(len(lines) - MAX_FLAGGED_ROWS, "finding")]
+    return [*lines[:MAX_FLAGGED_ROWS], more_flagged(hidden, "finding")]
 
 
 def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:

@@ -76,7 +76,13 @@ from gradaudit.report.trend_text import (
     trend_line,
 )
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
-from gradaudit.report.verdict import audited_line, flagged_tensors, unaudited, verdict_line
+from gradaudit.report.verdict import (
+    audited_line,
+    flagged_tensors,
+    several_files,
+    unaudited,
+    verdict_line,
+)
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
 from gradaudit.scan.judge import exit_code
 from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
@@ -138,17 +144,16 @@ def _row(stats: TensorStats, findings: list[Finding], several_files: bool) -> li
 
 
 def _tensors(report: Report, options: RenderOptions) -> list[str]:
-    flagged = flagged_tensors(report)
+    shown, flagged = flagged_tensors(report, None if options.show_all else MAX_FLAGGED_ROWS)
     if not flagged:
         return []
-    several_files = len({t.source for t in report.tensors}) > 1
-    headers = [("file", "left")] if several_files else []
+    files = several_files(report)
+    headers = [("file", "left")] if files else []
     headers += [("tensor", "left"), ("findings", "left")]
     headers += [(f.header, f.justify) for f in TENSOR_FIELDS]
-    shown = flagged if options.show_all else flagged[:MAX_FLAGGED_ROWS]
-    lines = table(headers, (_row(stats, found, several_files) for stats, found in shown))
-    if len(shown) < len(flagged):
-        lines += ["", more_flagged(len(flagged) - len(shown))]
+    lines = table(headers, (_row(stats, found, files) for stats, found in shown))
+    if len(shown) < flagged:
+        lines += ["", more_flagged(flagged - len(shown))]
     return lines
 
 

@@ -98,6 +98,7 @@ from gradaudit.report.verdict import (
     findings_by_tensor,
     flagged_line,
     reading_lines,
+    several_files,
     skipped_lines,
     tensor_severities,
     verdict_line,
@@ -221,10 +222,8 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
     tensors = report.tensors
     # A gradient dump's table stays as it was; a role column appears once roles differ.
     if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
-        several_files = len(set(tensors.source_codes.tolist())) > 1
         roles = bool((tensors.role_codes != ROLES.index(Role.GRADIENT)).any())
     else:
-        several_files = len({t.source for t in tensors}) > 1
         roles = any(t.role is not Role.GRADIENT for t in tensors)
     names: list[Text | str] = []
     statuses: list[Text | str] = []
@@ -238,7 +237,7 @@ def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[
         names.append(Text(printable(stats.name), style=style))
         statuses.append(_tensor_status(stats, found))
     columns: list[Column] = []
-    if several_files:
+    if several_files(report):
         files = [shorten_path(printable(s.source or ""), _FILE_CELLS) for s in rows]
         columns.append(Column("file", files, priority=75))
     columns += [
