@@ -46,15 +46,7 @@ def _load() -> ModuleType | None:
 _module = _load()
 
 #: The kernel's dtypes by the name every output spells them with (torch's name less
-#: ``torch.``), and their byte sizes.
-ITEM_SIZES = {
-    "float32": 4,
-    "float64": 8,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
+#: ``torch.``), and the extension's attribute holding each one's code.
 _CODE_ATTRIBUTES = {
     "float32": "F32",
     "float64": "F64",
