@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gradaudit.comparison.checks import compare_tensors, comparison_findings
@@ -33,8 +34,10 @@ from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choos
 from gradaudit.errors import InputError, UsageError
 from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped, TensorStats
+from gradaudit.scan.judge import flagged_indices
 from gradaudit.scan.paths import read_file
 from gradaudit.scan.pending import PendingStats, TensorInput
+from gradaudit.stats_table import ROLES, StatsTable
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).
@@ -217,16 +220,20 @@ def _check_same_role(report: Report, sides: tuple[_Side, _Side]) -> None:
     Each side's role is what most of its tensors were read as (optimizer state and
     buffers aside); ``--kind`` makes both sides one role when the evidence misleads.
     """
+    table = StatsTable.from_stats(report.tensors)
+    compared = [ROLES.index(Role.GRADIENT), ROLES.index(Role.WEIGHT)]
     main: list[tuple[Role, str]] = []
     for side in sides:
-        roles = Counter(
-            (t.role, t.role_evidence)
-            for t in report.tensors
-            if t.source == side.label and t.role in (Role.GRADIENT, Role.WEIGHT)
+        mask = _on_side(table, side) & np.isin(table.role_codes, compared)
+        # Counted on the columns: (role, evidence) pairs in first-seen order, as Counter
+        # breaks ties.
+        pairs = Counter(
+            zip(table.role_codes[mask].tolist(), table.evidence_codes[mask].tolist(), strict=True)
         )
-        if not roles:
+        if not pairs:
             return
-        main.append(roles.most_common(1)[0][0])
+        role, evidence = pairs.most_common(1)[0][0]
+        main.append((ROLES[role], table.evidences[evidence]))
     (host_role, host_why), (seed_role, seed_why) = main
     if host_role is not seed_role:
         raise UsageError(
@@ -246,18 +253,25 @@ def _empty_message(side: _Side) -> str:
     return f"no floating-point tensor{where} for the {side.label} side; nothing to compare"
 
 
+def _on_side(table: StatsTable, side: _Side) -> np.ndarray:
+    """A mask of the tensors of ``side`` (its file, or its label in memory)."""
+    if side.label not in table.sources:
+        return np.zeros(len(table), dtype=bool)
+    mask: np.ndarray = table.source_codes == table.sources.index(side.label)
+    return mask
+
+
 def _side_stats(report: Report, side: _Side) -> SideStats:
     file = next(f for f in report.files if f.path == side.label)
-    tensors = [t for t in report.tensors if t.source == side.label]
+    table = StatsTable.from_stats(report.tensors)
+    mine = _on_side(table, side)
 
     def flagged(kind: FindingKind) -> int:
         # Like a scan's summary: a tensor whose finding is --ignore'd is not counted as flagged
         # (its NaN/Inf elements still are, and still stop the ratio: ignoring edits nothing).
-        return sum(
-            1
-            for f in report.findings
-            if f.source == side.label and f.kind is kind and not f.ignored
-        )
+        # Counted on the columns: a million findings build no object.
+        flagged = flagged_indices(table, report.findings, (kind,), ignored=False)
+        return int(mine[flagged].sum())
 
     return SideStats(
         label=side.label,
@@ -267,8 +281,8 @@ def _side_stats(report: Report, side: _Side) -> SideStats:
         skipped=file.skipped,
         params=file.elements,
         norm=file.global_norm or 0.0,
-        nan=sum(t.nan for t in tensors),
-        inf=sum(t.pos_inf + t.neg_inf for t in tensors),
+        nan=int(table.nan[mine].sum()),
+        inf=int(table.pos_inf[mine].sum() + table.neg_inf[mine].sum()),
         nan_tensors=flagged(FindingKind.NAN),
         inf_tensors=flagged(FindingKind.INF),
         vanishing_tensors=flagged(FindingKind.VANISHING),

@@ -22,6 +22,7 @@ from gradaudit.comparison.model import (
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.verdict import failing_kinds as report_failing_kinds
 from gradaudit.results import Finding
 
 #: How the normalized ratio is defined, written into the JSON next to it.
@@ -257,29 +258,29 @@ def tensor_findings_by_severity(comparison: Comparison) -> list[Finding]:
     return sorted(comparison.tensor_findings, key=lambda f: rank[f.severity])
 
 
+# The per-tensor findings are counted by the report's summary (on the columns: a
+# million findings build no object), the comparison's own ones here.
+
+
 def failing_count(comparison: Comparison) -> int:
     """Failing findings of every level: per tensor, exceeded limits, the comparison's own."""
-    return (
-        sum(1 for f in comparison.tensor_findings if f.failing)
-        + len(comparison.report.limit_findings)
-        + sum(1 for f in comparison.findings if f.failing)
+    # The summary's failing findings hold the exceeded limits.
+    return comparison.report.summary.failing_findings + sum(
+        1 for f in comparison.findings if f.failing
     )
 
 
 def warning_count(comparison: Comparison) -> int:
-    return sum(1 for f in comparison.tensor_findings if f.severity is Severity.WARNING) + sum(
-        1 for f in comparison.findings if not f.failing
-    )
+    return comparison.report.summary.warnings + sum(1 for f in comparison.findings if not f.failing)
 
 
 def ignored_count(comparison: Comparison) -> int:
-    return sum(1 for f in comparison.tensor_findings if f.ignored)
+    return comparison.report.summary.ignored_findings
 
 
 def failing_kinds(comparison: Comparison) -> list[str]:
     """The kinds of every failing finding (tensor, limit and comparison level), sorted."""
-    kinds = {f.kind.value for f in comparison.tensor_findings if f.failing}
-    kinds |= {f.kind.value for f in comparison.report.limit_findings}
+    kinds = set(report_failing_kinds(comparison.report))
     kinds |= {f.kind.value for f in comparison.findings if f.failing}
     return sorted(kinds)
 
