@@ -16,6 +16,9 @@ each in a fresh child process:
 * ``gradaudit scan FILE --format F`` for each format, stdout to ``/dev/null``;
 * with ``--python-reader``, the table scan again with the pure-Python header reader
   (what an install without the native extension runs);
+* with ``--torch-path``, each scan again with the torch-free scan turned off (torch
+  imported, as every scan did before :mod:`gradaudit.scan.torch_free`): before and
+  after in one run;
 
 with the wall time, the child's CPU time (user + system: on a shared machine the
 wall time mostly measures the neighbours), its peak RSS (``VmHWM``) and its peak
@@ -142,10 +145,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--elements", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=None)
-    parser.add_argument("--formats", nargs="+", default=["table", "json", "markdown", "github", "junit"])
+    parser.add_argument(
+        "--formats", nargs="+", default=["table", "json", "markdown", "github", "junit"]
+    )
     parser.add_argument("--data", nargs="+", default=["random", "zeros"])
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--python-reader", action="store_true")
+    parser.add_argument(
+        "--torch-path", action="store_true", help="also each scan on the torch path"
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, object]] = []
     floor = run([sys.executable, "-c", "import torch"], args.timeout)
@@ -173,6 +181,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         [sys.executable, "-m", "gradaudit", *scan, "--format", fmt],
                     )
                 )
+            if args.torch_path:
+                torch_path = (
+                    "import sys; from gradaudit.scan import torch_free; "
+                    "torch_free.applies = lambda **_: False; "
+                    "from gradaudit.cli import run; sys.argv[0] = 'gradaudit'; run()"
+                )
+                for fmt in args.formats:
+                    steps.append(
+                        (
+                            f"scan --format {fmt}, torch path",
+                            [sys.executable, "-c", torch_path, *scan, "--format", fmt],
+                        )
+                    )
             if args.python_reader:
                 python_reader = (
                     "import sys; import gradaudit.io.header_columns as h; h._NATIVE = None; "

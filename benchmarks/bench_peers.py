@@ -25,9 +25,9 @@ seconds (the test suite runs it); its figures mean nothing.
 
 Then start-up: wall and CPU time of ``gradaudit --version``, ``scan --help``, a
 shell-completion request and ``import torch`` in fresh interpreters, and an end-
-to-end ``gradaudit scan`` of a dump next to the in-process scan of the same file
-and a torch-free prototype (header, memory map and the native kernel, no torch)
-that says what a torch-free CPU path could gain.
+to-end ``gradaudit scan`` of a dump (the torch-free scan, :mod:`gradaudit.scan.torch_free`)
+next to the same command with that path turned off (torch imported, as before it) and
+the in-process scan of the same file.
 """
 
 from __future__ import annotations
@@ -205,47 +205,18 @@ def measure(
 # -- start-up ----------------------------------------------------------------------------
 
 
-def _torch_free_script() -> str:
-    """A torch-free scan of one safetensors file: header, memory map, native kernel, verdict.
-
-    Not a product path: it measures what one would cost end to end. The map is
-    read-only; ctypes needs a writable buffer to take an address, so the
-    prototype maps privately (copy-on-write, nothing is written).
-    """
-    return "\n".join(
-        [
-            "import array, ctypes, importlib.util, mmap, os, sys",
-            "import gradaudit.cli.app",
-            "from gradaudit.engine import _native",
-            # gradaudit.io's __init__ imports the torch readers: load the header
-            # validator (pure Python) on its own, after the file helpers it imports.
-            "path = os.path.join(os.path.dirname(sys.argv[2]), 'files.py')",
-            "spec = importlib.util.spec_from_file_location('gradaudit.io.files', path)",
-            "files = sys.modules['gradaudit.io.files'] = importlib.util.module_from_spec(spec)",
-            "spec.loader.exec_module(files)",
-            "spec = importlib.util.spec_from_file_location('header', sys.argv[2])",
-            "module = sys.modules['header'] = importlib.util.module_from_spec(spec)",
-            "spec.loader.exec_module(module)",
-            "read_header = module.read_header",
-            'codes = {"F32": _native.F32, "BF16": _native.BF16, "F16": _native.F16, '
-            '"F64": _native.F64}',
-            'sizes = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8}',
-            "header = read_header(sys.argv[1])",
-            'with open(sys.argv[1], "rb") as handle:',
-            "    data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)",
-            "base = ctypes.addressof(ctypes.c_char.from_buffer(data)) + 8 + header.header_length",
-            "entries = [e for e in header.tensors if e.dtype in codes]",
-            'pointers = array.array("Q", [base + e.begin for e in entries])',
-            'counts = array.array("Q", [(e.end - e.begin) // sizes[e.dtype] for e in entries])',
-            'kinds = array.array("i", [codes[e.dtype] for e in entries])',
-            'rows = array.array("d", bytes(8 * 7 * len(entries)))',
-            "_native.stats_batch(pointers, counts, kinds, rows.buffer_info()[0], 2)",
-            "bad = sum(1 for i in range(len(entries)) if rows[7 * i] or rows[7 * i + 1] "
-            "or rows[7 * i + 2])",
-            "torch = 'torch' in sys.modules",
-            'print(f"{len(entries)} tensors, {bad} with NaN/Inf, torch imported: {torch}")',
-        ]
-    )
+#: ``gradaudit scan`` with the torch-free path turned off: the torch path on the same
+#: dump, the native kernel and the same batches (what every scan cost before it).
+_TORCH_PATH_SCAN = "\n".join(
+    [
+        "import sys",
+        "from gradaudit.scan import torch_free",
+        "torch_free.applies = lambda **_: False",
+        "from gradaudit.cli import run",
+        'sys.argv = ["gradaudit", *sys.argv[1:]]',
+        "run()",
+    ]
+)
 
 
 def run_timed(
@@ -267,7 +238,6 @@ def run_timed(
 
 def startup_rows(directory: Path, repeats: int, smoke: bool) -> list[dict[str, object]]:
     python = sys.executable
-    header = str(Path(gradaudit.__file__).parent / "io" / "safetensors_header.py")
     cli = [python, "-m", "gradaudit"]
     completion = dict(
         os.environ,
@@ -291,8 +261,8 @@ def startup_rows(directory: Path, repeats: int, smoke: bool) -> list[dict[str, o
             None,
         ),
         (
-            "torch-free prototype scan",
-            [python, "-c", _torch_free_script(), str(dump), header],
+            "gradaudit scan, torch path (same dump)",
+            [python, "-c", _TORCH_PATH_SCAN, "scan", "-q", str(dump)],
             None,
         ),
     ]

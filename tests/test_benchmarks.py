@@ -96,7 +96,7 @@ def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert float(rows["transformer-float32"][5]) >= 0  # torch's built-ins take float32
     timed = {line.split(" | ")[0]: line.split(" | ") for line in startup.splitlines()[2:]}
     assert "gradaudit --version" in timed
-    assert "torch-free prototype scan" in timed
+    assert "gradaudit scan, torch path (same dump)" in timed
     assert all(float(row[1]) >= 0 for row in timed.values())
 
 

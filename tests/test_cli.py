@@ -217,6 +217,9 @@ def test_internal_error_exits_4_with_a_hint(
 
     # scan imports the core when it runs; patch where it looks the function up
     monkeypatch.setattr(importlib.import_module("gradaudit.scan.paths"), "scan_paths", boom)
+    monkeypatch.setattr(
+        importlib.import_module("gradaudit.scan.torch_free"), "scan_torch_free", boom
+    )
     result = scan(str(write_dump({"w": torch.ones(2)})))
     assert result.exit_code == ExitCode.INTERNAL_ERROR
     assert "internal error" in result.stderr
@@ -286,7 +289,7 @@ def test_auto_engine_is_native_on_the_cpu_where_built(write_dump: WriteDump) -> 
 def test_without_the_native_build_auto_is_eager_and_native_is_a_usage_error(
     write_dump: WriteDump, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gradaudit.engine.native._module", None)
+    monkeypatch.setattr("gradaudit.engine.native_rows._module", None)
     path = str(write_dump({"w": torch.ones(3)}))
     result = scan(path, "--format", "json")
     assert result.exit_code == ExitCode.OK

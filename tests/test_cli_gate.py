@@ -259,6 +259,9 @@ def test_no_file_unless_results_exist(
         raise RuntimeError("simulated bug")
 
     monkeypatch.setattr(importlib.import_module("gradaudit.scan.paths"), "scan_paths", crash)
+    monkeypatch.setattr(
+        importlib.import_module("gradaudit.scan.torch_free"), "scan_torch_free", crash
+    )
     crashed = scan(str(vanishing_dump), "-o", str(target))
     assert crashed.exit_code == ExitCode.INTERNAL_ERROR
     assert sorted(p.name for p in project.iterdir()) == ["pyproject.toml", "vanishing.safetensors"]

@@ -112,6 +112,8 @@ def test_missing_matplotlib_is_a_usage_error_before_any_work(
     called: list[object] = []
     core = importlib.import_module("gradaudit.scan.paths")
     monkeypatch.setattr(core, "scan_paths", lambda *a, **k: called.append(a))
+    free = importlib.import_module("gradaudit.scan.torch_free")
+    monkeypatch.setattr(free, "scan_torch_free", lambda *a, **k: called.append(a))
     target = tmp_path / "flow.png"
     result = scan(str(write_dump({"w": torch.ones(2)})), "--plot", str(target))
     assert result.exit_code == ExitCode.USAGE_ERROR

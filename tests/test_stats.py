@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from gradaudit.engine import native
 from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     NAN,
+    ROW_WIDTH,
     SCALE,
     SSQ,
     ZEROS,
@@ -171,6 +173,32 @@ def test_merge_rule_is_order_independent_across_scales() -> None:
     assert forward[NAN] == 1
     assert forward[SCALE] > 1
     assert forward[SSQ] > 0
+
+
+def test_merge_rule_is_one_code_for_host_arrays_and_device_tensors() -> None:
+    """numpy rows (the host side, with or without torch) merge as the tensors do."""
+    collector = StatsCollector(chunk_elements=1 << 20)
+    parts = [
+        torch.tensor([1e200, -3e150], dtype=torch.float64),
+        torch.tensor([1e20, math.nan, math.inf], dtype=torch.float32),
+        torch.tensor([1e-300, 0.0], dtype=torch.float64),
+        torch.zeros(3),
+    ]
+    rows = torch.stack([collector.row(p) for p in parts])
+    host = merge_rows(rows.numpy())
+    assert isinstance(host, np.ndarray)
+    assert host.dtype == np.float64
+    assert host.shape == (ROW_WIDTH,)
+    device = merge_rows(rows)
+    assert isinstance(device, torch.Tensor)
+    assert host.tolist() == pytest.approx(device.tolist(), rel=1e-15)
+    merged = HostRow.from_values(host.tolist())
+    assert (merged.nan, merged.pos_inf, merged.zeros) == (1, 1, 4)
+    assert merged.norm == pytest.approx(math.hypot(1e200, 3e150, 1e20), rel=1e-12)
+    # The identity of the merge: rows holding no sum of squares keep scale 1.
+    zeros = merge_rows(np.stack([rows[3].numpy(), rows[3].numpy()]))
+    assert zeros[SCALE] == 1.0
+    assert zeros[SSQ] == 0.0
 
 
 def test_zero_element_and_scalar_tensors() -> None:

@@ -196,7 +196,7 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
 ) -> None:
     """No C compiler for Triton's launcher, say: auto's numbers come from eager instead,
     and the failure is remembered for the process: the next collector does not try again."""
-    monkeypatch.setattr("gradaudit.engine.native._module", None)  # auto -> eager on the CPU
+    monkeypatch.setattr("gradaudit.engine.native_rows._module", None)  # auto -> eager on the CPU
     tries: list[int] = []
 
     def broken() -> object:

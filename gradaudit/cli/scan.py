@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,6 +37,7 @@ from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
 from gradaudit.errors import ExitCode, UsageError
+from gradaudit.policy import Thresholds
 from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
 from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
@@ -142,10 +144,7 @@ def scan(
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
-        # The scan core imports torch (~1.2 s): only here, so that --help, --version and
-        # shell completion start in a fraction of that.
-        from gradaudit.scan.distributed import scan_under_torchrun, torchrun_env
-        from gradaudit.scan.paths import scan_paths
+        from gradaudit.scan.torchrun import torchrun_env
 
         settings = settings_from_flags(
             config,
@@ -202,12 +201,33 @@ def scan(
         }
         if precision is not None:
             options["histograms"] = True
+        show_progress = wants_progress(progress, machine, total)
+        # The scan core imports torch (~1.2 s): only here, so that --help, --version and
+        # shell completion start in a fraction of that; and not at all for the commonest
+        # scan, safetensors files on the CPU with the native kernel.
         if job is not None:
+            from gradaudit.scan.distributed import scan_under_torchrun
+
             report = scan_under_torchrun(paths, job, **options)
             if job.rank != 0:  # every rank has the report; rank 0 alone prints it
                 raise typer.Exit(int(exit_code(report)))
+        elif (
+            torch_free := _scan_without_torch(
+                paths,
+                engine_options,
+                precision=precision,
+                thresholds=thresholds,
+                include=include or (),
+                exclude=exclude or (),
+                recursive=recursive,
+                bar=(total, show_progress),
+            )
+        ) is not None:
+            report = torch_free
         else:
-            with progress_bar(total, wants_progress(progress, machine, total)) as advance:
+            from gradaudit.scan.paths import scan_paths
+
+            with progress_bar(total, show_progress) as advance:
                 report = scan_paths(paths, progress=advance, **options)
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
@@ -219,6 +239,37 @@ def scan(
                 report, precision, max_underflow, visuals, verdict, show_all=show_all, top=top
             )
         raise typer.Exit(int(verdict))
+
+
+def _scan_without_torch(
+    paths: list[Path],
+    engine_options: EngineOptions,
+    *,
+    precision: Precision | None,
+    thresholds: Thresholds,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    recursive: bool,
+    bar: tuple[int, bool],
+) -> Report | None:
+    """The report of the torch-free scan when it applies (:mod:`gradaudit.scan.torch_free`),
+    else ``None``: the caller then scans with torch, as it always did."""
+    from gradaudit.io import expand_inputs
+    from gradaudit.scan import torch_free
+
+    device = str(engine_options.device or "auto")
+    if not torch_free.applies(device=device, engine=engine_options.engine, precision=precision):
+        return None
+    entries = list(expand_inputs(paths, recursive=recursive))
+    if not torch_free.takes(entries):
+        return None
+    try:
+        with progress_bar(*bar) as advance:
+            return torch_free.scan_torch_free(
+                entries, thresholds=thresholds, include=include, exclude=exclude, progress=advance
+            )
+    except torch_free.NeedsTorch:
+        return None
 
 
 def _check_precision_options(

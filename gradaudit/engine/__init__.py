@@ -5,8 +5,10 @@ and the collector that buckets and chunks tensors; the kernels that compute a
 row are ``kernels`` (eager and ``torch.compile``), ``native`` (the C kernel in
 ``_native.c``) and ``triton_kernel`` (``_triton_rows``); ``staging`` overlaps
 host-to-device copies, ``devices`` resolves ``--device``, ``histogram`` is the
-opt-in exponent histogram. ``options`` is the only module here without torch:
-the CLI declares ``--engine`` and ``--max-memory`` with it at start-up, so this
+opt-in exponent histogram. ``options``, ``row`` (the row's slots and the merge
+rule) and ``native_rows`` (the native kernel's host side) need no torch: the CLI
+declares ``--engine`` and ``--max-memory`` with ``options`` at start-up, and the
+torch-free scan (:mod:`gradaudit.scan.torch_free`) uses the other two, so this
 ``__init__`` imports nothing.
 """
 

@@ -13,45 +13,23 @@ from __future__ import annotations
 
 import array
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 
 import torch
 
-#: The ABI this module speaks; a stale build of the extension (an older
-#: checkout's ``.so``) is ignored rather than trusted.
-_ABI = 3
+from gradaudit.engine import native_rows
 
+_module = native_rows.module()
 
-def _load() -> ModuleType | None:
-    try:
-        from gradaudit.engine import _native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    if getattr(_native, "ABI", None) != _ABI:
-        return None
-    module: ModuleType = _native
-    return module
-
-
-_module = _load()
-
-_CODES: dict[torch.dtype, int] = (
-    {}
-    if _module is None
-    else {
-        torch.float32: _module.F32,
-        torch.float64: _module.F64,
-        torch.float16: _module.F16,
-        torch.bfloat16: _module.BF16,
-        torch.float8_e4m3fn: _module.E4M3,
-        torch.float8_e5m2: _module.E5M2,
-    }
-)
+_CODES: dict[torch.dtype, int] = {
+    getattr(torch, name): code for name, code in native_rows.codes_by_name().items()
+}
 
 
 def available() -> bool:
-    """Whether the extension was built and loads."""
-    return _module is not None
+    """Whether the extension was built and loads (asked of :mod:`~gradaudit.engine.native_rows`,
+    which the torch-free scan asks too)."""
+    return native_rows.available()
 
 
 def supports(tensor: torch.Tensor) -> bool:
@@ -110,11 +88,7 @@ def rows_of_pointers(
     and keeps the tensors alive until this returns; everyone else should call
     :func:`batch_rows`, which checks.
     """
-    if _module is None:
-        raise ValueError("the native kernel is not built")
-    rows = torch.empty((len(pointers), 7), dtype=torch.float64)
-    _module.stats_batch(pointers, counts, codes, rows.data_ptr(), threads)
-    return rows
+    return torch.from_numpy(native_rows.rows_of_pointers(pointers, counts, codes, threads))
 
 
 def tensor_facts(

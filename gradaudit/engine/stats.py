@@ -19,9 +19,10 @@ The stats row
   so float64 blocks are divided by a power of two just above their ``max_abs``
   (exact, no rounding) and record that ``scale``; other blocks use ``scale=1``.
 
-The merge rule (:func:`merge_rows`) combines rows of chunks into a tensor,
-tensors into a file or a whole scan, and shards and ranks: counts add, maxima
-take the max, and sums of squares add after rescaling to the largest scale.
+The merge rule (:func:`~gradaudit.engine.row.merge_rows`, one code for device
+tensors and host arrays) combines rows of chunks into a tensor, tensors into a
+file or a whole scan, and shards and ranks: counts add, maxima take the max,
+and sums of squares add after rescaling to the largest scale.
 
 How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 ------------------------------------------------------------------
@@ -52,7 +53,6 @@ from __future__ import annotations
 
 import array
 import functools
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -61,6 +61,9 @@ import torch
 from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
+from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
+from gradaudit.engine.native_rows import NativeBatch, native_threads
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
 from gradaudit.engine.row import MAX_ABS as MAX_ABS
 from gradaudit.engine.row import NAN as NAN
@@ -70,9 +73,10 @@ from gradaudit.engine.row import ROW_WIDTH as ROW_WIDTH
 from gradaudit.engine.row import SCALE as SCALE
 from gradaudit.engine.row import SSQ as SSQ
 from gradaudit.engine.row import ZEROS as ZEROS
+from gradaudit.engine.row import merge_rows as merge_rows
+from gradaudit.engine.row import row_norm as row_norm
+from gradaudit.engine.row import skip_reason
 from gradaudit.errors import UsageError
-
-_COUNT_SLOTS = slice(NAN, ZEROS + 1)
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
 #: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
@@ -83,11 +87,6 @@ COMPILED_CHUNK_ELEMENTS = 1 << 22
 BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
-#: Tensors handed to the native kernel in one call, at most (count, and bytes once
-#: exceeded). One call splits its bytes between threads, so batching large tensors
-#: too saves a thread launch per tensor; the batch only holds references.
-NATIVE_BATCH_TENSORS = 2048
-NATIVE_BATCH_BYTES = 64 * 1024 * 1024
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
@@ -163,29 +162,7 @@ def dtype_skip_reason(dtype: torch.dtype) -> str | None:
     """Why a tensor of ``dtype`` is skipped, or ``None`` when the dtype is audited."""
     if dtype in AUDITED_DTYPES:
         return None
-    if dtype.is_floating_point:
-        return f"dtype {dtype_name(dtype)} is not supported by the engine; not audited"
-    return f"dtype {dtype_name(dtype)} is not floating-point; not audited"
-
-
-def merge_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Merge stats rows ``[k, 7]`` (k >= 1) into one row ``[7]``; the one merge rule.
-
-    Rescaling multiplies by ``(scale_i / scale)`` twice rather than by its
-    square so that a large ``ssq`` meets the small factor before it can
-    underflow; contributions that still underflow are below 2**-1074 of the
-    largest one and cannot change the result.
-    """
-    counts = rows[:, _COUNT_SLOTS].sum(dim=0)
-    max_abs = rows[:, MAX_ABS].amax()
-    # Only rows that hold a sum of squares choose the common scale: an all-zero
-    # float32 row (scale 1) must not flush a float64 row of 1e-300 values to zero.
-    live = rows[:, SSQ] > 0
-    scale = torch.where(live, rows[:, SCALE], 0.0).amax()
-    scale = torch.where(scale > 0, scale, 1.0)
-    ratio = rows[:, SCALE] / scale
-    ssq = torch.where(live, rows[:, SSQ] * ratio * ratio, 0.0).sum()
-    return torch.cat([counts, torch.stack([max_abs, scale, ssq])])
+    return skip_reason(dtype_name(dtype), floating=dtype.is_floating_point)
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -372,7 +349,7 @@ class StatsCollector:
         self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
         self._native_codes = native.codes() if self._native else {}
-        self._threads = max(1, torch.get_num_threads())
+        self._threads = native_threads()
         self._fallback = (
             Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
         )
@@ -566,16 +543,8 @@ class StatsCollector:
                 tensor = tensor.contiguous()  # a small strided tensor: copied, as a bucket would
                 contiguous = True
             if contiguous:
-                self._batch.append(tensor)
-                self._batch_tickets.append(ticket)
-                self._batch_pointers.append(tensor.data_ptr())
-                self._batch_counts.append(numel)
-                self._batch_codes.append(code)
-                self._batch_bytes += numel * tensor.dtype.itemsize
-                if (
-                    len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
-                    or self._batch_bytes >= NATIVE_BATCH_BYTES
-                ):
+                nbytes = numel * tensor.dtype.itemsize
+                if self._batch.add_one(ticket, tensor.data_ptr(), numel, code, nbytes, tensor):
                     self._reduce_batch()
                 return ticket
         if numel == 0 or numel > BUCKET_MAX_ELEMENTS:
@@ -655,16 +624,7 @@ class StatsCollector:
         first = len(self._layout.rows)
         self._layout.rows.extend([-1] * count)
         tickets = range(first, first + count)
-        self._batch.append(keep_alive)
-        self._batch_tickets += tickets
-        self._batch_pointers += pointers
-        self._batch_counts += counts
-        self._batch_codes += codes
-        self._batch_bytes += nbytes
-        if (
-            len(self._batch_tickets) >= NATIVE_BATCH_TENSORS
-            or self._batch_bytes >= NATIVE_BATCH_BYTES
-        ):
+        if self._batch.add(tickets, pointers, counts, codes, nbytes, keep_alive):
             self._reduce_batch()
         return tickets
 
@@ -803,10 +763,8 @@ class StatsCollector:
 
     def _reduce_batch(self) -> None:
         """Rows of the batched CPU tensors, in one native call; then let them go."""
-        rows = native.rows_of_pointers(
-            self._batch_pointers, self._batch_counts, self._batch_codes, self._threads
-        )
-        self._add_block(rows, self._batch_tickets)
+        rows = torch.from_numpy(self._batch.reduce(self._threads))
+        self._add_block(rows, self._batch.tickets)
         self._ran["native"] = None
         self._new_batch()
 
@@ -825,13 +783,7 @@ class StatsCollector:
 
     def _new_batch(self) -> None:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
-        #: What keeps the batch's bytes alive: its tensors, or the views runs lie in.
-        self._batch: list[object] = []
-        self._batch_tickets: list[int] = []
-        self._batch_pointers = array.array("Q")
-        self._batch_counts = array.array("Q")
-        self._batch_codes = array.array("i")
-        self._batch_bytes = 0
+        self._batch = NativeBatch()
 
     def _reduce_bucket(self, bucket: _Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
@@ -918,11 +870,6 @@ class HostRow:
             max_abs=values[MAX_ABS],
             norm=row_norm(values),
         )
-
-
-def row_norm(values: list[float]) -> float:
-    """The L2 norm a host stats row stands for: ``scale * sqrt(ssq)``."""
-    return values[SCALE] * math.sqrt(values[SSQ])
 
 
 def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:

@@ -45,12 +45,11 @@ import torch
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
 from gradaudit.io.files import describe_os_error, open_checked, show
+from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
+from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
+from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
 from gradaudit.results import Skipped
 
-#: The metadata file's name inside a DCP directory.
-METADATA_NAME = ".metadata"
-#: The data files' ending (``__0_0.distcp``).
-DATA_SUFFIX = ".distcp"
 #: A ``.metadata`` larger than this is refused (a 400B-parameter model's is a few MB).
 MAX_METADATA_BYTES = 512 << 20
 
@@ -135,16 +134,6 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: object) -> Any:
         raise pickle.UnpicklingError("persistent references are not part of DCP metadata")
-
-
-def is_dcp_directory(path: str) -> bool:
-    """Whether ``path`` is a directory holding a DCP ``.metadata`` file (``stat`` only)."""
-    try:
-        return stat.S_ISDIR(os.stat(path).st_mode) and os.path.lexists(
-            os.path.join(path, METADATA_NAME)
-        )
-    except (OSError, ValueError):
-        return False
 
 
 def _refuse(path: str, cause: str) -> InputError:

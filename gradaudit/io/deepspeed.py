@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,33 +35,11 @@ import torch
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
 from gradaudit.io.files import show
+from gradaudit.io.layouts import MODEL_STATES as MODEL_STATES
+from gradaudit.io.layouts import is_deepspeed_checkpoint as is_deepspeed_checkpoint
+from gradaudit.io.layouts import optim_files as optim_files
 from gradaudit.io.nested import walk_checkpoint
 from gradaudit.io.torch_pickle import TorchPickleSource
-
-MODEL_STATES = "mp_rank_00_model_states.pt"
-_OPTIM = re.compile(r"^(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
-
-
-def _is_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def optim_files(directory: str) -> list[tuple[int, str]]:
-    """``(rank, file name)`` of the ZeRO optimizer partitions in ``directory``, by rank."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    found = [(int(m.group(1)), n) for n in names if (m := _OPTIM.match(n))]
-    return sorted(found)
-
-
-def is_deepspeed_checkpoint(path: str) -> bool:
-    """A directory with DeepSpeed's model states and at least one ZeRO optimizer partition."""
-    return _is_file(os.path.join(path, MODEL_STATES)) and bool(optim_files(path))
 
 
 @dataclass(frozen=True)

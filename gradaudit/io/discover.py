@@ -25,12 +25,16 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from gradaudit.io.dcp import DATA_SUFFIX, METADATA_NAME, is_dcp_directory
-from gradaudit.io.deepspeed import is_deepspeed_checkpoint
 from gradaudit.io.files import describe_os_error, show
-from gradaudit.io.hf_checkpoint import is_trainer_checkpoint
+from gradaudit.io.layouts import (
+    DATA_SUFFIX,
+    METADATA_NAME,
+    PICKLE_EXTENSIONS,
+    is_dcp_directory,
+    is_deepspeed_checkpoint,
+    is_trainer_checkpoint,
+)
 from gradaudit.io.sharded import INDEX_SUFFIX, referenced_shards
-from gradaudit.io.torch_pickle import PICKLE_EXTENSIONS
 
 #: Every name ending gradaudit reads, most specific first (compared in lower case).
 KNOWN_SUFFIXES: tuple[str, ...] = (INDEX_SUFFIX, ".safetensors", *PICKLE_EXTENSIONS)

@@ -26,21 +26,20 @@ import dataclasses
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
 from gradaudit.io.files import open_checked, show
+from gradaudit.io.layouts import MODEL_FILES as MODEL_FILES
+from gradaudit.io.layouts import TRAINER_STATE as TRAINER_STATE
+from gradaudit.io.layouts import is_file
+from gradaudit.io.layouts import is_trainer_checkpoint as is_trainer_checkpoint
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.torch_pickle import TorchPickleSource
 from gradaudit.results import Skipped
 
-#: The file that marks a Trainer checkpoint directory.
-TRAINER_STATE = "trainer_state.json"
-#: Model files, in the order they are looked for (the first present is read).
-MODEL_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin")
 OPTIMIZER_FILE = "optimizer.pt"
 #: The optimizer's tensors are named under this prefix.
 OPTIMIZER_PREFIX = "optimizer."
@@ -52,20 +51,6 @@ _NOT_READ = {
     "training_args.bin": "pickled TrainingArguments (an object, not tensors); never unpickled",
     "scaler.pt": "mixed-precision loss-scaler state; not read",
 }
-
-
-def _is_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def is_trainer_checkpoint(path: str) -> bool:
-    """A directory with ``trainer_state.json`` and a model file (``stat`` only)."""
-    return _is_file(os.path.join(path, TRAINER_STATE)) and any(
-        _is_file(os.path.join(path, name)) for name in MODEL_FILES
-    )
 
 
 def trainer_grad_norms(directory: str) -> list[tuple[int, float]]:
@@ -118,14 +103,14 @@ class TrainerCheckpointSource:
     def __init__(self, path: str) -> None:
         self.path = path
         self.model_file = next(
-            (n for n in MODEL_FILES if _is_file(os.path.join(path, n))), MODEL_FILES[1]
+            (n for n in MODEL_FILES if is_file(os.path.join(path, n))), MODEL_FILES[1]
         )
         self.grad_norms = trainer_grad_norms(path)
         try:
             names = sorted(os.listdir(path))
         except OSError as error:
             raise InputError(path, f"cannot list the directory: {error.strerror}") from None
-        self.others = [n for n in names if _is_file(os.path.join(path, n))]
+        self.others = [n for n in names if is_file(os.path.join(path, n))]
         #: The file readers opened so far, by file name (for :meth:`check_unchanged`).
         self._opened: list[tuple[str, SafetensorsSource | ShardedSource | TorchPickleSource]] = []
 

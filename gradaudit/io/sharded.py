@@ -18,16 +18,19 @@ input: its tensors keep their own names and are reported under the index's path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gradaudit.errors import InputError
-from gradaudit.io.base import RunItem, Select, SourceItem
 from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.io.safetensors_header import SafetensorsHeader, read_header
-from gradaudit.io.safetensors_source import SafetensorsSource
+
+if TYPE_CHECKING:  # the readers of tensors need torch; the index and headers do not
+    from gradaudit.io.base import RunItem, Select, SourceItem
+    from gradaudit.io.safetensors_source import SafetensorsSource
 
 #: File name ending of a sharded safetensors index (compared in lower case).
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -153,26 +156,51 @@ def _compare(
         _refuse(path, f"shard {show(shard)} holds tensor {show(name)}, {where}")
 
 
+def validated_shards(path: str) -> list[tuple[str, str, SafetensorsHeader]]:
+    """``(name in the index, path, validated header)`` of each shard of the index ``path``,
+    in the order the map first names them; raises :class:`InputError` naming the index.
+
+    The whole set is checked before a tensor is read: the index, every shard's header,
+    and that each shard holds exactly the tensors the map assigns to it.
+    """
+    by_shard = parse_index(path)
+    folder = os.path.dirname(path)
+    owner = {name: shard for shard, names in by_shard.items() for name in names}
+    shards = []
+    for shard, names in by_shard.items():
+        shard_path = os.path.join(folder, shard)
+        try:
+            header = read_header(shard_path)
+        except InputError as error:
+            if error.cause == "no such file":
+                _refuse(path, f"index names shard {show(shard)}, which does not exist")
+            _refuse(path, f"shard {show(shard)}: {error.cause}")
+        _compare(path, shard, header, names, owner)
+        shards.append((shard, shard_path, header))
+    return shards
+
+
+@contextlib.contextmanager
+def in_shard(path: str, shard: str) -> Iterator[None]:
+    """A shard's :class:`InputError` as the index's: ``shard NAME: cause``."""
+    try:
+        yield
+    except InputError as error:
+        _refuse(path, f"shard {show(shard)}: {error.cause}")
+
+
 class ShardedSource:
     """A sharded safetensors checkpoint, validated as a whole, then read one shard at a time."""
 
     def __init__(self, path: str) -> None:
+        from gradaudit.io.safetensors_source import SafetensorsSource
+
         self.path = path
-        by_shard = parse_index(path)
-        folder = os.path.dirname(path)
-        owner = {name: shard for shard, names in by_shard.items() for name in names}
         #: ``(name in the index, reader)`` per shard, in the order the map first names them.
-        self.shards: list[tuple[str, SafetensorsSource]] = []
-        for shard, names in by_shard.items():
-            shard_path = os.path.join(folder, shard)
-            try:
-                header = read_header(shard_path)
-            except InputError as error:
-                if error.cause == "no such file":
-                    _refuse(path, f"index names shard {show(shard)}, which does not exist")
-                _refuse(path, f"shard {show(shard)}: {error.cause}")
-            _compare(path, shard, header, names, owner)
-            self.shards.append((shard, SafetensorsSource(shard_path, header)))
+        self.shards: list[tuple[str, SafetensorsSource]] = [
+            (shard, SafetensorsSource(shard_path, header))
+            for shard, shard_path, header in validated_shards(path)
+        ]
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -181,22 +209,16 @@ class ShardedSource:
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
         for shard, source in self.shards:
-            try:
+            with in_shard(self.path, shard):
                 yield from source.items(select)
-            except InputError as error:
-                _refuse(self.path, f"shard {show(shard)}: {error.cause}")
 
     def runs(self) -> Iterator[RunItem]:
         for shard, source in self.shards:
-            try:
+            with in_shard(self.path, shard):
                 yield from source.runs()
-            except InputError as error:
-                _refuse(self.path, f"shard {show(shard)}: {error.cause}")
 
     def check_unchanged(self) -> None:
         """Raise :class:`InputError` if a shard changed while it was read (see the shard reader)."""
         for shard, source in self.shards:
-            try:
+            with in_shard(self.path, shard):
                 source.check_unchanged()
-            except InputError as error:
-                _refuse(self.path, f"shard {show(shard)}: {error.cause}")

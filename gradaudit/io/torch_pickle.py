@@ -35,6 +35,7 @@ import torch
 from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
 from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, show
+from gradaudit.io.layouts import PICKLE_EXTENSIONS as PICKLE_EXTENSIONS
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
@@ -43,7 +44,6 @@ from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
 from gradaudit.roles import TensorHint
 
 #: File name endings read by this module (compared in lower case).
-PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
 
 #: At most this much of a pickle is re-read to name the globals in a refusal.
 _SCAN_BYTES = 64 << 20

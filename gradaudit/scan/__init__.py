@@ -1,9 +1,11 @@
 """Files or tensors in, a :class:`~gradaudit.results.Report` out.
 
 ``pending`` collects named tensors on the device (nothing read back) and reads
-the files a scan is given; ``judge`` turns the stats read back into findings
-and a report into an exit code, in pure Python. This ``__init__`` imports
-nothing: ``judge`` is on the CLI's start-up path, which must not import torch.
+the files a scan is given; ``collected`` turns the rows, once on the host, into a
+report, and ``judge`` the stats into findings and a report into an exit code, in
+pure Python; ``torch_free`` scans safetensors files on the CPU without torch.
+This ``__init__`` imports nothing: ``judge`` is on the CLI's start-up path,
+which must not import torch.
 """
 
 from typing import TYPE_CHECKING

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,8 @@ from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.roles import FileEvidence
 from gradaudit.scan.pending import PendingEntry, PendingStats
+from gradaudit.scan.torchrun import TorchrunEnv as TorchrunEnv
+from gradaudit.scan.torchrun import torchrun_env as torchrun_env
 from gradaudit.selection import NameFilter
 
 __all__ = [
@@ -51,40 +53,6 @@ __all__ = [
     "torchrun_env",
     "torchrun_process_group",
 ]
-
-
-@dataclass(frozen=True)
-class TorchrunEnv:
-    """This process's place in a job started by ``torchrun`` (read from the environment)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-
-
-def torchrun_env(environ: Mapping[str, str] | None = None) -> TorchrunEnv | None:
-    """The job this process belongs to, or ``None`` when it runs alone.
-
-    ``torchrun`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (and the
-    rendezvous address) for every worker. A world of one is a plain run.
-    """
-    env = os.environ if environ is None else environ
-    if "RANK" not in env or "WORLD_SIZE" not in env:
-        return None
-    try:
-        rank = int(env["RANK"])
-        world_size = int(env["WORLD_SIZE"])
-        local_rank = int(env.get("LOCAL_RANK", env["RANK"]))
-    except ValueError:
-        raise UsageError(
-            "RANK, WORLD_SIZE and LOCAL_RANK must be integers "
-            f"(got RANK={env['RANK']!r}, WORLD_SIZE={env['WORLD_SIZE']!r})"
-        ) from None
-    if world_size <= 1:
-        return None
-    if not 0 <= rank < world_size or local_rank < 0:
-        raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
-    return TorchrunEnv(rank=rank, world_size=world_size, local_rank=local_rank)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from gradaudit.engine.stats import DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import InputError
 from gradaudit.io import Excluded, open_source
 from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
-from gradaudit.io.discover import BadInput, Expanded, SkippedPath, expand_inputs
+from gradaudit.io.discover import Expanded, expand_inputs
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.scan.pending import PendingStats
@@ -48,13 +48,8 @@ def add_input(
     select: Callable[[str], bool] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Collect one expanded input: a file, or a path that was skipped or is bad."""
-    if isinstance(entry, SkippedPath):
-        pending.skip(Skipped(entry.path, entry.reason, entry.within))
-    elif isinstance(entry, BadInput):
-        pending.add_error(InputProblem(entry.path, entry.cause))
-    else:
-        add_path(pending, entry.path, select, progress)
+    """Collect one expanded input (:meth:`~gradaudit.scan.collected.Collected.add_input`)."""
+    pending.add_input(entry, select, progress)
 
 
 def add_path(
@@ -63,11 +58,8 @@ def add_path(
     select: Callable[[str], bool] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Collect one file; a file that fails is recorded as an error and contributes nothing."""
-    pending.add_file(path)
-    problem = read_file(pending, path, select, progress)
-    if problem is not None:
-        pending.add_error(problem)
+    """Collect one file (:meth:`~gradaudit.scan.collected.Collected.add_path`)."""
+    pending.add_path(path, select, progress)
 
 
 def read_file(

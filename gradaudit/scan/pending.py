@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from gradaudit.engine.bulk import native_segments
@@ -29,40 +26,18 @@ from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.results import (
-    FileResult,
-    InputProblem,
-    Report,
-    Skipped,
-)
-from gradaudit.roles import (
-    FileEvidence,
-    TensorHint,
-    metadata_evidence,
-)
-from gradaudit.scan.judge import (
-    evaluate_all,
-    evaluate_limits,
-    evaluate_optimizer_state,
-    evaluate_skipped,
-    find_outliers,
-    gradient_estimates,
-    in_tensor_order,
-    summarize,
-    with_roles,
-)
-from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
+from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.roles import TensorHint
+from gradaudit.scan.collected import Collected
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
-    from gradaudit.io.discover import Expanded
     from gradaudit.precision import ExponentHistogram
 
 from gradaudit.engine.stats import (
     AUDITED_DTYPES,
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
-    HostRow,
     StatsCollector,
     blocks_by_device,
     dtype_name,
@@ -76,8 +51,6 @@ from gradaudit.engine.stats import (
 )
 
 _CPU = torch.device("cpu")
-#: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
-_OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -125,20 +98,7 @@ class PendingEntry:
     hint: TensorHint | None = None
 
 
-#: PendingStats' attributes that hold one item per collected tensor, in order.
-_ENTRY_COLUMNS = (
-    "_names",
-    "_ranks",
-    "_dims",
-    "_dtypes",
-    "_sources",
-    "_tickets",
-    "_hints",
-    "_histograms",
-)
-
-
-class PendingStats:
+class PendingStats(Collected):
     """Stats collected on the device and not read yet.
 
     Holds, per tensor, the host-side facts (name, shape, dtype, source) and a
@@ -167,23 +127,10 @@ class PendingStats:
         self._collector = collector or StatsCollector(
             options.chunk_elements, engine=options.engine, memory_budget=options.memory_budget
         )
-        self._started = time.perf_counter()
-        self._names: list[str] = []
-        #: Shapes as columns: each entry's rank, and every entry's dimensions back to back
-        #: (a million tiny tensors keep no tuple each).
-        self._ranks = array.array("q")
-        self._dims = array.array("q")
-        self._dtypes: list[str] = []
-        self._sources: list[str | None] = []
+        super().__init__()
+        #: Per entry, the collector's ticket for its row.
         self._tickets: list[int] = []
-        self._hints: list[TensorHint | None] = []
-        #: What each file's metadata says it holds, where it says anything.
-        self._file_evidence: dict[str, FileEvidence] = {}
         self._devices: dict[torch.device, None] = {}
-        self._skipped: list[Skipped] = []
-        self._files: list[str] = []
-        self._errors: list[InputProblem] = []
-        self._excluded: Counter[str | None] = Counter()
         #: Entry index -> ticket of a row whose first slot is the entry's element count.
         self._deferred_numel: dict[int, int] = {}
         #: The staging ring for CPU -> CUDA copies (pinned buffers made on first use).
@@ -209,17 +156,6 @@ class PendingStats:
             )
         )
 
-    def _starts(self) -> np.ndarray:
-        """Where each entry's dimensions start in :attr:`_dims` (one more: the end)."""
-        starts = np.zeros(len(self._ranks) + 1, dtype=np.int64)
-        np.cumsum(np.frombuffer(self._ranks, dtype=np.int64), out=starts[1:])
-        return starts
-
-    def _shapes(self) -> list[tuple[int, ...]]:
-        return shapes_of(
-            np.frombuffer(self._dims, dtype=np.int64), self._starts(), 0, len(self._ranks)
-        )
-
     @property
     def rows(self) -> tuple[torch.Tensor, ...]:
         """The device stats rows, one per entry, in the same order (not read back).
@@ -229,36 +165,6 @@ class PendingStats:
         """
         blocks = self._collector.flush()
         return tuple(self._collector.gather(self._tickets, blocks).unbind(0))
-
-    @property
-    def skipped(self) -> tuple[Skipped, ...]:
-        return tuple(self._skipped)
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        return tuple(self._files)
-
-    @property
-    def errors(self) -> tuple[InputProblem, ...]:
-        return tuple(self._errors)
-
-    @property
-    def excluded(self) -> dict[str | None, int]:
-        """Names left out by ``--include``/``--exclude``, counted per source."""
-        return dict(self._excluded)
-
-    @property
-    def file_evidence(self) -> dict[str, FileEvidence]:
-        """What each file's metadata says it holds (see :meth:`read_hints`)."""
-        return dict(self._file_evidence)
-
-    def add_file_evidence(self, evidence: Mapping[str, FileEvidence]) -> None:
-        """Add file evidence gathered elsewhere (another rank's share of the inputs)."""
-        self._file_evidence.update(evidence)
-
-    def add_excluded(self, counts: Mapping[str | None, int]) -> None:
-        """Add exclusion counts gathered elsewhere (another rank's share of the inputs)."""
-        self._excluded.update(counts)
 
     def add_row(
         self, entry: PendingEntry, row: torch.Tensor, numel: torch.Tensor | None = None
@@ -408,20 +314,6 @@ class PendingStats:
             aux = TensorHint(None, "", aux=kind, aux_for=name)
             self.queue(f"{name}#{kind}", value.reshape(1), source, aux)
 
-    def read_hints(self, reader: object, label: str) -> Mapping[str, TensorHint]:
-        """Note what ``reader``'s file says it holds (under ``label``); return its tensor hints.
-
-        Both are optional reader attributes (see :class:`gradaudit.io.base.TensorSource`):
-        ``metadata`` decides the file's default role, ``role_hints`` (filled while the
-        reader yields) each tensor's.
-        """
-        metadata = getattr(reader, "metadata", None)
-        evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
-        if evidence is not None:
-            self._file_evidence[label] = evidence
-        hints = getattr(reader, "role_hints", None)
-        return hints if isinstance(hints, Mapping) else {}
-
     def queue_with_hint(
         self, name: str, tensor: torch.Tensor, source: str | None, hint: TensorHint | None
     ) -> None:
@@ -537,20 +429,6 @@ class PendingStats:
         for index in others[done:]:
             self.queue(names[index], values[index], source)
 
-    def skip(self, skipped: Skipped) -> None:
-        self._skipped.append(skipped)
-
-    def exclude(self, source: str | None = None) -> None:
-        """Count a name left out by ``--include``/``--exclude`` (counted, never listed)."""
-        self._excluded[source] += 1
-
-    def add_file(self, path: str) -> None:
-        """Record an input file, so it is reported even when it holds nothing to audit."""
-        self._files.append(path)
-
-    def add_error(self, problem: InputProblem) -> None:
-        self._errors.append(problem)
-
     def child(self) -> PendingStats:
         """An empty collection sharing this one's device and scratch buffers.
 
@@ -573,39 +451,19 @@ class PendingStats:
         for index, ticket in other._deferred_numel.items():
             self._deferred_numel[index + shift] = ticket
         other._deferred_numel = {}
-        for column in _ENTRY_COLUMNS:
-            mine, theirs = getattr(self, column), getattr(other, column)
-            if mine:
-                mine += theirs
-            else:
-                setattr(self, column, theirs)
-            setattr(other, column, theirs[:0])
-        self._file_evidence.update(other._file_evidence)
+        self.absorb_facts(other, ("_tickets", "_histograms"))
         self._devices.update(other._devices)
-        self._skipped += other._skipped
-        self._excluded += other._excluded
 
-    def add_input(
-        self,
-        entry: Expanded,
-        select: Callable[[str], bool] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Collect one expanded input (see :func:`gradaudit.scan.paths.add_input`)."""
-        from gradaudit.scan.paths import add_input
-
-        add_input(self, entry, select, progress)
-
-    def add_path(
+    def read_file(
         self,
         path: str,
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> None:
-        """Collect one file (see :func:`gradaudit.scan.paths.add_path`)."""
-        from gradaudit.scan.paths import add_path
+    ) -> InputProblem | None:
+        """Collect one file's tensors (see :func:`gradaudit.scan.paths.read_file`)."""
+        from gradaudit.scan.paths import read_file
 
-        add_path(self, path, select, progress)
+        return read_file(self, path, select, progress)
 
     def prefetch(self) -> None:
         """Start copying the rows collected so far to the host, without waiting for it.
@@ -662,89 +520,21 @@ class PendingStats:
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``.
 
-        The per-tensor results are a :class:`~gradaudit.stats_table.StatsTable`
-        (columns; a TensorStats is made when one is asked for), judged on the
-        columns where that is simple: a million tiny tensors make no object each.
+        After the read, the rows are host data: :meth:`Collected.report` judges them
+        (the same code judges the rows of the torch-free scan).
         """
-        thresholds = thresholds or Thresholds()
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
         # out; the merges (per file, global) then run on this host copy.
         host = self._collector.gather(self._tickets, host_blocks, fresh=False)
         self._resolve_counts(host_blocks)
-        with paused_gc():
-            table = self._table(host)
-            hints = self._hints
-            aux = (
-                []
-                if hints.count(None) == len(hints)  # C speed: most collections hold no hint
-                else [
-                    i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None
-                ]
-            )
-            derived = {
-                (stats.source, hint.aux_for, hint.aux): stats
-                for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
-                if hint is not None and hint.aux is not None
-            }
-            main: list[int] = []
-            if aux:  # derived rows ride along; they are not audited tensors
-                skip = set(aux)
-                main = [i for i in range(len(table)) if i not in skip]
-                host = host[main]
-                table = table.subset(main)
-                hints = [hints[i] for i in main]
-            readings = with_roles(table, hints, thresholds, self._file_evidence)
-            optimizer = np.flatnonzero(np.isin(table.role_codes, _OPTIMIZER_CODES)).tolist()
-            estimates, negatives = gradient_estimates(
-                table.take(optimizer), [hints[i] for i in optimizer], derived
-            )
-            judged = evaluate_all(table, thresholds) + evaluate_optimizer_state(
-                estimates, negatives, thresholds
-            )
-            outliers, references = find_outliers(table, thresholds, judged)
-            findings = in_tensor_order(table, judged + outliers) + evaluate_skipped(
-                self._skipped, thresholds
-            )
-        global_row = merge_rows(host) if len(table) else None
-        global_norm = 0.0 if global_row is None else HostRow.from_values(global_row.tolist()).norm
-        files = tuple(self._file_results(host, table, readings, global_row))
-        limit_findings = evaluate_limits(table, findings, files, global_norm, thresholds)
         histograms = self._read_histograms()
-        if histograms and aux:
-            histograms = tuple(histograms[i] for i in main)
-        return Report(
-            tensors=table,
-            findings=findings,
-            skipped=tuple(self._skipped),
-            summary=summarize(
-                table,
-                findings,
-                limit_findings,
-                len(self._skipped),
-                global_norm,
-                self._excluded.total(),
-            ),
+        return self.report(
+            host.numpy(),
+            thresholds,
             device=self._device_label(),
             engine=self._collector.engine_used,
-            elapsed_s=time.perf_counter() - self._started,
-            files=files,
-            errors=tuple(self._errors),
-            thresholds=thresholds,
-            limit_findings=limit_findings,
-            estimates=estimates,
-            outlier_references=references,
             histograms=histograms,
-        )
-
-    def _table(self, host: torch.Tensor) -> StatsTable:
-        """The collected tensors' facts and their host rows as a :class:`StatsTable`."""
-        starts = self._starts()
-        dims = np.frombuffer(self._dims, dtype=np.int64).copy()
-        dtypes, dtype_codes = coded(self._dtypes, np.int16)
-        sources, source_codes = coded(self._sources, np.int32)
-        return StatsTable.from_rows(
-            self._names, dims, starts, dtype_codes, dtypes, source_codes, sources, host.numpy()
         )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
@@ -776,41 +566,6 @@ class PendingStats:
             for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
                 out[i] = ExponentHistogram(tuple(counts))
         return tuple(out)
-
-    def _file_results(
-        self,
-        host: torch.Tensor,
-        table: StatsTable,
-        readings: Mapping[str | None, tuple[str, str, bool]],
-        global_row: torch.Tensor | None,
-    ) -> Iterator[FileResult]:
-        errors = {problem.path: problem.message for problem in self._errors}
-        skipped = Counter(s.source for s in self._skipped)
-        for path in dict.fromkeys(self._files + list(errors)):
-            indices = table.source_indices(path)
-            if not len(indices):
-                norm = None
-            else:
-                # A file that holds every tensor has the global row (no copy of the rows).
-                row = (
-                    global_row
-                    if global_row is not None and len(indices) == len(table)
-                    else merge_rows(host[torch.from_numpy(indices)])
-                )
-                norm = HostRow.from_values(row.tolist()).norm
-            read_as, evidence, thin = readings.get(path, ("nothing", "", False))
-            yield FileResult(
-                path=path,
-                tensors=len(indices),
-                skipped=skipped[path],
-                elements=int(table.numel[indices].sum()),
-                global_norm=norm,
-                error=errors.get(path),
-                excluded=self._excluded[path],
-                read_as=read_as,
-                read_as_evidence=evidence,
-                evidence_thin=thin,
-            )
 
     def _device_label(self) -> str:
         devices = dict.fromkeys(str(device) for device in self._devices)

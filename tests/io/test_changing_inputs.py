@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from gradaudit import scan_paths
+from gradaudit.engine import native_rows
 from gradaudit.errors import ExitCode
 from gradaudit.io import mapguard
 
@@ -46,6 +47,19 @@ TRUNCATING_RUN = textwrap.dedent(
     truncating(safetensors_source.SafetensorsSource, "items")
     truncating(safetensors_source.SafetensorsSource, "runs")
     truncating(torch_pickle.TorchPickleSource, "items")
+
+    # The torch-free scan queues a whole file's addresses, then reduces them: truncated
+    # in between, as the wrappers above truncate before the data is reduced.
+    from gradaudit.scan import torch_free
+    real_read = torch_free.NativeScan._read
+    def read_then_truncate(self, source, *args):
+        real_read(self, source, *args)
+        if os.path.basename(source.path).startswith("victim"):
+            os.truncate(source.path, 4096)
+            print("torch-free", file=open(os.environ["MARK"], "a"))
+    torch_free.NativeScan._read = read_then_truncate
+    if os.environ.get("FORCE_TORCH"):
+        torch_free.applies = lambda **_: False
     from gradaudit.cli import run
     sys.argv = ["gradaudit", *sys.argv[1:]]
     run()
@@ -59,16 +73,21 @@ def many_tensors(count: int = 16, elements: int = 70_000) -> dict[str, torch.Ten
     return {f"layer.{i}.weight": torch.randn(elements, generator=gen) for i in range(count)}
 
 
-def scan_truncating(tmp_path: Path, victim: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def scan_truncating(
+    tmp_path: Path, victim: Path, *extra: str, force_torch: bool = False
+) -> subprocess.CompletedProcess[str]:
     good = tmp_path / "good.safetensors"
     save_file({"w": torch.ones(8)}, str(good))
     options = ["--format", "json", "--device", "cpu", *extra]
+    env = {**os.environ, "COLUMNS": "200", "MARK": str(tmp_path / "mark")}
+    if force_torch:
+        env["FORCE_TORCH"] = "1"
     return subprocess.run(
         [sys.executable, "-c", TRUNCATING_RUN, "scan", str(victim), str(good), *options],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
+        env=env,
     )
 
 
@@ -84,13 +103,20 @@ def assert_reported_as_changed(result: subprocess.CompletedProcess[str], victim:
 
 
 @needs_guard
-@pytest.mark.parametrize("engine", ["auto", "eager"])
-def test_safetensors_truncated_while_mapped_is_an_input_error(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(
+    ("engine", "force_torch"), [("auto", False), ("auto", True), ("eager", False)]
+)
+def test_safetensors_truncated_while_mapped_is_an_input_error(
+    tmp_path: Path, engine: str, force_torch: bool
+) -> None:
+    """With and without torch (``auto`` on the CPU with the native kernel: the torch-free scan)."""
     victim = tmp_path / "victim.safetensors"
     save_file(many_tensors(), str(victim))
-    result = scan_truncating(tmp_path, victim, "--engine", engine)
+    result = scan_truncating(tmp_path, victim, "--engine", engine, force_torch=force_torch)
     assert_reported_as_changed(result, victim)
     assert victim.stat().st_size == 4096
+    torch_free = engine == "auto" and not force_torch and native_rows.available()
+    assert (tmp_path / "mark").exists() == torch_free
 
 
 @needs_guard
@@ -134,16 +160,16 @@ def two_files(tmp_path: Path) -> tuple[Path, Path]:
 def test_file_replaced_between_header_and_data_is_refused_not_misread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gradaudit.io.safetensors_source import SafetensorsSource
+    from gradaudit.io.safetensors_map import MappedSafetensors
 
     clean, poisoned = two_files(tmp_path)
-    real_map = SafetensorsSource._map
+    real_map = MappedSafetensors.map
 
-    def replace_then_map(self: SafetensorsSource) -> object:
+    def replace_then_map(self: MappedSafetensors) -> object:
         os.replace(poisoned, clean)  # same size: only the inode tells
         return real_map(self)
 
-    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    monkeypatch.setattr(MappedSafetensors, "map", replace_then_map)
     report = scan_paths([clean], device="cpu")
     assert report.tensors == ()
     assert report.findings == ()
@@ -156,16 +182,17 @@ def test_data_is_read_from_the_file_whose_header_was_validated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The map is made from the descriptor the header came from, not by reopening the path."""
+    from gradaudit.io.safetensors_map import MappedSafetensors
     from gradaudit.io.safetensors_source import SafetensorsSource
 
     clean, poisoned = two_files(tmp_path)
-    real_map = SafetensorsSource._map
+    real_map = MappedSafetensors.map
 
-    def replace_then_map(self: SafetensorsSource) -> object:
+    def replace_then_map(self: MappedSafetensors) -> object:
         os.replace(poisoned, clean)
         return real_map(self)
 
-    monkeypatch.setattr(SafetensorsSource, "_map", replace_then_map)
+    monkeypatch.setattr(MappedSafetensors, "map", replace_then_map)
     source = SafetensorsSource(str(clean))
     values = {name: tensor.clone() for name, tensor in source.items()}
     assert not values["a"].isnan().any()  # the validated (clean) file's bytes

@@ -63,7 +63,7 @@ def test_runs_match_reading_one_tensor_at_a_time(
     assert list(runs[0].dims) == [size for shape in shapes for size in shape]
 
     by_runs = scan_paths([path], device="cpu")
-    import gradaudit.io.safetensors_source as module
+    import gradaudit.io.safetensors_map as module
 
     monkeypatch.setattr(module, "RUN_MAX_ELEMENTS", 0)
     one_by_one = scan_paths([path], device="cpu")

@@ -54,15 +54,15 @@ def test_nothing_is_read_when_the_last_shard_is_bad(
 ) -> None:
     index = CASES["shard-corrupt"].build(tmp_path)
     opened: list[str] = []
-    import gradaudit.io.safetensors_source as module
+    import gradaudit.io.safetensors_map as module
 
-    real_map = module.SafetensorsSource._map
+    real_map = module.MappedSafetensors.map
 
-    def spy(self: module.SafetensorsSource) -> object:
+    def spy(self: module.MappedSafetensors) -> object:
         opened.append(self.path)
         return real_map(self)
 
-    monkeypatch.setattr(module.SafetensorsSource, "_map", spy)
+    monkeypatch.setattr(module.MappedSafetensors, "map", spy)
     with pytest.raises(InputError, match=re.escape('shard "m-2.safetensors"')):
         open_source(index)
     assert opened == []

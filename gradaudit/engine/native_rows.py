@@ -1,0 +1,196 @@
+"""The native kernel's host side, without torch: loading it, its dtype codes, its batch,
+its thread count, and rows written into numpy.
+
+:mod:`gradaudit.engine.native` (torch tensors in) and the torch-free scan
+(:mod:`gradaudit.scan.torch_free`: a memory-mapped file's addresses in) both hand the
+kernel a :class:`NativeBatch` of addresses, and the batch decides when a call is made.
+Where a tensor falls in a call decides which thread reads which of its bytes, and so
+the order in which its sum of squares is added: the same batches and the same thread
+count are what make both paths' numbers equal to the last bit.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import re
+import sys
+from types import ModuleType
+
+import numpy as np
+
+from gradaudit.engine.row import ROW_WIDTH
+
+#: The ABI this module speaks; a stale build of the extension (an older
+#: checkout's ``.so``) is ignored rather than trusted.
+ABI = 3
+
+#: Tensors handed to the native kernel in one call, at most (count, and bytes once
+#: exceeded). One call splits its bytes between threads, so batching large tensors
+#: too saves a thread launch per tensor; the batch only holds references.
+NATIVE_BATCH_TENSORS = 2048
+NATIVE_BATCH_BYTES = 64 * 1024 * 1024
+
+
+def _load() -> ModuleType | None:
+    try:
+        from gradaudit.engine import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    if getattr(_native, "ABI", None) != ABI:
+        return None
+    module: ModuleType = _native
+    return module
+
+
+_module = _load()
+
+#: The kernel's dtypes by the name every output spells them with (torch's name less
+#: ``torch.``), and the extension's attribute holding each one's code.
+_CODE_ATTRIBUTES = {
+    "float32": "F32",
+    "float64": "F64",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "E4M3",
+    "float8_e5m2": "E5M2",
+}
+
+
+def module() -> ModuleType | None:
+    """The loaded extension, or ``None`` (not built, or a stale build)."""
+    return _module
+
+
+def available() -> bool:
+    """Whether the extension was built and loads."""
+    return _module is not None
+
+
+def codes_by_name() -> dict[str, int]:
+    """Dtype name -> the extension's code, for every dtype it takes; empty when not built."""
+    if _module is None:
+        return {}
+    return {name: int(getattr(_module, attribute)) for name, attribute in _CODE_ATTRIBUTES.items()}
+
+
+def rows_of_pointers(
+    pointers: array.array[int], counts: array.array[int], codes: array.array[int], threads: int
+) -> np.ndarray:
+    """Stats rows ``[len(pointers), 7]`` (float64) of the data at ``pointers``: one call.
+
+    The caller keeps the bytes alive and unchanged until this returns.
+    """
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    rows = np.empty((len(pointers), ROW_WIDTH), dtype=np.float64)
+    _module.stats_batch(pointers, counts, codes, rows.ctypes.data, threads)
+    return rows
+
+
+class NativeBatch:
+    """Data waiting for one native call, as columns: address, element count, dtype code.
+
+    :meth:`add` says when the batch is full (:data:`NATIVE_BATCH_TENSORS` tensors, or
+    :data:`NATIVE_BATCH_BYTES` once exceeded); the owner then calls :meth:`reduce`.
+    ``keep`` holds whatever owns the bytes until then.
+    """
+
+    def __init__(self) -> None:
+        self.keep: list[object] = []
+        self.tickets: list[int] = []
+        self.pointers = array.array("Q")
+        self.counts = array.array("Q")
+        self.codes = array.array("i")
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def add(
+        self,
+        tickets: range | list[int],
+        pointers: array.array[int],
+        counts: array.array[int],
+        codes: array.array[int],
+        nbytes: int,
+        keep: object,
+    ) -> bool:
+        """Join the batch; whether it is now full."""
+        self.keep.append(keep)
+        self.tickets += tickets
+        self.pointers += pointers
+        self.counts += counts
+        self.codes += codes
+        self.nbytes += nbytes
+        return self.full()
+
+    def add_one(
+        self, ticket: int, pointer: int, count: int, code: int, nbytes: int, keep: object
+    ) -> bool:
+        """:meth:`add` for one tensor, without making columns for it."""
+        self.keep.append(keep)
+        self.tickets.append(ticket)
+        self.pointers.append(pointer)
+        self.counts.append(count)
+        self.codes.append(code)
+        self.nbytes += nbytes
+        return self.full()
+
+    def full(self) -> bool:
+        return len(self.tickets) >= NATIVE_BATCH_TENSORS or self.nbytes >= NATIVE_BATCH_BYTES
+
+    def reduce(self, threads: int) -> np.ndarray:
+        """The rows of the batch, in one call (see :func:`rows_of_pointers`)."""
+        return rows_of_pointers(self.pointers, self.counts, self.codes, threads)
+
+
+def native_threads() -> int:
+    """Threads the native kernel splits a call's bytes between: torch's intra-op count.
+
+    With torch imported, its ``get_num_threads()`` (which honours ``torch.set_num_threads``).
+    Without torch, the count torch would start with (:func:`torch_default_threads`), so a
+    torch-free scan splits its calls as ``gradaudit scan`` with torch would.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return max(1, int(torch.get_num_threads()))
+    return torch_default_threads()
+
+
+def torch_default_threads() -> int:
+    """The intra-op thread count torch starts with, worked out without importing it.
+
+    As torch 2.13 does (measured): ``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS`` (the
+    leading digits of a positive number), at most the machine's physical cores; without
+    either, the physical cores (``cpuinfo``'s core count: distinct package and core ids
+    in ``/sys/devices/system/cpu``, else ``os.cpu_count()``).
+    """
+    cores = _physical_cores() or os.cpu_count() or 1
+    for variable in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        match = re.match(r"\s*\+?(\d+)", os.environ.get(variable, ""))
+        if match is not None and int(match.group(1)) > 0:
+            return min(int(match.group(1)), cores)
+    return cores
+
+
+def _physical_cores() -> int:
+    root = "/sys/devices/system/cpu"
+    cores: set[tuple[str, str]] = set()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        if not re.fullmatch(r"cpu\d+", name):
+            continue
+        topology = os.path.join(root, name, "topology")
+        try:
+            with open(os.path.join(topology, "physical_package_id")) as package:
+                package_id = package.read().strip()
+            with open(os.path.join(topology, "core_id")) as core:
+                core_id = core.read().strip()
+        except OSError:
+            continue  # offline, or no topology: not counted
+        cores.add((package_id, core_id))
+    return len(cores)
