@@ -172,6 +172,8 @@ class _Routes:
         self._routes = sorted(sides, key=lambda side: len(side.prefix or ""), reverse=True)
         self._outside = _outside_reason(sides)
         self._within = sides[0].label if len(sides) == 1 else None
+        #: A file that is one side, whole (no prefix): read as runs, no call per name.
+        self.whole = sides[0].label if len(sides) == 1 and not sides[0].prefix else None
 
     def route(self, name: str) -> str | Skipped:
         side = next((s for s in self._routes if name.startswith(s.prefix or "")), None)

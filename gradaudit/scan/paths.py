@@ -41,6 +41,12 @@ class Routing(Protocol):
         """The label of the tensor ``name``, or why it is left out."""
         ...
 
+    @property
+    def whole(self) -> str | None:
+        """The label of every tensor of the file when no name is routed (else ``None``):
+        the file is then read as runs of tensors, like a scan's, with no call per name."""
+        ...
+
 
 def add_input(
     pending: PendingStats,
@@ -81,14 +87,16 @@ def read_file(
         source = open_source(path)
         for label in (path,) if routing is None else routing.labels:
             hints = part.read_hints(source, label)
+        whole = path if routing is None else routing.whole
         stream: Iterator[RunItem] = (
             source.runs()
-            if routing is None and select is None and not hints and isinstance(source, RunSource)
+            if whole is not None and select is None and not hints and isinstance(source, RunSource)
             else source.items(select)
         )
         for item in stream:
             if isinstance(item, TensorRun):
-                part.queue_run(item, path)
+                assert whole is not None  # only a whole file is read as runs
+                part.queue_run(item, whole)
                 if progress is not None:
                     progress(item.data.numel())
                 continue
