@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
+
+from gradaudit.comparison.change_table import ChangeTable
 from gradaudit.comparison.model import (
     CompareFinding,
     CompareFindingKind,
@@ -22,65 +25,58 @@ from gradaudit.comparison.model import (
 )
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.results import TensorStats
 from gradaudit.scan.judge import exit_code
+from gradaudit.stats_table import StatsTable, shapes_of
 
 
 def compare_tensors(
-    a: dict[str, TensorStats], b: dict[str, TensorStats], max_change: float
+    table: StatsTable,
+    a: tuple[list[str], np.ndarray],
+    b: tuple[list[str], np.ndarray],
+    max_change: float,
 ) -> ParameterComparison | None:
     """A vs B for the names both sides hold, or ``None`` when they share no name.
 
-    Names are matched exactly (prefixes already removed); shapes are compared,
-    never broadcast against each other.
+    ``a`` and ``b`` are each side's names (prefixes already removed, each once) and
+    the positions of its tensors in ``table``. Names are matched exactly; shapes are
+    compared, never broadcast against each other. The changes are columns
+    (:class:`ChangeTable`): nothing is built per shared name but its index.
     """
-    shared = [key for key in a if key in b]
+    keys_a, rows_a = a
+    keys_b, rows_b = b
+    where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))
+    shared = [key for key in keys_a if key in where_b]
     if not shared:
         return None
-    changes: list[ParameterChange] = []
-    mismatches: list[Mismatch] = []
-    for key in shared:
-        ta, tb = a[key], b[key]
-        if ta.shape != tb.shape or ta.dtype != tb.dtype:
-            mismatches.append(Mismatch(key, ta.shape, tb.shape, ta.dtype, tb.dtype))
-        if ta.shape == tb.shape:
-            changes.append(_change(key, ta, tb, max_change))
+    where_a = dict(zip(keys_a, rows_a.tolist(), strict=True))
+    pair_a = np.fromiter(map(where_a.__getitem__, shared), dtype=np.int64, count=len(shared))
+    pair_b = np.fromiter(map(where_b.__getitem__, shared), dtype=np.int64, count=len(shared))
+    shapes = shapes_of(table.dims, table.starts, 0, len(table))
+    same_shape = np.fromiter(
+        (shapes[i] == shapes[j] for i, j in zip(pair_a.tolist(), pair_b.tolist(), strict=True)),
+        dtype=bool,
+        count=len(shared),
+    )
+    same_dtype = table.dtype_codes[pair_a] == table.dtype_codes[pair_b]
+    codes, dtypes = table.dtype_codes.tolist(), table.dtypes
+    mismatches = tuple(
+        Mismatch(shared[k], shapes[i], shapes[j], dtypes[codes[i]], dtypes[codes[j]])
+        for k in np.flatnonzero(~(same_shape & same_dtype)).tolist()
+        for i, j in ((int(pair_a[k]), int(pair_b[k])),)
+    )
+    compared = np.flatnonzero(same_shape)
     return ParameterComparison(
         max_change=max_change,
-        changes=tuple(changes),
-        only_in_a=tuple(key for key in a if key not in b),
-        only_in_b=tuple(key for key in b if key not in a),
-        mismatches=tuple(mismatches),
-    )
-
-
-def _change(key: str, ta: TensorStats, tb: TensorStats, max_change: float) -> ParameterChange:
-    ratio: float | None = None
-    note: str | None = None
-    bad = [label for label, t in (("A", ta), ("B", tb)) if t.nonfinite]
-    if bad:
-        note = f"NaN/Inf in {' and '.join(bad)}"
-    elif ta.numel == 0:
-        note = "no elements"
-    elif ta.norm == 0.0 and tb.norm == 0.0:
-        note = "both norms are 0"
-    elif ta.norm == 0.0:
-        ratio = math.inf
-    elif tb.norm == 0.0:
-        ratio = 0.0
-    else:
-        ratio = scaled_ratio(tb.norm, ta.norm)
-    flagged = ratio is not None and (ratio > max_change or ratio < 1.0 / max_change)
-    return ParameterChange(
-        name=key,
-        shape=ta.shape,
-        dtype_a=ta.dtype,
-        dtype_b=tb.dtype,
-        norm_a=ta.norm,
-        norm_b=tb.norm,
-        ratio=ratio,
-        flagged=flagged,
-        note=note,
+        changes=ChangeTable.between(
+            table,
+            shapes,
+            [shared[k] for k in compared.tolist()],
+            (pair_a[compared], pair_b[compared]),
+            max_change,
+        ),
+        only_in_a=tuple(key for key in keys_a if key not in where_b),
+        only_in_b=tuple(key for key in keys_b if key not in where_a),
+        mismatches=mismatches,
     )
 
 
