@@ -51,6 +51,7 @@ class ChangeTable(ColumnView[ParameterChange]):
 
     item_noun = "shared tensor"
     __slots__ = (
+        "_order",
         "dtype_a",
         "dtype_b",
         "dtypes",
@@ -89,6 +90,7 @@ class ChangeTable(ColumnView[ParameterChange]):
         self.notes = notes
         # A comparison's own: a ratio exactly where no note says why not.
         self.has_ratio: np.ndarray = note_codes == 0 if has_ratio is None else has_ratio
+        self._order: np.ndarray | None = None
 
     @classmethod
     def between(
@@ -169,11 +171,15 @@ class ChangeTable(ColumnView[ParameterChange]):
     # -- the rows a renderer shows, picked on the columns ------------------------
 
     def order(self) -> np.ndarray:
-        """Indices in :func:`~gradaudit.report.compare_text.change_order`: flagged first,
-        then not comparable, then the rest; each by how far B/A is from 1, stably.
+        """The rows in the order every format lists them: flagged first, then not
+        comparable, then the rest; each by how far B/A is from 1 (``|log B/A|``, a ratio
+        of 0 or inf the farthest), the file's order among equals.
 
-        ``math.log`` per ratio, as the key does, so ties fall as they did.
+        ``math.log`` per ratio (not numpy's, whose last bits may differ by CPU), so
+        ties fall the same on every machine. Computed once.
         """
+        if self._order is not None:
+            return self._order
         group = np.where(~self.has_ratio, 1, np.where(self.flagged, 0, 2))
         ratios = self.ratio.tolist()
         distance = np.array(
@@ -185,6 +191,7 @@ class ChangeTable(ColumnView[ParameterChange]):
         )
         # lexsort is stable: equal keys keep their order, as sorted() does.
         order: np.ndarray = np.lexsort((-distance, group))
+        self._order = order
         return order
 
     def notable_mask(self) -> np.ndarray:

@@ -6,7 +6,6 @@ results out; no torch, no files, no terminal.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,9 +18,7 @@ from gradaudit.comparison.model import (
     Comparison,
     DualGradientStats,
     Mismatch,
-    ParameterChange,
     ParameterComparison,
-    scaled_ratio,
 )
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from gradaudit.comparison.change_table import ChangeTable
 from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.comparison.model import (
     CompareFindingKind,
@@ -146,34 +147,51 @@ def mismatch_parts(mismatch: Mismatch) -> list[str]:
     return parts
 
 
-def finding_subjects(comparison: Comparison, kind: CompareFindingKind) -> list[str]:
-    """The shared tensors a per-parameter finding is about, one phrase each (names printable).
+def finding_subjects(
+    comparison: Comparison, kind: CompareFindingKind, limit: int | None = None
+) -> tuple[list[str], int]:
+    """The shared tensors a per-parameter finding is about, one phrase each (names printable):
+    the first ``limit`` (all for ``None``), and how many there are.
 
     ``mlp.weight: B/A 4.5 (+350%)`` for a large change, ``pooler.weight: shape
     2×3 vs 3×2 (not compared)`` for a mismatch; nothing for other kinds.
     """
     parameters = comparison.parameters
     if parameters is None:
-        return []
+        return [], 0
     if kind is CompareFindingKind.LARGE_CHANGE:
+        flagged, total = ordered_changes(parameters, FLAGGED, limit)
         return [
-            f"{printable(c.name)}: B/A {number(c.ratio)} ({change_text(c)})"
-            for c in sorted(parameters.flagged, key=change_order)
-        ]
+            f"{printable(c.name)}: B/A {number(c.ratio)} ({change_text(c)})" for c in flagged
+        ], total
     if kind is CompareFindingKind.MISMATCH:
+        mismatches = shape_mismatches(parameters)
         return [
-            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}"
-            for m in shape_mismatches(parameters)
-        ]
-    return []
+            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}" for m in mismatches[:limit]
+        ], len(mismatches)
+    return [], 0
 
 
-def change_order(change: ParameterChange) -> tuple[int, float]:
-    """Flagged first, then not comparable, then the rest; each by how far B/A is from 1."""
-    if change.ratio is None:
-        return (1, 0.0)
-    distance = math.inf if change.ratio in (0.0, math.inf) else abs(math.log(change.ratio))
-    return (0 if change.flagged else 2, -distance)
+#: Which shared tensors :func:`ordered_changes` lists.
+FLAGGED, NOTABLE, REST, ALL = "flagged", "notable", "rest", "all"
+
+
+def ordered_changes(
+    parameters: ParameterComparison, rows: str = ALL, limit: int | None = None
+) -> tuple[list[ParameterChange], int]:
+    """Shared tensors in order: flagged first, then not comparable, then the rest, each by
+    how far B/A is from 1 (:meth:`ChangeTable.order`); the first ``limit`` of ``rows``
+    (:data:`FLAGGED`, :data:`NOTABLE`: flagged or not comparable, :data:`REST`: the others,
+    :data:`ALL`), and how many there are.
+
+    Picked on the columns: a million shared tensors build only the changes shown.
+    """
+    table = ChangeTable.from_changes(parameters.changes)
+    order = table.order()
+    if rows != ALL:
+        mask = table.flagged if rows == FLAGGED else table.notable_mask()
+        order = order[(~mask if rows == REST else mask)[order]]
+    return list(table.each(order[:limit])), len(order)
 
 
 def change_text(change: ParameterChange) -> str:
@@ -245,11 +263,6 @@ def merged_tensor_findings(comparison: Comparison) -> list[tuple[Finding, str]]:
         sides = " and ".join(side_name(comparison, f.source) for f in found)
         merged.append((found[0], sides))
     return merged
-
-
-def notable(change: ParameterChange) -> bool:
-    """A shared tensor worth showing on its own: flagged, or its ratio could not be computed."""
-    return change.flagged or change.note is not None
 
 
 def tensor_findings_by_severity(comparison: Comparison) -> list[Finding]:

@@ -125,11 +125,11 @@ def _file(comparison: Comparison, label: str | None) -> str | None:
 
 def _about(comparison: Comparison, finding: CompareFinding) -> str:
     """The tensors a per-parameter finding is about, appended to its message (at most five)."""
-    subjects = finding_subjects(comparison, finding.kind)
+    subjects, total = finding_subjects(comparison, finding.kind, _NAME_LIMIT)
     if not subjects:
         return ""
-    more = len(subjects) - _NAME_LIMIT
-    return ": " + "; ".join(subjects[:_NAME_LIMIT]) + (f"; … and {more} more" if more > 0 else "")
+    more = total - _NAME_LIMIT
+    return ": " + "; ".join(subjects) + (f"; … and {more} more" if more > 0 else "")
 
 
 def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[str]:

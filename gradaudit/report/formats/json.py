@@ -38,10 +38,10 @@ from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.compare_text import (
     FORMULA,
     ab_mode,
-    change_order,
     failing_count,
     ignored_count,
     interpretation,
+    ordered_changes,
     side_of,
     warning_count,
 )
@@ -346,7 +346,7 @@ def _parameters(parameters: ParameterComparison | None) -> dict[str, Any] | None
         "max_change": encode_float(parameters.max_change),
         "shared": len(parameters.changes),
         "flagged": len(parameters.flagged),
-        "changes": [_change(c) for c in sorted(parameters.changes, key=change_order)],
+        "changes": [_change(c) for c in ordered_changes(parameters)[0]],
         "only_in_a": list(parameters.only_in_a),
         "only_in_b": list(parameters.only_in_b),
         "mismatches": [

@@ -51,14 +51,15 @@ from gradaudit.report.columns import (
     TENSOR_ZERO,
 )
 from gradaudit.report.compare_text import (
+    FLAGGED,
+    NOTABLE,
     ab_mode,
-    change_order,
     compared_line,
     dtype_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
-    notable,
+    ordered_changes,
     shape_mismatches,
     short_formula,
     side_input,
@@ -282,11 +283,12 @@ def _change_rows(comparison: Comparison, options: RenderOptions) -> list[str]:
     parameters = comparison.parameters
     if parameters is None:
         return []
-    wanted = (lambda c: c.flagged) if options.quiet else notable  # quiet: only findings
-    rows = sorted((c for c in parameters.changes if wanted(c)), key=change_order)
+    wanted = FLAGGED if options.quiet else NOTABLE  # quiet: only findings
+    shown, rows = ordered_changes(
+        parameters, wanted, None if options.show_all else MAX_FLAGGED_ROWS
+    )
     if not rows:
         return []
-    shown = rows if options.show_all else rows[:MAX_FLAGGED_ROWS]
     fields = (CHANGE_SHAPE, *CHANGE_NUMBERS)
     headers = [("tensor", "left"), *((f.header, f.justify) for f in fields), ("status", "left")]
     fail_on_change = comparison.policy.fail_on_change
@@ -297,8 +299,8 @@ def _change_rows(comparison: Comparison, options: RenderOptions) -> list[str]:
             for c in shown
         ),
     )
-    if len(shown) < len(rows):
-        lines += ["", f"… and {plural(len(rows) - len(shown), 'more flagged tensor')} (--all)"]
+    if len(shown) < rows:
+        lines += ["", f"… and {plural(rows - len(shown), 'more flagged tensor')} (--all)"]
     return lines
 
 

@@ -51,14 +51,16 @@ from gradaudit.report.columns import (
     Field,
 )
 from gradaudit.report.compare_text import (
+    FLAGGED,
+    NOTABLE,
+    REST,
     ab_mode,
-    change_order,
     compared_line,
     dtype_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
-    notable,
+    ordered_changes,
     ratio_line,
     shape_mismatches,
     short_formula,
@@ -426,17 +428,16 @@ def _parameter_table(
 ) -> tuple[Table, Layout, int, int]:
     """The shared tensors' rows; also how many flagged rows (past :data:`MAX_FLAGGED_ROWS`)
     and how many unflagged rows (past ``--top``) were left out."""
-    ordered = sorted(parameters.changes, key=change_order)
-    if options.quiet:  # only the findings: the rows behind the large_change finding
-        shown = [c for c in ordered if c.flagged]
-        rest: list[ParameterChange] = []
-    else:
-        shown = [c for c in ordered if notable(c)]
-        rest = [c for c in ordered if not notable(c)]
-    shown_rest = rest if options.show_all else rest[: options.top]
-    hidden_notable = 0 if options.show_all else max(0, len(shown) - MAX_FLAGGED_ROWS)
-    if hidden_notable:
-        shown = shown[:MAX_FLAGGED_ROWS]
+    # quiet: only the findings, the rows behind the large_change finding
+    limit = None if options.show_all else MAX_FLAGGED_ROWS
+    shown, notables = ordered_changes(parameters, FLAGGED if options.quiet else NOTABLE, limit)
+    shown_rest: list[ParameterChange] = []
+    rest = 0
+    if not options.quiet:
+        shown_rest, rest = ordered_changes(
+            parameters, REST, None if options.show_all else options.top
+        )
+    hidden_notable = notables - len(shown)
     rows = shown + shown_rest
     columns = [
         Column(
@@ -458,7 +459,7 @@ def _parameter_table(
         Column("status", [_change_status(c) for c in rows], kind="prose", min_cells=12),
     ]
     table, layout = fitted_table(columns, sane_width(options.width))
-    return table, layout, hidden_notable, len(rest) - len(shown_rest)
+    return table, layout, hidden_notable, rest - len(shown_rest)
 
 
 def _name_list(title: str, names: list[str]) -> Text:
