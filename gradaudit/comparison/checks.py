@@ -7,10 +7,8 @@ results out; no torch, no files, no terminal.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from gradaudit.comparison.change_table import ChangeTable
 from gradaudit.comparison.model import (
     CompareFinding,
     CompareFindingKind,
@@ -23,7 +21,11 @@ from gradaudit.comparison.model import (
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.scan.judge import exit_code
-from gradaudit.stats_table import StatsTable, shapes_of
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
 
 
 def compare_tensors(
@@ -39,6 +41,11 @@ def compare_tensors(
     compared, never broadcast against each other. The changes are columns
     (:class:`ChangeTable`): nothing is built per shared name but its index.
     """
+    import numpy as np  # not for --help
+
+    from gradaudit.comparison.change_table import ChangeTable
+    from gradaudit.stats_table import shapes_of
+
     keys_a, rows_a = a
     keys_b, rows_b = b
     where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))

@@ -256,19 +256,19 @@ def _compare_findings(comparison: Comparison, options: RenderOptions) -> list[st
     lines = [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in comparison.errors]
     lines += [f"- ❌ {escape(f.message)}" for f in comparison.report.limit_findings]
     ranked = [_comparison_finding(comparison, f) for f in comparison.findings]
-    ranked += [
-        (
-            f.failing,
-            f"- {MARK[f.severity]} {code(f.tensor)} ({sides}): {f.kind.value}: {escape(f.message)}",
-        )
-        for f, sides in merged_tensor_findings(comparison)
-        if f.severity is not Severity.IGNORED
-    ]
-    lines += [line for failing, line in ranked if failing]
-    lines += [line for failing, line in ranked if not failing]
+    limit = None if options.show_all else MAX_FLAGGED_ROWS
+    total = len(lines) + len(ranked)
+    for severity in (Severity.ERROR, Severity.WARNING):  # only what can be shown is built
+        merged, count = merged_tensor_findings(comparison, (severity,), limit)
+        total += count
+        lines += [line for failing, line in ranked if failing is (severity is Severity.ERROR)]
+        lines += [
+            f"- {MARK[f.severity]} {code(f.tensor)} ({sides}): {f.kind.value}: {escape(f.message)}"
+            for f, sides in merged
+        ]
     shown = lines if options.show_all else lines[:MAX_FLAGGED_ROWS]
-    if len(shown) < len(lines):
-        shown.append(f"- … and {plural(len(lines) - len(shown), 'more finding')} (--all)")
+    if len(shown) < total:
+        shown.append(f"- … and {plural(total - len(shown), 'more finding')} (--all)")
     return shown
 
 

@@ -488,21 +488,20 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
 
 
 def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]:
-    tensor_findings = merged_tensor_findings(comparison)
-    if options.quiet:
-        tensor_findings = [(f, sides) for f, sides in tensor_findings if not f.ignored]
-    limit = len(tensor_findings) if options.show_all or options.quiet else _FINDING_LIMIT
+    severities = (Severity.ERROR, Severity.WARNING) if options.quiet else tuple(Severity)
+    limit = None if options.show_all or options.quiet else _FINDING_LIMIT
+    tensor_findings, total = merged_tensor_findings(comparison, severities, limit)
     lines = [
         Text(
             f"{f.severity.value}: {printable(f.tensor)} ({sides}): {f.kind.value}: "
             f"{printable(f.message)}",
             style=SEVERITY_STYLE[f.severity],
         )
-        for f, sides in tensor_findings[:limit]
+        for f, sides in tensor_findings
     ]
-    if len(tensor_findings) > limit:
+    if total > len(tensor_findings):
         lines.append(
-            Text(f"… {plural(len(tensor_findings) - limit, 'more tensor finding')} (--all)")
+            Text(f"… {plural(total - len(tensor_findings), 'more tensor finding')} (--all)")
         )
     lines += [
         Text(f"LIMIT: {printable(f.message)}", style="bold red")
