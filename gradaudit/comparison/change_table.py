@@ -36,6 +36,8 @@ NOTES: tuple[str | None, ...] = (
     "both norms are 0",
 )
 _NOTE_CODES = {note: code for code, note in enumerate(NOTES)}
+#: Changes built at once when iterating: memory stays bounded whatever the count.
+_STEP = 1 << 14
 
 
 class ChangeTable(ColumnView[ParameterChange]):
@@ -200,8 +202,10 @@ class ChangeTable(ColumnView[ParameterChange]):
         return mask
 
     def each(self, indices: Sequence[int] | np.ndarray) -> Iterator[ParameterChange]:
-        """The changes at ``indices``, in that order, one at a time."""
-        return self._build(np.asarray(indices, dtype=np.int64))
+        """The changes at ``indices``, in that order, a step's worth built at a time."""
+        chosen = np.asarray(indices, dtype=np.int64)
+        for start in range(0, len(chosen), _STEP):
+            yield from self._build(chosen[start : start + _STEP])
 
     def flagged_view(self) -> ChangeTable:
         """The flagged changes, in order, as a table (no object each)."""
@@ -254,9 +258,7 @@ class ChangeTable(ColumnView[ParameterChange]):
             )
 
     def _take(self, indices: range) -> Iterator[ParameterChange]:
-        step = 1 << 14
-        for start in range(0, len(indices), step):
-            yield from self._build(np.asarray(indices[start : start + step], dtype=np.int64))
+        return self.each(np.arange(indices.start, indices.stop, indices.step, dtype=np.int64))
 
     def __repr__(self) -> str:
         return f"ChangeTable({len(self)} shared tensors)"

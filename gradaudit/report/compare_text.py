@@ -8,8 +8,8 @@ is with these functions, and JSON writes the same numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Literal, overload
 
 from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.comparison.model import (
@@ -181,20 +181,41 @@ def finding_subjects(
 FLAGGED, NOTABLE, REST, ALL = "flagged", "notable", "rest", "all"
 
 
+@overload
 def ordered_changes(
-    parameters: ParameterComparison, rows: str = ALL, limit: int | None = None
-) -> tuple[list[ParameterChange], int]:
+    parameters: ParameterComparison,
+    rows: str = ALL,
+    limit: int | None = None,
+    stream: Literal[False] = False,
+) -> tuple[list[ParameterChange], int]: ...
+
+
+@overload
+def ordered_changes(
+    parameters: ParameterComparison, rows: str, limit: None, stream: Literal[True]
+) -> tuple[Iterator[ParameterChange], int]: ...
+
+
+def ordered_changes(
+    parameters: ParameterComparison,
+    rows: str = ALL,
+    limit: int | None = None,
+    stream: bool = False,
+) -> tuple[list[ParameterChange] | Iterator[ParameterChange], int]:
     """Shared tensors in order: flagged first, then not comparable, then the rest, each by
     how far B/A is from 1 (:meth:`ChangeTable.order`); the first ``limit`` of ``rows``
     (:data:`FLAGGED`, :data:`NOTABLE`: flagged or not comparable, :data:`REST`: the others,
     :data:`ALL`), and how many there are.
 
     Picked on the columns: a million shared tensors build only the changes shown.
+    ``stream=True`` (every row) gives them one at a time, as the JSON writes them.
     """
     from gradaudit.comparison.change_table import ChangeTable  # numpy: not for --help
 
     table = ChangeTable.from_changes(parameters.changes)
     order = table.order()
+    if rows == ALL and limit is None and stream:
+        return table.each(order), len(order)
     if rows != ALL:
         mask = table.flagged if rows == FLAGGED else table.notable_mask()
         order = order[(~mask if rows == REST else mask)[order]]
