@@ -177,7 +177,7 @@ def test_columns_equal_the_per_object_comparison(
 
 def test_a_name_twice_on_one_side_is_refused() -> None:
     tensors = [("w", torch.ones(2)), ("w", torch.ones(2))]
-    with pytest.raises(InputError, match="names .w. twice"):
+    with pytest.raises(InputError, match="names 'w' twice"):
         compare(tensors, [("w", torch.ones(2))], device="cpu")
 
 
