@@ -242,7 +242,7 @@ def test_a_table_of_many_shared_tensors_builds_only_the_rows_it_shows(
     count = 5_000
     comparison = compare(list(many(count, 1.0)), list(many(count, 0.0)), device="cpu")
     built = 0
-    original = change_table.ParameterChange
+    original = ParameterChange
 
     def counted(*args: object, **kwargs: object) -> ParameterChange:
         nonlocal built
