@@ -285,7 +285,7 @@ def test_columns_hold_no_object_per_shared_tensor() -> None:
     changes = result.changes
     assert isinstance(changes, ChangeTable)
     assert len(changes) == len(result.flagged) == count
-    assert len({id(shape) for shape in changes.shapes}) == 1
+    assert changes.dims.nbytes + changes.ratio.nbytes + changes.norm_a.nbytes <= 24 * count
     assert changes[-1] == ParameterChange(
         f"t{count - 1}", (4,), "float32", "float32", 2.0, 0.0, 0.0, True
     )

@@ -22,7 +22,7 @@ import numpy as np
 
 from gradaudit.column_view import ColumnView
 from gradaudit.comparison.model import ParameterChange
-from gradaudit.stats_table import StatsTable, coded
+from gradaudit.stats_table import StatsTable, coded, gathered, shapes_of
 
 __all__ = ["NOTES", "ChangeTable"]
 
@@ -43,8 +43,9 @@ _STEP = 1 << 14
 class ChangeTable(ColumnView[ParameterChange]):
     """Shared tensors with equal shapes, A vs B, as columns; a ``Sequence[ParameterChange]``.
 
-    Columns (one entry per shared name): ``names`` (a list), ``shapes`` (a list of
-    tuples, equal shapes one tuple), ``dtype_a``/``dtype_b`` (codes into ``dtypes``),
+    Columns (one entry per shared name): ``names`` (a list), shapes as ``dims`` and
+    ``starts`` (shape ``i`` is ``dims[starts[i]:starts[i + 1]]``, as in a StatsTable),
+    ``dtype_a``/``dtype_b`` (codes into ``dtypes``),
     ``norm_a``, ``norm_b``, ``ratio`` (float64; meaningless where ``note_codes`` is
     not 0, the item's ratio is then ``None``), ``flagged`` (bool), ``note_codes``
     (into ``notes``, :data:`NOTES` for a comparison's own; 0 is no note), ``has_ratio``
@@ -54,6 +55,7 @@ class ChangeTable(ColumnView[ParameterChange]):
     item_noun = "shared tensor"
     __slots__ = (
         "_order",
+        "dims",
         "dtype_a",
         "dtype_b",
         "dtypes",
@@ -65,13 +67,13 @@ class ChangeTable(ColumnView[ParameterChange]):
         "note_codes",
         "notes",
         "ratio",
-        "shapes",
+        "starts",
     )
 
     def __init__(
         self,
         names: list[str],
-        shapes: list[tuple[int, ...]],
+        shapes: tuple[np.ndarray, np.ndarray],
         dtypes: tuple[str, ...],
         dtype_codes: tuple[np.ndarray, np.ndarray],
         norms: tuple[np.ndarray, np.ndarray],
@@ -82,7 +84,7 @@ class ChangeTable(ColumnView[ParameterChange]):
         has_ratio: np.ndarray | None = None,
     ) -> None:
         self.names = names
-        self.shapes = shapes
+        self.dims, self.starts = shapes
         self.dtypes = dtypes
         self.dtype_a, self.dtype_b = dtype_codes
         self.norm_a, self.norm_b = norms
@@ -98,13 +100,12 @@ class ChangeTable(ColumnView[ParameterChange]):
     def between(
         cls,
         table: StatsTable,
-        shapes: list[tuple[int, ...]],
         keys: list[str],
         pairs: tuple[np.ndarray, np.ndarray],
         max_change: float,
     ) -> ChangeTable:
         """A vs B for the tensors ``a[i]`` and ``b[i]`` of ``table`` (``pairs``, equal
-        shapes), named ``keys[i]``; ``shapes`` are the table's (:func:`shapes_of`).
+        shapes), named ``keys[i]``.
 
         The rule: NaN/Inf on a side, no elements, or both norms 0 give no ratio (a
         note says which); a zero A norm gives ``inf``, a zero B norm ``0.0``; else
@@ -136,7 +137,7 @@ class ChangeTable(ColumnView[ParameterChange]):
             flagged = (notes == 0) & ((ratio > max_change) | (ratio < 1.0 / max_change))
         return cls(
             keys,
-            [shapes[i] for i in a.tolist()],
+            gathered(table.dims, table.starts, a),
             table.dtypes,
             (table.dtype_codes[a], table.dtype_codes[b]),
             (norm_a, norm_b),
@@ -153,10 +154,12 @@ class ChangeTable(ColumnView[ParameterChange]):
         items = list(changes)
         dtypes, codes = coded([c.dtype_a for c in items] + [c.dtype_b for c in items], np.int16)
         notes = tuple(dict.fromkeys([None, *(c.note for c in items)]))
+        starts = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum([len(c.shape) for c in items], out=starts[1:])
         note_of = {note: code for code, note in enumerate(notes)}
         return cls(
             [c.name for c in items],
-            [c.shape for c in items],
+            (np.array([d for c in items for d in c.shape], dtype=np.int64), starts),
             dtypes,
             (codes[: len(items)], codes[len(items) :]),
             (
@@ -215,7 +218,7 @@ class ChangeTable(ColumnView[ParameterChange]):
         chosen = indices.tolist()
         return ChangeTable(
             [self.names[i] for i in chosen],
-            [self.shapes[i] for i in chosen],
+            gathered(self.dims, self.starts, indices),
             self.dtypes,
             (self.dtype_a[indices], self.dtype_b[indices]),
             (self.norm_a[indices], self.norm_b[indices]),
@@ -233,8 +236,11 @@ class ChangeTable(ColumnView[ParameterChange]):
 
     def _build(self, where: np.ndarray) -> Iterator[ParameterChange]:
         dtypes, notes = self.dtypes, self.notes
-        for i, dtype_a, dtype_b, norm_a, norm_b, ratio, has, flagged, note in zip(
+        dims, starts = gathered(self.dims, self.starts, where)
+        shapes = shapes_of(dims, starts, 0, len(where))
+        for i, shape, dtype_a, dtype_b, norm_a, norm_b, ratio, has, flagged, note in zip(
             where.tolist(),
+            shapes,
             self.dtype_a[where].tolist(),
             self.dtype_b[where].tolist(),
             self.norm_a[where].tolist(),
@@ -247,7 +253,7 @@ class ChangeTable(ColumnView[ParameterChange]):
         ):
             yield ParameterChange(
                 name=self.names[i],
-                shape=self.shapes[i],
+                shape=shape,
                 dtype_a=dtypes[dtype_a],
                 dtype_b=dtypes[dtype_b],
                 norm_a=norm_a,

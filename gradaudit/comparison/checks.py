@@ -6,6 +6,7 @@ results out; no torch, no files, no terminal.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -44,42 +45,49 @@ def compare_tensors(
     import numpy as np  # not for --help
 
     from gradaudit.comparison.change_table import ChangeTable
-    from gradaudit.stats_table import shapes_of
+    from gradaudit.stats_table import same_shapes
 
     keys_a, rows_a = a
     keys_b, rows_b = b
     where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))
-    shared = [key for key in keys_a if key in where_b]
+    in_b = [key in where_b for key in keys_a]
+    shared = list(itertools.compress(keys_a, in_b))
     if not shared:
         return None
-    where_a = dict(zip(keys_a, rows_a.tolist(), strict=True))
-    pair_a = np.fromiter(map(where_a.__getitem__, shared), dtype=np.int64, count=len(shared))
+    pair_a = rows_a[np.fromiter(in_b, dtype=bool, count=len(keys_a))]
     pair_b = np.fromiter(map(where_b.__getitem__, shared), dtype=np.int64, count=len(shared))
-    shapes = shapes_of(table.dims, table.starts, 0, len(table))
-    same_shape = np.fromiter(
-        (shapes[i] == shapes[j] for i, j in zip(pair_a.tolist(), pair_b.tolist(), strict=True)),
-        dtype=bool,
-        count=len(shared),
-    )
+    del where_b
+    same_shape = same_shapes(table.dims, table.starts, pair_a, pair_b)
     same_dtype = table.dtype_codes[pair_a] == table.dtype_codes[pair_b]
-    codes, dtypes = table.dtype_codes.tolist(), table.dtypes
+    dtypes = table.dtypes
+
+    def shape(i: int) -> tuple[int, ...]:
+        return tuple(table.dims[table.starts[i] : table.starts[i + 1]].tolist())
+
     mismatches = tuple(
-        Mismatch(shared[k], shapes[i], shapes[j], dtypes[codes[i]], dtypes[codes[j]])
+        Mismatch(
+            shared[k],
+            shape(i),
+            shape(j),
+            dtypes[table.dtype_codes[i]],
+            dtypes[table.dtype_codes[j]],
+        )
         for k in np.flatnonzero(~(same_shape & same_dtype)).tolist()
         for i, j in ((int(pair_a[k]), int(pair_b[k])),)
     )
     compared = np.flatnonzero(same_shape)
+    # Every name of B shared (two dumps of one model): no set of A's names is needed.
+    in_a = set(shared) if len(shared) < len(keys_b) else None
     return ParameterComparison(
         max_change=max_change,
         changes=ChangeTable.between(
             table,
-            shapes,
-            [shared[k] for k in compared.tolist()],
+            [shared[k] for k in compared.tolist()] if len(compared) < len(shared) else shared,
             (pair_a[compared], pair_b[compared]),
             max_change,
         ),
-        only_in_a=tuple(key for key in keys_a if key not in where_b),
-        only_in_b=tuple(key for key in keys_b if key not in where_a),
+        only_in_a=tuple(itertools.compress(keys_a, (not found for found in in_b))),
+        only_in_b=() if in_a is None else tuple(key for key in keys_b if key not in in_a),
         mismatches=mismatches,
     )
 
