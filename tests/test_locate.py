@@ -10,9 +10,6 @@ from torch import nn
 
 from gradaudit.training.locate import NanLocator
 
-# torch's note that the first module's input needs no gradient: expected here.
-pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
-
 
 class Log(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,6 +133,40 @@ def test_nonfinite_input_is_not_an_origin() -> None:
     assert location.forward.inputs_nonfinite
     assert location.forward_origin is None
     assert "already non-finite" in location.describe()
+
+
+class Embedded(nn.Module):
+    """Token ids in (they need no gradient), a dict out (as a Hugging Face ModelOutput)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.head(self.embed(ids))}
+
+
+def test_torch_says_nothing_about_the_locators_own_hooks() -> None:
+    """torch warns that a module returning a dict gets no backward hook call, and that the
+    embedding's hook fires on its outputs' gradients: about the locator's hooks, not the
+    user's code. Silenced while armed, and the filters are as they were after."""
+    model = Embedded()
+    ids = torch.randint(0, 10, (3,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        with NanLocator(model) as locator:
+            model(ids)["logits"].sum().backward()
+        assert warnings.filters == before
+        # Not armed: torch's own full backward hook warnings are shown again.
+        handle = model.embed.register_full_backward_hook(lambda *args: None)
+        model(ids)["logits"].sum().backward()
+        handle.remove()
+    messages = [str(w.message) for w in caught]
+    assert not locator.read().found
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("Full backward hook is firing")
 
 
 def test_healthy_step_finds_nothing_and_hooks_are_removed() -> None:

@@ -14,7 +14,6 @@ from gradaudit.training.locate import NanLocator
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning"),
 ]
 
 

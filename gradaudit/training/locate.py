@@ -35,11 +35,12 @@ themselves is replaced by ``"default"`` when the locator disarms.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -57,6 +58,15 @@ Role = Literal["input", "output", "grad_output", "grad_input", "parameter_grad"]
 
 #: Slots of the device buffer allocated at once; it grows by this much when full.
 DEFAULT_CAPACITY = 4096
+#: What torch says about the locator's own full backward hooks, which the user cannot act
+#: on: a module whose output is not a tensor or a tuple of them (a Hugging Face
+#: ``ModelOutput``, a dict) gets no backward hook call (its forward hooks still count it),
+#: and the first module's backward hook fires on its outputs' gradients when its input (the
+#: batch, token ids) needs none. Only these two are silenced, and only while armed.
+_HOOK_WARNINGS = (
+    r"For backward hooks to be called, module output should be a Tensor or a tuple of Tensors",
+    r"Full backward hook is firing when gradients are computed with respect to module outputs",
+)
 #: Name shown for the model itself (the root module has the empty name).
 ROOT_NAME = "<model>"
 
@@ -215,6 +225,8 @@ class NanLocator:
         #: Tensors already counted this step: id -> (the tensor, its version, slot).
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._stance: Any = None
+        #: The warning filters :meth:`arm` added (removed by :meth:`disarm`).
+        self._filters: list[Any] = []
 
     # -- arming -----------------------------------------------------------------
 
@@ -232,6 +244,12 @@ class NanLocator:
             self._handles.append(module.register_forward_hook(self._post_hook))
             if self.backward:
                 self._handles.append(module.register_full_backward_hook(self._backward_hook))
+        if self.backward:
+            for message in _HOOK_WARNINGS:
+                # No module= test: torch replays a hook's warning at the caller's
+                # backward() line, so it is attributed to the user's module.
+                warnings.filterwarnings("ignore", message=message, category=UserWarning)
+                self._filters.append(warnings.filters[0])
         self._stance = torch.compiler.set_stance("force_eager")
         self.reset()
 
@@ -240,6 +258,11 @@ class NanLocator:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        filters = cast(list[Any], warnings.filters)  # typed as a Sequence; it is the list
+        for entry in self._filters:
+            if entry in filters:  # a catch_warnings() may have restored the list meanwhile
+                filters.remove(entry)
+        self._filters.clear()
         if self._stance is not None:
             torch.compiler.set_stance("default")
             self._stance = None
