@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_many [--count 1000000] [--elements 4] [--dir DIR]
         [--formats table json markdown github junit] [--data random zeros] [--timeout 600]
+        [--compare]
 
 A LoRA-style or MoE dump can hold hundreds of thousands of tensors, and then
 what costs is not the bytes (a million 4-element float32 tensors is 16 MB)
@@ -16,6 +17,8 @@ each in a fresh child process:
 * ``gradaudit scan FILE --format F`` for each format, stdout to ``/dev/null``;
 * with ``--python-reader``, the table scan again with the pure-Python header reader
   (what an install without the native extension runs);
+* with ``--compare``, ``gradaudit compare`` of a random and an all-zero file of
+  ``--count`` tensors each in each format, and of one file's two prefixes (half each);
 * with ``--torch-path``, each scan again with the torch-free scan turned off (torch
   imported, as every scan did before :mod:`gradaudit.scan.torch_free`): before and
   after in one run;
@@ -51,20 +54,26 @@ from benchmarks.bench_scan import table
 MIB = 1024 * 1024
 
 
-def write_many(path: Path, count: int, elements: int, zeros: bool) -> None:
-    """``count`` float32 tensors of ``elements`` each.
+def write_many(
+    path: Path, count: int, elements: int, zeros: bool, prefixes: Sequence[str] = ("",)
+) -> None:
+    """``count`` float32 tensors of ``elements`` each (per prefix: ``h.`` and ``s.`` make
+    the one-file form of ``compare``, ``count`` tensors per side).
 
     Short names keep a million entries under the format's 100 MB header limit.
     """
     nbytes = 4 * elements
+    names = [f"{p}l.{i // 1000}.e.{i % 1000}" for p in prefixes for i in range(count)]
+    count = len(names)
     entries = {
-        f"l.{i // 1000}.e.{i % 1000}": {
+        name: {
             "dtype": "F32",
             "shape": [elements],
             "data_offsets": [i * nbytes, (i + 1) * nbytes],
         }
-        for i in range(count)
+        for i, name in enumerate(names)
     }
+    del names
     header = json.dumps(entries, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
     del entries
@@ -140,6 +149,38 @@ def run(command: Sequence[str], timeout: float) -> dict[str, object]:
     }
 
 
+def compare_steps(tmp: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    """``gradaudit compare A B`` (``--count`` tensors each: A random, B all zeros, so every
+    shared tensor is flagged and B's every tensor has a finding) in each format, then the
+    one-file form (``--host-prefix h. --seed-prefix s.``, random, ``--count`` tensors in
+    all: half per side) as a table and as JSON.
+    """
+    a, b, one = tmp / "a.safetensors", tmp / "b.safetensors", tmp / "prefixes.safetensors"
+    write_many(a, args.count, args.elements, zeros=False)
+    write_many(b, args.count, args.elements, zeros=True)
+    # Half the count per prefix: two million entries would pass the format's 100 MB header.
+    write_many(one, args.count // 2, args.elements, zeros=False, prefixes=("h.", "s."))
+    gradaudit = [sys.executable, "-m", "gradaudit", "compare"]
+    steps = [
+        (f"compare A B --format {fmt}", [*gradaudit, str(a), str(b), "--format", fmt])
+        for fmt in args.formats
+    ]
+    prefixes = [str(one), "--host-prefix", "h.", "--seed-prefix", "s."]
+    steps += [
+        (f"compare --host-prefix --format {fmt}", [*gradaudit, *prefixes, "--format", fmt])
+        for fmt in ("table", "json")
+    ]
+    rows: list[dict[str, object]] = []
+    size = a.stat().st_size + b.stat().st_size
+    for label, command in steps:
+        timed = run([*command, "--device", "cpu"], args.timeout)
+        rows.append({"data": "compare", "MB": size / 1e6, "step": label, **timed})
+        print(table(rows[-1:], 2).splitlines()[-1], flush=True)
+    for path in (a, b, one):
+        path.unlink()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
@@ -148,11 +189,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--formats", nargs="+", default=["table", "json", "markdown", "github", "junit"]
     )
-    parser.add_argument("--data", nargs="+", default=["random", "zeros"])
+    parser.add_argument("--data", nargs="*", default=["random", "zeros"])
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--python-reader", action="store_true")
     parser.add_argument(
         "--torch-path", action="store_true", help="also each scan on the torch path"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also gradaudit compare: random vs all-zero files, and one file's two prefixes",
     )
     args = parser.parse_args(argv)
     rows: list[dict[str, object]] = []
@@ -211,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 print(table(rows[-1:], 2).splitlines()[-1], flush=True)
             path.unlink()
+        if args.compare:
+            rows += compare_steps(Path(tmp), args)
     print(f"\n{args.count} tensors of {args.elements} float32 elements each\n")
     print(table(rows, 2))
 

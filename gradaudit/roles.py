@@ -216,7 +216,7 @@ NORM_LIKE_RMS = (0.25, 4.0)
 NORM_LIKE_PEAK = 1.3
 
 
-def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
+def stats_evidence(tensors: Sequence[TensorStats], rows: np.ndarray | None = None) -> FileEvidence:
     """A flat file with no metadata and no structure: weights if it holds norm-like scales.
 
     Gradients are the default (today's behaviour, and what gradaudit is for); a file
@@ -226,28 +226,32 @@ def stats_evidence(tensors: Sequence[TensorStats]) -> FileEvidence:
     the summary says how the file was read and how to say otherwise.
 
     :func:`norm_like` is applied to the columns at once (the same comparisons).
+    ``rows`` (indices into ``tensors``) judges those tensors only, read in place: one
+    file among several (a compare's side) costs no copy of the columns.
     """
     import numpy as np
 
     from gradaudit.stats_table import StatsTable
 
     table = StatsTable.from_stats(tensors)
-    ranks = table.ranks
+    if rows is None:
+        rows = np.arange(len(table))
+    ranks = table.ranks[rows]
     vector = ranks == 1
-    rms = table.rms
+    rms = table.rms[rows]
     with np.errstate(invalid="ignore"):  # NaN RMS (nothing finite) compares False
-        length = np.zeros(len(table), dtype=np.int64)
-        length[vector] = table.dims[table.starts[:-1][vector]]
+        length = np.zeros(len(rows), dtype=np.int64)
+        length[vector] = table.dims[table.starts[rows][vector]]
         hits = (
             vector
             & (length >= NORM_LIKE_MIN_ELEMENTS)
-            & (table.zeros == 0)
+            & (table.zeros[rows] == 0)
             & (rms >= NORM_LIKE_RMS[0])
             & (rms <= NORM_LIKE_RMS[1])
-            & (table.max_abs <= NORM_LIKE_PEAK * rms)
+            & (table.max_abs[rows] <= NORM_LIKE_PEAK * rms)
         )
     hit_count = int(hits.sum())
-    has_matrix = bool(((ranks >= 2) & (table.numel >= NORM_LIKE_MIN_ELEMENTS)).any())
+    has_matrix = bool(((ranks >= 2) & (table.numel[rows] >= NORM_LIKE_MIN_ELEMENTS)).any())
     if hit_count and has_matrix and 2 * hit_count <= int(vector.sum()):
         return FileEvidence(
             Role.WEIGHT,

@@ -27,7 +27,7 @@ from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZER
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
 
-__all__ = ["ROLES", "StatsTable", "coded", "shapes_of"]
+__all__ = ["ROLES", "StatsTable", "coded", "gathered", "same_shapes", "shapes_of"]
 
 #: Role by code, in the enum's order.
 ROLES: tuple[Role, ...] = tuple(Role)
@@ -58,6 +58,35 @@ def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> lis
         shapes = [tuple(dims[starts[i] : starts[i + 1]].tolist()) for i in range(start, end)]
     seen: dict[tuple[int, ...], tuple[int, ...]] = {}
     return list(map(seen.setdefault, shapes, shapes))
+
+
+def gathered(
+    dims: np.ndarray, starts: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The shapes of ``rows`` (in that order) as their own ``(dims, starts)`` columns.
+
+    One gather, no slice per shape: a million shared tensors' shapes cost two arrays.
+    """
+    ranks = starts[rows + 1] - starts[rows]
+    new_starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(ranks, out=new_starts[1:])
+    where = np.repeat(starts[rows] - new_starts[:-1], ranks) + np.arange(new_starts[-1])
+    return dims[where], new_starts
+
+
+def same_shapes(dims: np.ndarray, starts: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether shape ``a[i]`` equals shape ``b[i]``, for each ``i``: compared a rank at a
+    time on the columns, no tuple made."""
+    ranks = np.diff(starts)
+    same: np.ndarray = ranks[a] == ranks[b]
+    for rank in np.unique(ranks[a][same]).tolist():
+        chosen = np.flatnonzero(same & (ranks[a] == rank))
+        if rank and len(chosen):
+            offsets = np.arange(rank)
+            left = dims[starts[a[chosen]][:, None] + offsets]
+            right = dims[starts[b[chosen]][:, None] + offsets]
+            same[chosen] = (left == right).all(axis=1)
+    return same
 
 
 def coded(values: Sequence[_K], dtype: type[np.integer]) -> tuple[tuple[_K, ...], np.ndarray]:

@@ -33,7 +33,7 @@ from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choose
 from gradaudit.errors import InputError, UsageError
 from gradaudit.policy import FindingKind, Role, Thresholds
-from gradaudit.results import InputProblem, Report, Skipped, TensorStats
+from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.scan.judge import flagged_indices
 from gradaudit.scan.paths import read_file
 from gradaudit.scan.pending import PendingStats, TensorInput
@@ -172,6 +172,8 @@ class _Routes:
         self._routes = sorted(sides, key=lambda side: len(side.prefix or ""), reverse=True)
         self._outside = _outside_reason(sides)
         self._within = sides[0].label if len(sides) == 1 else None
+        #: A file that is one side, whole (no prefix): read as runs, no call per name.
+        self.whole = sides[0].label if len(sides) == 1 and not sides[0].prefix else None
 
     def route(self, name: str) -> str | Skipped:
         side = next((s for s in self._routes if name.startswith(s.prefix or "")), None)
@@ -202,8 +204,9 @@ def _build(
             errors.append(InputProblem(side.path or side.label, _empty_message(side)))
     report = dataclasses.replace(report, errors=tuple(errors))
     dual = DualGradientStats(host=host, seed=seed)
+    table = StatsTable.from_stats(report.tensors)
     parameters = compare_tensors(
-        _by_key(report, sides[0]), _by_key(report, sides[1]), policy.max_change
+        table, _keyed(table, sides[0]), _keyed(table, sides[1]), policy.max_change
     )
     return Comparison(
         dual=dual,
@@ -290,20 +293,26 @@ def _side_stats(report: Report, side: _Side) -> SideStats:
     )
 
 
-def _by_key(report: Report, side: _Side) -> dict[str, TensorStats]:
-    keyed: dict[str, TensorStats] = {}
-    for stats in report.tensors:
-        if stats.source != side.label:
-            continue
-        key = side.key(stats.name)
-        if key in keyed:
+def _keyed(table: StatsTable, side: _Side) -> tuple[list[str], np.ndarray]:
+    """The names ``side``'s tensors are matched on (prefix removed), and their positions.
+
+    A name twice on one side is an error: it could match only one of its namesakes.
+    """
+    rows = table.source_indices(side.label)
+    names = table.names
+    keys = [side.key(names[i]) for i in rows.tolist()]
+    if len(set(keys)) == len(keys):
+        return keys, rows
+    seen: set[str] = set()
+    for key in keys:  # the first name seen twice
+        if key in seen:
             raise InputError(
                 side.path,
                 f"the {side.label} side names {key!r} twice; "
                 "names must be unique to compare per parameter",
             )
-        keyed[key] = stats
-    return keyed
+        seen.add(key)
+    raise AssertionError("unreachable: a repeated name was counted")
 
 
 __all__ = [

@@ -6,8 +6,9 @@ results out; no torch, no files, no terminal.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gradaudit.comparison.model import (
     CompareFinding,
@@ -16,71 +17,78 @@ from gradaudit.comparison.model import (
     Comparison,
     DualGradientStats,
     Mismatch,
-    ParameterChange,
     ParameterComparison,
-    scaled_ratio,
 )
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.results import TensorStats
 from gradaudit.scan.judge import exit_code
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gradaudit.stats_table import StatsTable
 
 
 def compare_tensors(
-    a: dict[str, TensorStats], b: dict[str, TensorStats], max_change: float
+    table: StatsTable,
+    a: tuple[list[str], np.ndarray],
+    b: tuple[list[str], np.ndarray],
+    max_change: float,
 ) -> ParameterComparison | None:
     """A vs B for the names both sides hold, or ``None`` when they share no name.
 
-    Names are matched exactly (prefixes already removed); shapes are compared,
-    never broadcast against each other.
+    ``a`` and ``b`` are each side's names (prefixes already removed, each once) and
+    the positions of its tensors in ``table``. Names are matched exactly; shapes are
+    compared, never broadcast against each other. The changes are columns
+    (:class:`ChangeTable`): nothing is built per shared name but its index.
     """
-    shared = [key for key in a if key in b]
+    import numpy as np  # not for --help
+
+    from gradaudit.comparison.change_table import ChangeTable
+    from gradaudit.stats_table import same_shapes
+
+    keys_a, rows_a = a
+    keys_b, rows_b = b
+    where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))
+    in_b = [key in where_b for key in keys_a]
+    shared = list(itertools.compress(keys_a, in_b))
     if not shared:
         return None
-    changes: list[ParameterChange] = []
-    mismatches: list[Mismatch] = []
-    for key in shared:
-        ta, tb = a[key], b[key]
-        if ta.shape != tb.shape or ta.dtype != tb.dtype:
-            mismatches.append(Mismatch(key, ta.shape, tb.shape, ta.dtype, tb.dtype))
-        if ta.shape == tb.shape:
-            changes.append(_change(key, ta, tb, max_change))
+    pair_a = rows_a[np.fromiter(in_b, dtype=bool, count=len(keys_a))]
+    pair_b = np.fromiter(map(where_b.__getitem__, shared), dtype=np.int64, count=len(shared))
+    del where_b
+    same_shape = same_shapes(table.dims, table.starts, pair_a, pair_b)
+    same_dtype = table.dtype_codes[pair_a] == table.dtype_codes[pair_b]
+    dtypes = table.dtypes
+
+    def shape(i: int) -> tuple[int, ...]:
+        return tuple(table.dims[table.starts[i] : table.starts[i + 1]].tolist())
+
+    mismatches = tuple(
+        Mismatch(
+            shared[k],
+            shape(i),
+            shape(j),
+            dtypes[table.dtype_codes[i]],
+            dtypes[table.dtype_codes[j]],
+        )
+        for k in np.flatnonzero(~(same_shape & same_dtype)).tolist()
+        for i, j in ((int(pair_a[k]), int(pair_b[k])),)
+    )
+    compared = np.flatnonzero(same_shape)
+    # Every name of B shared (two dumps of one model): no set of A's names is needed.
+    in_a = set(shared) if len(shared) < len(keys_b) else None
     return ParameterComparison(
         max_change=max_change,
-        changes=tuple(changes),
-        only_in_a=tuple(key for key in a if key not in b),
-        only_in_b=tuple(key for key in b if key not in a),
-        mismatches=tuple(mismatches),
-    )
-
-
-def _change(key: str, ta: TensorStats, tb: TensorStats, max_change: float) -> ParameterChange:
-    ratio: float | None = None
-    note: str | None = None
-    bad = [label for label, t in (("A", ta), ("B", tb)) if t.nonfinite]
-    if bad:
-        note = f"NaN/Inf in {' and '.join(bad)}"
-    elif ta.numel == 0:
-        note = "no elements"
-    elif ta.norm == 0.0 and tb.norm == 0.0:
-        note = "both norms are 0"
-    elif ta.norm == 0.0:
-        ratio = math.inf
-    elif tb.norm == 0.0:
-        ratio = 0.0
-    else:
-        ratio = scaled_ratio(tb.norm, ta.norm)
-    flagged = ratio is not None and (ratio > max_change or ratio < 1.0 / max_change)
-    return ParameterChange(
-        name=key,
-        shape=ta.shape,
-        dtype_a=ta.dtype,
-        dtype_b=tb.dtype,
-        norm_a=ta.norm,
-        norm_b=tb.norm,
-        ratio=ratio,
-        flagged=flagged,
-        note=note,
+        changes=ChangeTable.between(
+            table,
+            [shared[k] for k in compared.tolist()] if len(compared) < len(shared) else shared,
+            (pair_a[compared], pair_b[compared]),
+            max_change,
+        ),
+        only_in_a=tuple(itertools.compress(keys_a, (not found for found in in_b))),
+        only_in_b=() if in_a is None else tuple(key for key in keys_b if key not in in_a),
+        mismatches=mismatches,
     )
 
 

@@ -258,16 +258,26 @@ class ParameterComparison:
     alone still compares: a norm does not depend on the storage dtype, and the
     difference is also listed in ``mismatches``). Names with different shapes
     are only in ``mismatches``. Only audited (floating-point) tensors take part.
+
+    ``changes`` is a sequence: a comparison's own is a
+    :class:`~gradaudit.comparison.change_table.ChangeTable`, which builds each
+    :class:`ParameterChange` when it is asked for (a million shared names cost no
+    object each); a tuple works as well.
     """
 
     max_change: float
-    changes: tuple[ParameterChange, ...]
+    changes: Sequence[ParameterChange]
     only_in_a: tuple[str, ...]
     only_in_b: tuple[str, ...]
     mismatches: tuple[Mismatch, ...]
 
     @property
-    def flagged(self) -> tuple[ParameterChange, ...]:
+    def flagged(self) -> Sequence[ParameterChange]:
+        """The flagged changes, in order (picked on the columns of a comparison's own)."""
+        from gradaudit.comparison.change_table import ChangeTable
+
+        if isinstance(self.changes, ChangeTable):
+            return self.changes.flagged_view()
         return tuple(change for change in self.changes if change.flagged)
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import array
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -197,7 +197,7 @@ class _Bucket:
 class _Layout:
     """Where each ticket's row is: its index in the concatenation of the blocks.
 
-    Plain lists of ints, not an object per tensor: with 100,000 tiny tensors
+    Arrays of ints, not an object per tensor: with 100,000 tiny tensors
     the bookkeeping per ticket is a visible part of the audit. The common
     case (every row placed in ticket order, as one native batch after another
     does) needs no gather at all.
@@ -205,7 +205,8 @@ class _Layout:
 
     def __init__(self) -> None:
         #: Row of each ticket in the concatenated blocks; -1 while it waits in a batch or bucket.
-        self.rows: list[int] = []
+        #: int64, not a list: a list holds an int object (~36 bytes) per tensor.
+        self.rows: array.array[int] = array.array("q")
         #: Zeros that bucket padding added to a ticket's row (bucketed tickets only).
         self.padding: dict[int, int] = {}
         #: Rows in the blocks so far, and tickets given a row.
@@ -231,7 +232,7 @@ class _Layout:
                     self.tickets_placed += 1
             self.in_order = False
         elif count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
-            self.rows[first : first + count] = range(start, start + count)
+            self.rows[first : first + count] = array.array("q", range(start, start + count))
             self.in_order = self.in_order and first == start
             self.tickets_placed += count
         else:
@@ -248,10 +249,11 @@ class _Layout:
     def check_placed(self) -> None:
         assert self.tickets_placed == len(self.rows), "a ticket was never placed"
 
-    def index(self, tickets: list[int]) -> tuple[list[int] | None, list[int] | None]:
+    def index(self, tickets: Sequence[int]) -> tuple[list[int] | None, list[int] | None]:
         """Rows to gather for ``tickets`` (``None``: the blocks as they are) and their padding."""
         rows = self.rows
-        if self.in_order and len(tickets) == self.placed and tickets == rows:
+        in_order = self.in_order and len(tickets) == self.placed
+        if in_order and array.array("q", tickets) == rows:
             index = None  # rows[t] == t for every ticket, and tickets are 0..n-1 in order
         else:
             index = [rows[ticket] for ticket in tickets]
@@ -622,7 +624,7 @@ class StatsCollector:
         # between its large ones (81 calls for a 210-tensor dump instead of 4).
         count = len(pointers)
         first = len(self._layout.rows)
-        self._layout.rows.extend([-1] * count)
+        self._layout.rows.extend(array.array("q", [-1]) * count)
         tickets = range(first, first + count)
         if self._batch.add(tickets, pointers, counts, codes, nbytes, keep_alive):
             self._reduce_batch()
@@ -727,7 +729,7 @@ class StatsCollector:
         return list(self._blocks)
 
     def gather(
-        self, tickets: list[int], blocks: list[torch.Tensor], *, fresh: bool = True
+        self, tickets: Sequence[int], blocks: list[torch.Tensor], *, fresh: bool = True
     ) -> torch.Tensor:
         """The rows ``[len(tickets), 7]`` of ``tickets``, in that order, bucket padding taken out.
 

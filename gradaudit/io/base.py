@@ -47,6 +47,20 @@ class TensorRun:
     #: addresses are in use.
     data: torch.Tensor
 
+    def part(self, start: int, stop: int) -> TensorRun:
+        """Tensors ``start`` to ``stop`` of the run, as a run over the same bytes."""
+        first = sum(self.ranks[:start])
+        last = first + sum(self.ranks[start:stop])
+        return TensorRun(
+            names=self.names[start:stop],
+            dtype=self.dtype,
+            ranks=self.ranks[start:stop],
+            dims=self.dims[first:last],
+            pointers=self.pointers[start:stop],
+            counts=self.counts[start:stop],
+            data=self.data,
+        )
+
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The run as ordinary named tensors (views of :attr:`data`), for other consumers."""
         base = self.data.data_ptr()

@@ -8,6 +8,8 @@ is with these functions, and JSON writes the same numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Literal, overload
 
 from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.comparison.model import (
@@ -23,7 +25,11 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.report.verdict import failing_kinds as report_failing_kinds
+from gradaudit.report.verdict import finding_columns
 from gradaudit.results import Finding
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: How the normalized ratio is defined, written into the JSON next to it.
 FORMULA = "(seed_norm / host_norm) * sqrt(host_params / seed_params)"
@@ -146,34 +152,74 @@ def mismatch_parts(mismatch: Mismatch) -> list[str]:
     return parts
 
 
-def finding_subjects(comparison: Comparison, kind: CompareFindingKind) -> list[str]:
-    """The shared tensors a per-parameter finding is about, one phrase each (names printable).
+def finding_subjects(
+    comparison: Comparison, kind: CompareFindingKind, limit: int | None = None
+) -> tuple[list[str], int]:
+    """The shared tensors a per-parameter finding is about, one phrase each (names printable):
+    the first ``limit`` (all for ``None``), and how many there are.
 
     ``mlp.weight: B/A 4.5 (+350%)`` for a large change, ``pooler.weight: shape
     2×3 vs 3×2 (not compared)`` for a mismatch; nothing for other kinds.
     """
     parameters = comparison.parameters
     if parameters is None:
-        return []
+        return [], 0
     if kind is CompareFindingKind.LARGE_CHANGE:
+        flagged, total = ordered_changes(parameters, FLAGGED, limit)
         return [
-            f"{printable(c.name)}: B/A {number(c.ratio)} ({change_text(c)})"
-            for c in sorted(parameters.flagged, key=change_order)
-        ]
+            f"{printable(c.name)}: B/A {number(c.ratio)} ({change_text(c)})" for c in flagged
+        ], total
     if kind is CompareFindingKind.MISMATCH:
+        mismatches = shape_mismatches(parameters)
         return [
-            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}"
-            for m in shape_mismatches(parameters)
-        ]
-    return []
+            f"{printable(m.name)}: {'; '.join(mismatch_parts(m))}" for m in mismatches[:limit]
+        ], len(mismatches)
+    return [], 0
 
 
-def change_order(change: ParameterChange) -> tuple[int, float]:
-    """Flagged first, then not comparable, then the rest; each by how far B/A is from 1."""
-    if change.ratio is None:
-        return (1, 0.0)
-    distance = math.inf if change.ratio in (0.0, math.inf) else abs(math.log(change.ratio))
-    return (0 if change.flagged else 2, -distance)
+#: Which shared tensors :func:`ordered_changes` lists.
+FLAGGED, NOTABLE, REST, ALL = "flagged", "notable", "rest", "all"
+
+
+@overload
+def ordered_changes(
+    parameters: ParameterComparison,
+    rows: str = ALL,
+    limit: int | None = None,
+    stream: Literal[False] = False,
+) -> tuple[list[ParameterChange], int]: ...
+
+
+@overload
+def ordered_changes(
+    parameters: ParameterComparison, rows: str, limit: None, stream: Literal[True]
+) -> tuple[Iterator[ParameterChange], int]: ...
+
+
+def ordered_changes(
+    parameters: ParameterComparison,
+    rows: str = ALL,
+    limit: int | None = None,
+    stream: bool = False,
+) -> tuple[list[ParameterChange] | Iterator[ParameterChange], int]:
+    """Shared tensors in order: flagged first, then not comparable, then the rest, each by
+    how far B/A is from 1 (:meth:`ChangeTable.order`); the first ``limit`` of ``rows``
+    (:data:`FLAGGED`, :data:`NOTABLE`: flagged or not comparable, :data:`REST`: the others,
+    :data:`ALL`), and how many there are.
+
+    Picked on the columns: a million shared tensors build only the changes shown.
+    ``stream=True`` (every row) gives them one at a time, as the JSON writes them.
+    """
+    from gradaudit.comparison.change_table import ChangeTable  # numpy: not for --help
+
+    table = ChangeTable.from_changes(parameters.changes)
+    order = table.order()
+    if rows == ALL and limit is None and stream:
+        return table.each(order), len(order)
+    if rows != ALL:
+        mask = table.flagged if rows == FLAGGED else table.notable_mask()
+        order = order[(~mask if rows == REST else mask)[order]]
+    return list(table.each(order[:limit])), len(order)
 
 
 def change_text(change: ParameterChange) -> str:
@@ -229,33 +275,73 @@ def shape_mismatches(parameters: ParameterComparison) -> list[Mismatch]:
     return [m for m in parameters.mismatches if m.shape_differs]
 
 
-def merged_tensor_findings(comparison: Comparison) -> list[tuple[Finding, str]]:
-    """Per-tensor findings with the same tensor, kind and severity on both sides said once.
+def merged_tensor_findings(
+    comparison: Comparison,
+    severities: Collection[Severity] = tuple(Severity),
+    limit: int | None = None,
+) -> tuple[list[tuple[Finding, str]], int]:
+    """Per-tensor findings with the same tensor, kind and severity on both sides said once:
+    the first ``limit`` (all for ``None``) of those of ``severities``, failing first, then
+    warnings, then ignored (stable within each), and how many there are.
 
     Two dumps of one model usually share their vanishing biases; listing the
     same warning for A and then for B doubles the noise. Each entry is the first
-    finding and the sides it holds for (``A``, ``B`` or ``A and B``).
+    finding and the sides it holds for (``A``, ``B`` or ``A and B``). Grouped on the
+    columns: a million findings build only the ``limit`` shown.
     """
-    groups: dict[tuple[str, str, str], list[Finding]] = {}
-    for finding in tensor_findings_by_severity(comparison):
-        key = (finding.tensor, finding.kind.value, finding.severity.value)
-        groups.setdefault(key, []).append(finding)
-    merged = []
-    for found in groups.values():
-        sides = " and ".join(side_name(comparison, f.source) for f in found)
-        merged.append((found[0], sides))
-    return merged
+    import numpy as np  # not for --help
+
+    from gradaudit.finding_table import KINDS, SEVERITIES
+
+    findings = comparison.tensor_findings
+    columns = finding_columns(comparison.report)
+    if columns is not None:
+        kinds, levels = columns.kinds, columns.severities
+        names = list(map(columns.table.names.__getitem__, columns.rows.tolist()))
+        for i in np.flatnonzero(columns.rows < 0).tolist():  # findings kept as objects
+            names[i] = columns.objects[-1 - int(columns.slots[i])].tensor
+    else:
+        kinds = np.array([KINDS.index(f.kind) for f in findings], dtype=np.int64)
+        levels = np.array([SEVERITIES.index(f.severity) for f in findings], dtype=np.int64)
+        names = [f.tensor for f in findings]
+    rank = np.array([_RANK[s] for s in SEVERITIES], dtype=np.int64)[levels]
+    wanted = np.isin(levels, [SEVERITIES.index(s) for s in severities])
+    order = np.flatnonzero(wanted)[np.argsort(rank[wanted], kind="stable")]
+    ids: dict[str, int] = {}
+    name_ids = np.fromiter(
+        (ids.setdefault(names[i], len(ids)) for i in order.tolist()), np.int64, len(order)
+    )
+    keys = (name_ids * len(KINDS) + kinds[order]) * len(SEVERITIES) + levels[order]
+    _, first, group = np.unique(keys, return_index=True, return_inverse=True)
+    shown = np.argsort(first, kind="stable")[:limit]  # groups by their first finding
+    members = np.flatnonzero(np.isin(group, shown))  # positions in ``order``
+    at = np.sort(order[members])
+    built = dict(zip(at.tolist(), _findings_at(comparison, at), strict=True))
+    by_group: dict[int, list[Finding]] = {int(g): [] for g in shown.tolist()}
+    for position in members.tolist():
+        by_group[int(group[position])].append(built[int(order[position])])
+    merged = [
+        (found[0], " and ".join(side_name(comparison, f.source) for f in found))
+        for found in by_group.values()
+    ]
+    return merged, len(first)
 
 
-def notable(change: ParameterChange) -> bool:
-    """A shared tensor worth showing on its own: flagged, or its ratio could not be computed."""
-    return change.flagged or change.note is not None
+#: Failing first, then warnings, then ignored.
+_RANK = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.IGNORED: 2}
 
 
-def tensor_findings_by_severity(comparison: Comparison) -> list[Finding]:
-    """Per-tensor findings, failing first, then warnings, then ignored; stable within each."""
-    rank = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.IGNORED: 2}
-    return sorted(comparison.tensor_findings, key=lambda f: rank[f.severity])
+def _findings_at(comparison: Comparison, indices: np.ndarray) -> list[Finding]:
+    """The per-tensor findings at ``indices``, in ascending index order."""
+    import numpy as np
+
+    findings = comparison.tensor_findings
+    columns = finding_columns(comparison.report)
+    if columns is None:
+        return [findings[i] for i in np.sort(indices).tolist()]
+    mask = np.zeros(len(columns), dtype=bool)
+    mask[indices] = True
+    return list(columns.select(mask))
 
 
 # The per-tensor findings are counted by the report's summary (on the columns: a

@@ -35,7 +35,7 @@ TensorKey = tuple[str | None, str]
 GROUP_SKIPPED = 4
 
 
-def _columns(report: Report) -> FindingTable | None:
+def finding_columns(report: Report) -> FindingTable | None:
     """The report's findings when they are columns over its tensors, else ``None``."""
     if type(report.findings).__name__ != "FindingTable":  # no numpy for a tuple
         return None
@@ -57,7 +57,7 @@ def findings_by_tensor(
     ``kinds`` and ``only`` (tensor keys) keep some: with a million findings as
     columns, only those are built.
     """
-    columns = _columns(report)
+    columns = finding_columns(report)
     found: Iterable[Finding] = report.findings
     if columns is not None and (kinds is not None or only is not None):
         import numpy as np
@@ -82,7 +82,7 @@ def tensor_findings(report: Report) -> Iterator[tuple[TensorStats, list[Finding]
     Findings as columns in tensor order are walked alongside the tensors, a step
     at a time; otherwise they are grouped by ``(file, tensor name)`` first.
     """
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is not None and columns.ordered:
         yield from columns.per_tensor(report.tensors)
         return
@@ -96,7 +96,7 @@ def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[S
 
     What the table sorts its rows by; read on the columns, no Finding is built.
     """
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is None:
         for stats, found in tensor_findings(report):
             yield stats, frozenset(f.severity for f in found)
@@ -113,7 +113,7 @@ def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[S
 
 def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
     """The failing kinds (sorted) of the findings in file ``source``, and how many others."""
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is None:
         found = [f for f in report.findings if f.source == source]
         failing = sorted({f.kind.value for f in found if f.failing})
@@ -139,7 +139,7 @@ def flagged_tensors(
     only the ``limit`` shown are built: a million flagged tensors (an all-zero dump)
     cost no object each.
     """
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is None:
         failing, warning = [], []
         for stats, all_found in tensor_findings(report):
@@ -185,7 +185,7 @@ def some_findings(
     What the per-finding formats list (GitHub annotations, JUnit cases): with a million
     findings as columns, only the ``limit`` listed are built.
     """
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is None:
         found = [
             f
@@ -213,7 +213,7 @@ def some_findings(
 
 def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
     """The kinds of the findings in file ``source``, in order of first appearance."""
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is None:
         return list(dict.fromkeys(f.kind for f in report.findings if f.source == source))
     import numpy as np
@@ -237,7 +237,7 @@ def several_files(report: Report) -> bool:
 
 def unaudited(report: Report) -> list[Finding]:
     """The ``skipped`` findings that are not ignored: data the audit could not read."""
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is not None:
         mask = columns.kind_is(FindingKind.SKIPPED) & ~columns.severity_is(Severity.IGNORED)
         return list(columns.select(mask))
@@ -246,7 +246,7 @@ def unaudited(report: Report) -> list[Finding]:
 
 def failing_kinds(report: Report) -> list[str]:
     """The kinds that fail the run, sorted: tensor finding kinds and exceeded limits."""
-    columns = _columns(report)
+    columns = finding_columns(report)
     if columns is not None:
         import numpy as np
 

@@ -592,7 +592,7 @@ def with_roles(
             file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
         else:
             file_role = file_evidence.get(source) or stats_evidence(
-                table if len(indices) == count else table.subset(indices)
+                table, None if len(indices) == count else indices
             )
         if kind is InputKind.GRADIENTS:
             default = Role.GRADIENT, "--kind gradients"

@@ -9,6 +9,7 @@ so a reader's item (a run, a tensor, pieces, a skip) is handled in one place.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,12 @@ class Routing(Protocol):
 
     def route(self, name: str) -> str | Skipped:
         """The label of the tensor ``name``, or why it is left out."""
+        ...
+
+    @property
+    def whole(self) -> str | None:
+        """The label of every tensor of the file when no name is routed (else ``None``):
+        the file is then read as runs of tensors, like a scan's, with no call per name."""
         ...
 
 
@@ -81,14 +88,19 @@ def read_file(
         source = open_source(path)
         for label in (path,) if routing is None else routing.labels:
             hints = part.read_hints(source, label)
+        whole = path if routing is None else routing.whole
         stream: Iterator[RunItem] = (
             source.runs()
-            if routing is None and select is None and not hints and isinstance(source, RunSource)
+            if select is None and not hints and isinstance(source, RunSource)
             else source.items(select)
         )
         for item in stream:
             if isinstance(item, TensorRun):
-                part.queue_run(item, path)
+                if whole is not None:
+                    part.queue_run(item, whole)
+                else:
+                    assert routing is not None
+                    _queue_routed(part, item, routing)
                 if progress is not None:
                     progress(item.data.numel())
                 continue
@@ -122,6 +134,23 @@ def read_file(
         return InputProblem(path, error.cause)
     pending.absorb(part)
     return None
+
+
+def _queue_routed(part: PendingStats, run: TensorRun, routing: Routing) -> None:
+    """A run whose tensors go to different labels: each stretch of one label queued as a
+    run of its own, each name that no label takes skipped, in the file's order."""
+    routes = list(map(routing.route, run.names))
+    labels = [route if isinstance(route, str) else None for route in routes]
+    start = 0
+    for label, stretch in itertools.groupby(labels):
+        stop = start + sum(1 for _ in stretch)
+        if label is not None:
+            part.queue_run(run.part(start, stop), label)
+        else:
+            for skipped in routes[start:stop]:
+                assert isinstance(skipped, Skipped)
+                part.skip(skipped)
+        start = stop
 
 
 def scan_paths(

@@ -129,7 +129,8 @@ class PendingStats(Collected):
         )
         super().__init__()
         #: Per entry, the collector's ticket for its row.
-        self._tickets: list[int] = []
+        #: int64, not a list: a list holds an int object (~36 bytes) per tensor.
+        self._tickets: array.array[int] = array.array("q")
         self._devices: dict[torch.device, None] = {}
         #: Entry index -> ticket of a row whose first slot is the entry's element count.
         self._deferred_numel: dict[int, int] = {}
@@ -283,7 +284,7 @@ class PendingStats(Collected):
         self._dims += run.dims
         self._dtypes += [dtype_name(run.dtype)] * count
         self._sources += [source] * count
-        self._tickets += tickets
+        self._tickets.extend(tickets)
         self._hints += [None] * count
         self._devices[run.data.device] = None
 
@@ -423,7 +424,7 @@ class PendingStats(Collected):
             else:
                 self._dtypes += map(spelled.__getitem__, kinds)
             self._sources += [source] * count
-            self._tickets += tickets
+            self._tickets.extend(tickets)
             self._hints += [None] * count
             self._devices[_CPU] = None
         for index in others[done:]:

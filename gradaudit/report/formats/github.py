@@ -36,7 +36,7 @@ from gradaudit.report.text import layer_label, printable
 from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import audited_line, nothing_to_audit, some_findings, verdict_line
-from gradaudit.results import InputProblem, Report
+from gradaudit.results import Finding, InputProblem, Report
 from gradaudit.trend.builder import TrendReport
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning"}
@@ -70,15 +70,19 @@ def _input_error(problem: InputProblem, title: str) -> str:
     return command("error", f"{path}: {printable(problem.message)}", file=path, title=title)
 
 
-def _ranked(lines: list[tuple[bool, str]], options: RenderOptions, title: str) -> Iterator[str]:
+def _ranked(
+    lines: list[tuple[bool, str]], options: RenderOptions, title: str, left_out: int = 0
+) -> Iterator[str]:
     """Failing lines before warnings, at most :data:`MAX_FLAGGED_ROWS` of them without ``--all``.
 
-    A reader of the raw log sees what failed first.
+    A reader of the raw log sees what failed first. ``left_out`` lines past the cap
+    were never made (the caller picked the first of each kind on the columns).
     """
     out = [line for failing, line in lines if failing]
     out += [line for failing, line in lines if not failing]
-    hidden = 0 if options.show_all else max(0, len(out) - MAX_FLAGGED_ROWS)
-    yield from (line + "\n" for line in out[: len(out) - hidden])
+    shown = len(out) if options.show_all else min(len(out), MAX_FLAGGED_ROWS)
+    hidden = len(out) - shown + left_out
+    yield from (line + "\n" for line in out[:shown])
     if hidden:
         yield command("notice", more_flagged(hidden, "finding"), title=title) + "\n"
 
@@ -125,11 +129,11 @@ def _file(comparison: Comparison, label: str | None) -> str | None:
 
 def _about(comparison: Comparison, finding: CompareFinding) -> str:
     """The tensors a per-parameter finding is about, appended to its message (at most five)."""
-    subjects = finding_subjects(comparison, finding.kind)
+    subjects, total = finding_subjects(comparison, finding.kind, _NAME_LIMIT)
     if not subjects:
         return ""
-    more = len(subjects) - _NAME_LIMIT
-    return ": " + "; ".join(subjects[:_NAME_LIMIT]) + (f"; … and {more} more" if more > 0 else "")
+    more = total - _NAME_LIMIT
+    return ": " + "; ".join(subjects) + (f"; … and {more} more" if more > 0 else "")
 
 
 def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[str]:
@@ -160,9 +164,15 @@ def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[s
                 ),
             )
         )
-    for tensor_finding in comparison.tensor_findings:
-        if tensor_finding.ignored:
-            continue
+    # Only what can be shown is built: the first of the failing and of the warnings.
+    cap = None if options.show_all else MAX_FLAGGED_ROWS
+    left_out = 0
+    picked: list[Finding] = []
+    for severity in (Severity.ERROR, Severity.WARNING):
+        found, count = some_findings(comparison.report, [severity], limit=cap)
+        picked += found
+        left_out += count - len(found)
+    for tensor_finding in picked:
         name = printable(tensor_finding.tensor)
         lines.append(
             (
@@ -176,7 +186,7 @@ def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[s
                 ),
             )
         )
-    yield from _ranked(lines, options, "gradaudit compare")
+    yield from _ranked(lines, options, "gradaudit compare", left_out)
     if not options.quiet:
         yield (
             f"gradaudit compare: {compare_verdict_line(comparison)} · "

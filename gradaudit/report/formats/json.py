@@ -16,9 +16,10 @@ The comparison's dual stats sit under ``"dual"`` with the keys ``host_norm``,
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any, Literal
 
@@ -36,12 +37,13 @@ from gradaudit.grouping import GroupMode
 from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
 from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.compare_text import (
+    ALL,
     FORMULA,
     ab_mode,
-    change_order,
     failing_count,
     ignored_count,
     interpretation,
+    ordered_changes,
     side_of,
     warning_count,
 )
@@ -339,14 +341,42 @@ def _change(change: ParameterChange) -> dict[str, Any]:
     }
 
 
-def _parameters(parameters: ParameterComparison | None) -> dict[str, Any] | None:
+class _Streamed(list):  # type: ignore[type-arg]
+    """A list as json's indenting encoder sees it, whose items are made as it writes them.
+
+    ``json.JSONEncoder(indent=...)`` walks lists with a Python ``for`` and tests them
+    with ``len``, so a million shared tensors or findings are written as they are
+    built, in the very text ``json.dumps`` gives, and never all exist at once. Only
+    for that encoder: the C one (no indent) would see an empty list.
+    """
+
+    def __init__(self, count: int, items: Callable[[], Iterator[Any]]) -> None:
+        super().__init__()
+        self._count = count
+        self._items = items
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._items()
+
+
+def _parameters(
+    parameters: ParameterComparison | None, stream: bool = False
+) -> dict[str, Any] | None:
     if parameters is None:
         return None
+    changes = parameters.changes
+
+    def ordered() -> Iterator[dict[str, Any]]:
+        return map(_change, ordered_changes(parameters, ALL, None, stream=True)[0])
+
     return {
         "max_change": encode_float(parameters.max_change),
-        "shared": len(parameters.changes),
+        "shared": len(changes),
         "flagged": len(parameters.flagged),
-        "changes": [_change(c) for c in sorted(parameters.changes, key=change_order)],
+        "changes": _Streamed(len(changes), ordered) if stream else list(ordered()),
         "only_in_a": list(parameters.only_in_a),
         "only_in_b": list(parameters.only_in_b),
         "mismatches": [
@@ -382,9 +412,25 @@ def _compare_policy(policy: ComparePolicy) -> dict[str, Any]:
     }
 
 
-def to_comparison_document(comparison: Comparison) -> dict[str, Any]:
-    """The JSON document as Python data (also handy for library users)."""
+def to_comparison_document(comparison: Comparison, *, stream: bool = False) -> dict[str, Any]:
+    """The JSON document as Python data (also handy for library users).
+
+    ``stream=True`` makes the shared tensors and the per-tensor findings lists that
+    are built as ``json.JSONEncoder(indent=2)`` writes them (:func:`render_compare`).
+    """
     report = comparison.report
+    findings = comparison.tensor_findings
+
+    def tensor_findings() -> Iterator[dict[str, Any]]:
+        for f in findings:
+            yield {
+                "side": f.source,
+                "tensor": f.tensor,
+                "kind": f.kind.value,
+                "severity": f.severity.value,
+                "message": f.message,
+            }
+
     return {
         "schema_version": COMPARISON_SCHEMA_VERSION,
         "kind": "comparison",
@@ -398,21 +444,14 @@ def to_comparison_document(comparison: Comparison) -> dict[str, Any]:
         "seed": _side(comparison.dual.seed),
         "dual": _dual(comparison.dual),
         "interpretation": interpretation(comparison.dual, ab_mode(comparison)),
-        "parameters": _parameters(comparison.parameters),
+        "parameters": _parameters(comparison.parameters, stream),
         "findings": [
             {"kind": f.kind.value, "severity": f.severity.value, "message": f.message}
             for f in comparison.findings
         ],
-        "tensor_findings": [
-            {
-                "side": f.source,
-                "tensor": f.tensor,
-                "kind": f.kind.value,
-                "severity": f.severity.value,
-                "message": f.message,
-            }
-            for f in comparison.tensor_findings
-        ],
+        "tensor_findings": (
+            _Streamed(len(findings), tensor_findings) if stream else list(tensor_findings())
+        ),
         "limits": [_side_limit(comparison, f) for f in report.limit_findings],
         "skipped": [{"side": s.source, "name": s.name, "reason": s.reason} for s in report.skipped],
         "errors": [{"file": e.path, "message": e.message} for e in comparison.errors],
@@ -427,8 +466,20 @@ def to_comparison_document(comparison: Comparison) -> dict[str, Any]:
 
 
 def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[str]:
-    """The comparison document, indented; every shared tensor, name and finding."""
-    yield json.dumps(to_comparison_document(comparison), indent=2, allow_nan=False) + "\n"
+    """The comparison document, indented; every shared tensor, name and finding.
+
+    The text ``json.dumps(indent=2)`` gives, yielded as it is encoded, in pieces of
+    :data:`_PIECE` chunks: a million shared tensors are never one string.
+    """
+    encoder = json.JSONEncoder(indent=2, allow_nan=False)
+    chunks = encoder.iterencode(to_comparison_document(comparison, stream=True))
+    while piece := "".join(itertools.islice(chunks, _PIECE)):
+        yield piece
+    yield "\n"
+
+
+#: The encoder's chunks joined per piece of output (a few per JSON value).
+_PIECE = 1 << 14
 
 
 # ---------------------------------------------------------------------------- trend

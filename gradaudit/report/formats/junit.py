@@ -244,7 +244,9 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
         cases["parameter-change"].skipped = NO_SHARED_NAMES
         cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES
     for finding in comparison.findings:
-        text = "\n".join([printable(finding.message), *finding_subjects(comparison, finding.kind)])
+        text = "\n".join(
+            [printable(finding.message), *finding_subjects(comparison, finding.kind)[0]]
+        )
         case = cases[check_name(finding.kind)]
         if finding.severity is Severity.ERROR:
             case.failures.append(text)

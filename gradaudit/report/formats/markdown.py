@@ -51,14 +51,15 @@ from gradaudit.report.columns import (
     TENSOR_ZERO,
 )
 from gradaudit.report.compare_text import (
+    FLAGGED,
+    NOTABLE,
     ab_mode,
-    change_order,
     compared_line,
     dtype_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
-    notable,
+    ordered_changes,
     shape_mismatches,
     short_formula,
     side_input,
@@ -255,19 +256,19 @@ def _compare_findings(comparison: Comparison, options: RenderOptions) -> list[st
     lines = [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in comparison.errors]
     lines += [f"- ❌ {escape(f.message)}" for f in comparison.report.limit_findings]
     ranked = [_comparison_finding(comparison, f) for f in comparison.findings]
-    ranked += [
-        (
-            f.failing,
-            f"- {MARK[f.severity]} {code(f.tensor)} ({sides}): {f.kind.value}: {escape(f.message)}",
-        )
-        for f, sides in merged_tensor_findings(comparison)
-        if f.severity is not Severity.IGNORED
-    ]
-    lines += [line for failing, line in ranked if failing]
-    lines += [line for failing, line in ranked if not failing]
+    limit = None if options.show_all else MAX_FLAGGED_ROWS
+    total = len(lines) + len(ranked)
+    for severity in (Severity.ERROR, Severity.WARNING):  # only what can be shown is built
+        merged, count = merged_tensor_findings(comparison, (severity,), limit)
+        total += count
+        lines += [line for failing, line in ranked if failing is (severity is Severity.ERROR)]
+        lines += [
+            f"- {MARK[f.severity]} {code(f.tensor)} ({sides}): {f.kind.value}: {escape(f.message)}"
+            for f, sides in merged
+        ]
     shown = lines if options.show_all else lines[:MAX_FLAGGED_ROWS]
-    if len(shown) < len(lines):
-        shown.append(f"- … and {plural(len(lines) - len(shown), 'more finding')} (--all)")
+    if len(shown) < total:
+        shown.append(f"- … and {plural(total - len(shown), 'more finding')} (--all)")
     return shown
 
 
@@ -282,11 +283,12 @@ def _change_rows(comparison: Comparison, options: RenderOptions) -> list[str]:
     parameters = comparison.parameters
     if parameters is None:
         return []
-    wanted = (lambda c: c.flagged) if options.quiet else notable  # quiet: only findings
-    rows = sorted((c for c in parameters.changes if wanted(c)), key=change_order)
+    wanted = FLAGGED if options.quiet else NOTABLE  # quiet: only findings
+    shown, rows = ordered_changes(
+        parameters, wanted, None if options.show_all else MAX_FLAGGED_ROWS
+    )
     if not rows:
         return []
-    shown = rows if options.show_all else rows[:MAX_FLAGGED_ROWS]
     fields = (CHANGE_SHAPE, *CHANGE_NUMBERS)
     headers = [("tensor", "left"), *((f.header, f.justify) for f in fields), ("status", "left")]
     fail_on_change = comparison.policy.fail_on_change
@@ -297,8 +299,8 @@ def _change_rows(comparison: Comparison, options: RenderOptions) -> list[str]:
             for c in shown
         ),
     )
-    if len(shown) < len(rows):
-        lines += ["", f"… and {plural(len(rows) - len(shown), 'more flagged tensor')} (--all)"]
+    if len(shown) < rows:
+        lines += ["", f"… and {plural(rows - len(shown), 'more flagged tensor')} (--all)"]
     return lines
 
 

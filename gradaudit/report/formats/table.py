@@ -51,14 +51,16 @@ from gradaudit.report.columns import (
     Field,
 )
 from gradaudit.report.compare_text import (
+    FLAGGED,
+    NOTABLE,
+    REST,
     ab_mode,
-    change_order,
     compared_line,
     dtype_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
-    notable,
+    ordered_changes,
     ratio_line,
     shape_mismatches,
     short_formula,
@@ -426,17 +428,16 @@ def _parameter_table(
 ) -> tuple[Table, Layout, int, int]:
     """The shared tensors' rows; also how many flagged rows (past :data:`MAX_FLAGGED_ROWS`)
     and how many unflagged rows (past ``--top``) were left out."""
-    ordered = sorted(parameters.changes, key=change_order)
-    if options.quiet:  # only the findings: the rows behind the large_change finding
-        shown = [c for c in ordered if c.flagged]
-        rest: list[ParameterChange] = []
-    else:
-        shown = [c for c in ordered if notable(c)]
-        rest = [c for c in ordered if not notable(c)]
-    shown_rest = rest if options.show_all else rest[: options.top]
-    hidden_notable = 0 if options.show_all else max(0, len(shown) - MAX_FLAGGED_ROWS)
-    if hidden_notable:
-        shown = shown[:MAX_FLAGGED_ROWS]
+    # quiet: only the findings, the rows behind the large_change finding
+    limit = None if options.show_all else MAX_FLAGGED_ROWS
+    shown, notables = ordered_changes(parameters, FLAGGED if options.quiet else NOTABLE, limit)
+    shown_rest: list[ParameterChange] = []
+    rest = 0
+    if not options.quiet:
+        shown_rest, rest = ordered_changes(
+            parameters, REST, None if options.show_all else options.top
+        )
+    hidden_notable = notables - len(shown)
     rows = shown + shown_rest
     columns = [
         Column(
@@ -458,7 +459,7 @@ def _parameter_table(
         Column("status", [_change_status(c) for c in rows], kind="prose", min_cells=12),
     ]
     table, layout = fitted_table(columns, sane_width(options.width))
-    return table, layout, hidden_notable, len(rest) - len(shown_rest)
+    return table, layout, hidden_notable, rest - len(shown_rest)
 
 
 def _name_list(title: str, names: list[str]) -> Text:
@@ -487,21 +488,20 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
 
 
 def _finding_lines(comparison: Comparison, options: RenderOptions) -> list[Text]:
-    tensor_findings = merged_tensor_findings(comparison)
-    if options.quiet:
-        tensor_findings = [(f, sides) for f, sides in tensor_findings if not f.ignored]
-    limit = len(tensor_findings) if options.show_all or options.quiet else _FINDING_LIMIT
+    severities = (Severity.ERROR, Severity.WARNING) if options.quiet else tuple(Severity)
+    limit = None if options.show_all or options.quiet else _FINDING_LIMIT
+    tensor_findings, total = merged_tensor_findings(comparison, severities, limit)
     lines = [
         Text(
             f"{f.severity.value}: {printable(f.tensor)} ({sides}): {f.kind.value}: "
             f"{printable(f.message)}",
             style=SEVERITY_STYLE[f.severity],
         )
-        for f, sides in tensor_findings[:limit]
+        for f, sides in tensor_findings
     ]
-    if len(tensor_findings) > limit:
+    if total > len(tensor_findings):
         lines.append(
-            Text(f"… {plural(len(tensor_findings) - limit, 'more tensor finding')} (--all)")
+            Text(f"… {plural(total - len(tensor_findings), 'more tensor finding')} (--all)")
         )
     lines += [
         Text(f"LIMIT: {printable(f.message)}", style="bold red")
