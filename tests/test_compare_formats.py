@@ -163,6 +163,20 @@ def test_markdown_cuts_long_lists_unless_all() -> None:
     assert everything.count("⚠️ changed") == count
 
 
+def test_junit_lists_at_most_the_cap_of_changed_tensors_with_the_count() -> None:
+    """As a scan's cases do: the first MAX_FLAGGED_ROWS tensors, then how many more."""
+    count = MAX_FLAGGED_ROWS + 7
+    a = {f"p{i:03d}": torch.ones(2) for i in range(count)}
+    b = {f"p{i:03d}": torch.full((2,), 100.0) for i in range(count)}
+    c = compare(a, b, policy=ComparePolicy(fail_on_change=True))
+    root = ET.fromstring(render_text(c, OutputFormat.JUNIT, RenderOptions()))
+    case = next(e for e in root.iter("testcase") if e.get("name") == "parameter-change")
+    listed = [e for e in case if e.tag in ("failure", "system-out")]
+    lines = (listed[0].text or "").splitlines()
+    assert sum(1 for line in lines if line.startswith("p0")) == MAX_FLAGGED_ROWS
+    assert lines[-1].startswith("… 7 more tensors not shown")
+
+
 HOSTILE = ["a|b", "back`tick", "new\nline", "::error::x", "100%", "<b>]]>", "esc\x1b[31m"]
 
 

@@ -244,9 +244,12 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
         cases["parameter-change"].skipped = NO_SHARED_NAMES
         cases["shapes-and-dtypes"].skipped = NO_SHARED_NAMES
     for finding in comparison.findings:
-        text = "\n".join(
-            [printable(finding.message), *finding_subjects(comparison, finding.kind)[0]]
-        )
+        # The tensors a finding is about, listed as a scan's case lists its findings:
+        # at most MAX_FLAGGED_ROWS, then how many more (a million changed tensors would
+        # otherwise be a million lines held in one element).
+        subjects, total = finding_subjects(comparison, finding.kind, MAX_FLAGGED_ROWS)
+        more = [more_flagged(total - len(subjects), "tensor")] if total > len(subjects) else []
+        text = "\n".join([printable(finding.message), *subjects, *more])
         case = cases[check_name(finding.kind)]
         if finding.severity is Severity.ERROR:
             case.failures.append(text)
