@@ -23,7 +23,7 @@ from gradaudit.engine.stats import DEFAULT_MEMORY_BUDGET
 from gradaudit.errors import InputError
 from gradaudit.io import Excluded, open_source
 from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
-from gradaudit.io.discover import Expanded, expand_inputs
+from gradaudit.io.discover import expand_inputs
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.scan.pending import PendingStats
@@ -47,26 +47,6 @@ class Routing(Protocol):
         """The label of every tensor of the file when no name is routed (else ``None``):
         the file is then read as runs of tensors, like a scan's, with no call per name."""
         ...
-
-
-def add_input(
-    pending: PendingStats,
-    entry: Expanded,
-    select: Callable[[str], bool] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> None:
-    """Collect one expanded input (:meth:`~gradaudit.scan.collected.Collected.add_input`)."""
-    pending.add_input(entry, select, progress)
-
-
-def add_path(
-    pending: PendingStats,
-    path: str,
-    select: Callable[[str], bool] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> None:
-    """Collect one file (:meth:`~gradaudit.scan.collected.Collected.add_path`)."""
-    pending.add_path(path, select, progress)
 
 
 def read_file(
@@ -181,5 +161,5 @@ def scan_paths(
     keywords = EngineOptions(device, chunk_elements, engine, memory_budget)
     pending = PendingStats(options=choose(options, keywords, FROM_FILES), histograms=histograms)
     for entry in expand_inputs(paths, recursive=recursive):
-        add_input(pending, entry, selection if selection.active else None, progress)
+        pending.add_input(entry, selection if selection.active else None, progress)
     return pending.materialize(thresholds)
