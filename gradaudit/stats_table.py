@@ -60,6 +60,15 @@ def shapes_of(dims: np.ndarray, starts: np.ndarray, start: int, end: int) -> lis
     return list(map(seen.setdefault, shapes, shapes))
 
 
+def shape_columns(shapes: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(dims, starts)`` of ``shapes``, the columns :func:`shapes_of` reads back: every
+    dimension end to end (int64), and where each shape starts (one more: the end)."""
+    starts = np.zeros(len(shapes) + 1, dtype=np.int64)
+    np.cumsum([len(shape) for shape in shapes], out=starts[1:])
+    dims = np.array([size for shape in shapes for size in shape], dtype=np.int64)
+    return dims, starts
+
+
 def gathered(
     dims: np.ndarray, starts: np.ndarray, rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -230,9 +239,7 @@ class StatsTable(ColumnView[TensorStats]):
         if isinstance(tensors, StatsTable):
             return tensors
         items = list(tensors)
-        ranks = np.array([len(t.shape) for t in items], dtype=np.int64)
-        starts = np.zeros(len(items) + 1, dtype=np.int64)
-        np.cumsum(ranks, out=starts[1:])
+        dims, starts = shape_columns([t.shape for t in items])
         dtypes = tuple(dict.fromkeys(t.dtype for t in items))
         sources = tuple(dict.fromkeys(t.source for t in items))
         evidences = tuple(dict.fromkeys(["", *(t.role_evidence for t in items)]))
@@ -245,7 +252,7 @@ class StatsTable(ColumnView[TensorStats]):
 
         table = cls(
             [t.name for t in items],
-            column([d for t in items for d in t.shape], np.int64),
+            dims,
             starts,
             column([dtype_of[t.dtype] for t in items], np.int16),
             dtypes,

@@ -22,7 +22,7 @@ import numpy as np
 
 from gradaudit.column_view import ColumnView
 from gradaudit.comparison.model import ParameterChange
-from gradaudit.stats_table import StatsTable, coded, gathered, shapes_of
+from gradaudit.stats_table import StatsTable, coded, gathered, shape_columns, shapes_of
 
 __all__ = ["NOTES", "ChangeTable"]
 
@@ -154,12 +154,10 @@ class ChangeTable(ColumnView[ParameterChange]):
         items = list(changes)
         dtypes, codes = coded([c.dtype_a for c in items] + [c.dtype_b for c in items], np.int16)
         notes = tuple(dict.fromkeys([None, *(c.note for c in items)]))
-        starts = np.zeros(len(items) + 1, dtype=np.int64)
-        np.cumsum([len(c.shape) for c in items], out=starts[1:])
         note_of = {note: code for code, note in enumerate(notes)}
         return cls(
             [c.name for c in items],
-            (np.array([d for c in items for d in c.shape], dtype=np.int64), starts),
+            shape_columns([c.shape for c in items]),
             dtypes,
             (codes[: len(items)], codes[len(items) :]),
             (
