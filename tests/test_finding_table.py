@@ -15,7 +15,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds, parse_fail_on
 from gradaudit.report.verdict import (
     failing_kinds,
@@ -29,6 +28,8 @@ from gradaudit.report.verdict import (
     unaudited,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
+from gradaudit.results.stats_table import StatsTable
+from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.scan.judge import (
     cast_limits,
     evaluate,
@@ -40,7 +41,6 @@ from gradaudit.scan.judge import (
     in_tensor_order,
     summarize,
 )
-from gradaudit.stats_table import StatsTable
 
 NORMS = [1e-9, 1e-7, 1e-3, 0.01, 1.0, 10.0, 50.0, 100.0, 1e5, 1e20]
 #: Around the cast checks' limits (fp16 and fp8_e4m3fn), the limits included.

@@ -27,10 +27,9 @@ from gradaudit.cli import app
 from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.trend_text import sparkline
+from gradaudit.results.trend import TrendKind, TrendPolicy
 from gradaudit.trend.builder import (
     TrendBuilder,
-    TrendKind,
-    TrendPolicy,
     order_dumps,
     step_from_name,
     trend_exit_code,

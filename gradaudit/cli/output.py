@@ -19,15 +19,16 @@ from pathlib import Path
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
 from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import Comparison
 from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.report import OutputFormat, RenderOptions, render
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.text import printable
 from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
 from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendReport, trend_exit_code
+from gradaudit.trend.builder import trend_exit_code
 
 
 def check_output_path(

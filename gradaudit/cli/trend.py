@@ -39,10 +39,7 @@ from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
 from gradaudit.precision import Precision
 from gradaudit.report import OutputFormat
-from gradaudit.trend.builder import (
-    DEFAULT_SPIKE_FACTOR,
-    DEFAULT_TREND_FAIL_ON,
-)
+from gradaudit.results.trend import DEFAULT_SPIKE_FACTOR, DEFAULT_TREND_FAIL_ON
 
 TREND_EXIT_CODES_HELP = (
     "Exit codes: 0 every dump audited, no failing finding; 1 failing findings (nonfinite and "

@@ -10,7 +10,9 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from gradaudit.comparison.model import (
+from gradaudit.errors import ExitCode
+from gradaudit.policy import Severity
+from gradaudit.results.comparison import (
     CompareFinding,
     CompareFindingKind,
     ComparePolicy,
@@ -19,14 +21,12 @@ from gradaudit.comparison.model import (
     Mismatch,
     ParameterComparison,
 )
-from gradaudit.errors import ExitCode
-from gradaudit.policy import Severity
 from gradaudit.scan.judge import exit_code
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from gradaudit.stats_table import StatsTable
+    from gradaudit.results.stats_table import StatsTable
 
 
 def compare_tensors(
@@ -44,8 +44,8 @@ def compare_tensors(
     """
     import numpy as np  # not for --help
 
-    from gradaudit.comparison.change_table import ChangeTable
-    from gradaudit.stats_table import same_shapes
+    from gradaudit.results.change_table import ChangeTable
+    from gradaudit.results.stats_table import same_shapes
 
     keys_a, rows_a = a
     keys_b, rows_b = b

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import numpy as np
 
-from gradaudit.engine.row import ROW_WIDTH
+from gradaudit.results.row import ROW_WIDTH
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.

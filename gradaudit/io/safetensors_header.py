@@ -28,10 +28,10 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
 from gradaudit.errors import InputError
 from gradaudit.io.files import SHOW_LIMIT, FileIdentity, describe_os_error, open_checked, show
 from gradaudit.no_gc import paused_gc
+from gradaudit.results.column_view import ColumnView
 
 __all__ = [
     "MAX_HEADER_BYTES",

@@ -12,7 +12,13 @@ from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Literal, overload
 
 from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import (
+from gradaudit.errors import ExitCode
+from gradaudit.policy import Severity
+from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.verdict import failing_kinds as report_failing_kinds
+from gradaudit.report.verdict import finding_columns
+from gradaudit.results import Finding
+from gradaudit.results.comparison import (
     CompareFindingKind,
     Comparison,
     DualGradientStats,
@@ -21,12 +27,6 @@ from gradaudit.comparison.model import (
     ParameterComparison,
     SideStats,
 )
-from gradaudit.errors import ExitCode
-from gradaudit.policy import Severity
-from gradaudit.report.text import count, number, plural, printable
-from gradaudit.report.verdict import failing_kinds as report_failing_kinds
-from gradaudit.report.verdict import finding_columns
-from gradaudit.results import Finding
 
 if TYPE_CHECKING:
     import numpy as np
@@ -210,7 +210,7 @@ def ordered_changes(
     Picked on the columns: a million shared tensors build only the changes shown.
     ``stream=True`` (every row) gives them one at a time, as the JSON writes them.
     """
-    from gradaudit.comparison.change_table import ChangeTable  # numpy: not for --help
+    from gradaudit.results.change_table import ChangeTable  # numpy: not for --help
 
     table = ChangeTable.from_changes(parameters.changes)
     order = table.order()
@@ -291,7 +291,7 @@ def merged_tensor_findings(
     """
     import numpy as np  # not for --help
 
-    from gradaudit.finding_table import KINDS, SEVERITIES
+    from gradaudit.scan.finding_table import KINDS, SEVERITIES
 
     findings = comparison.tensor_findings
     columns = finding_columns(comparison.report)

@@ -17,7 +17,7 @@ from gradaudit.results import Finding, Report, Skipped, TensorStats
 from gradaudit.scan.judge import exit_code
 
 if TYPE_CHECKING:
-    from gradaudit.finding_table import FindingTable
+    from gradaudit.scan.finding_table import FindingTable
 
 #: Short role names for table cells.
 ROLE_LABELS: dict[Role, str] = {
@@ -39,7 +39,7 @@ def finding_columns(report: Report) -> FindingTable | None:
     """The report's findings when they are columns over its tensors, else ``None``."""
     if type(report.findings).__name__ != "FindingTable":  # no numpy for a tuple
         return None
-    from gradaudit.finding_table import FindingTable
+    from gradaudit.scan.finding_table import FindingTable
 
     findings = report.findings
     if isinstance(findings, FindingTable) and findings.table is report.tensors:
@@ -101,7 +101,7 @@ def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[S
         for stats, found in tensor_findings(report):
             yield stats, frozenset(f.severity for f in found)
         return
-    from gradaudit.finding_table import SEVERITIES
+    from gradaudit.scan.finding_table import SEVERITIES
 
     sets = [
         frozenset(s for code, s in enumerate(SEVERITIES) if bits >> code & 1)
@@ -120,7 +120,7 @@ def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
         return failing, sum(1 for f in found if not f.failing)
     import numpy as np
 
-    from gradaudit.finding_table import KINDS
+    from gradaudit.scan.finding_table import KINDS
 
     mask = columns.source_is(source)
     errors = columns.severity_is(Severity.ERROR)
@@ -152,7 +152,7 @@ def flagged_tensors(
         return flagged[:limit], len(flagged)
     import numpy as np
 
-    from gradaudit.finding_table import SEVERITIES
+    from gradaudit.scan.finding_table import SEVERITIES
 
     bits = columns.severity_bits()
     error = 1 << SEVERITIES.index(Severity.ERROR)
@@ -218,7 +218,7 @@ def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
         return list(dict.fromkeys(f.kind for f in report.findings if f.source == source))
     import numpy as np
 
-    from gradaudit.finding_table import KINDS
+    from gradaudit.scan.finding_table import KINDS
 
     codes = columns.kinds[columns.source_is(source)]
     unique, first = np.unique(codes, return_index=True)
@@ -227,7 +227,7 @@ def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
 
 def several_files(report: Report) -> bool:
     """Whether the audited tensors come from more than one file (a file column is shown)."""
-    from gradaudit.stats_table import StatsTable
+    from gradaudit.results.stats_table import StatsTable
 
     tensors = report.tensors
     if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
@@ -250,7 +250,7 @@ def failing_kinds(report: Report) -> list[str]:
     if columns is not None:
         import numpy as np
 
-        from gradaudit.finding_table import KINDS
+        from gradaudit.scan.finding_table import KINDS
 
         errors = np.unique(columns.kinds[columns.severity_is(Severity.ERROR)]).tolist()
         kinds = {KINDS[k].value for k in errors}

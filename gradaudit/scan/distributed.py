@@ -24,22 +24,20 @@ import torch
 import torch.distributed as dist
 
 from gradaudit.engine.collectives import all_reduce_rows
+from gradaudit.engine.dtypes import dtype_name, dtype_skip_reason, hides_values
 from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import FROM_FILES, EngineOptions, choose
 from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     StatsCollector,
-    dtype_name,
-    dtype_skip_reason,
     empty_row,
-    hides_values,
     merge_rows,
 )
 from gradaudit.errors import InputError, UsageError
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
-from gradaudit.roles import FileEvidence
+from gradaudit.results.roles import FileEvidence
 from gradaudit.scan.pending import PendingEntry, PendingStats
 from gradaudit.scan.torchrun import TorchrunEnv as TorchrunEnv
 from gradaudit.scan.torchrun import torchrun_env as torchrun_env

@@ -35,9 +35,8 @@ from gradaudit.results import (
     Summary,
     TensorStats,
 )
+from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.roles import (
-    FileEvidence,
-    TensorHint,
     decide,
     describe_file,
     estimate_value,
@@ -50,27 +49,27 @@ from gradaudit.roles import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from gradaudit.finding_table import FindingTable
-    from gradaudit.stats_table import StatsTable
+    from gradaudit.results.stats_table import StatsTable
+    from gradaudit.scan.finding_table import FindingTable
 
 _OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
 
 
 def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
-    """``tensors`` as a :class:`~gradaudit.stats_table.StatsTable` (itself when it is one).
+    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself when it is one).
 
     numpy is imported here, not with the module: the CLI's start-up path imports
     this module for :func:`exit_code` and must stay free of torch and numpy.
     """
-    from gradaudit.stats_table import StatsTable
+    from gradaudit.results.stats_table import StatsTable
 
     return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
 
 
 def _column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
-    """``findings`` when they are a :class:`~gradaudit.finding_table.FindingTable` over
+    """``findings`` when they are a :class:`~gradaudit.scan.finding_table.FindingTable` over
     ``table`` (their counts and sets are then read on the columns), else ``None``."""
-    from gradaudit.finding_table import FindingTable
+    from gradaudit.scan.finding_table import FindingTable
 
     if isinstance(findings, FindingTable) and findings.table is table:
         return findings
@@ -185,14 +184,14 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> FindingTable:
     """:func:`evaluate` for every tensor, in tensor order, as a
-    :class:`~gradaudit.finding_table.FindingTable`.
+    :class:`~gradaudit.scan.finding_table.FindingTable`.
 
     Which tensors have findings, and of which kinds, is decided on the columns at
     once (the same comparisons as :func:`evaluate`); each finding is built by
     :func:`evaluate` when it is asked for: a million flagged tiny tensors hold no
     object each.
     """
-    from gradaudit.finding_table import FindingTable
+    from gradaudit.scan.finding_table import FindingTable
 
     return FindingTable.judge(_columns(tensors), thresholds)
 
@@ -320,13 +319,13 @@ def find_outliers(
     have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
     the outlier check is for what an absolute threshold cannot see.
 
-    Computed on the columns (:class:`~gradaudit.stats_table.StatsTable`): the logs with
+    Computed on the columns (:class:`~gradaudit.results.stats_table.StatsTable`): the logs with
     ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
     the two middle values), so the numbers are those of a loop over the tensors.
     """
     import numpy as np
 
-    from gradaudit.stats_table import ROLES
+    from gradaudit.results.stats_table import ROLES
 
     table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
@@ -538,7 +537,7 @@ def exit_code(report: Report) -> ExitCode:
 def _any_failing(findings: Sequence[Finding]) -> bool:
     """Whether a finding fails the run (on the severity column of a FindingTable)."""
     if type(findings).__name__ == "FindingTable":  # numpy is not imported here for a tuple
-        from gradaudit.finding_table import FindingTable
+        from gradaudit.scan.finding_table import FindingTable
 
         if isinstance(findings, FindingTable):
             return bool(findings.severity_is(Severity.ERROR).any())
@@ -566,7 +565,7 @@ def with_roles(
     """
     import numpy as np
 
-    from gradaudit.stats_table import ROLES, coded
+    from gradaudit.results.stats_table import ROLES, coded
 
     kind = thresholds.kind
     names = table.names
@@ -646,7 +645,7 @@ def in_tensor_order(
     """Findings grouped tensor by tensor, in the tensors' order (each tensor's own order kept).
 
     Only the flagged tensors are looked up (:func:`tensor_indices`); a
-    :class:`~gradaudit.finding_table.FindingTable` is sorted on its columns.
+    :class:`~gradaudit.scan.finding_table.FindingTable` is sorted on its columns.
     """
     columns = _column_findings(table, findings)
     if columns is not None:
@@ -728,7 +727,7 @@ def summarize(
     if columns is not None:  # a million flagged tensors: counted on the columns
         import numpy as np
 
-        from gradaudit.finding_table import SEVERITIES
+        from gradaudit.scan.finding_table import SEVERITIES
 
         counts = np.bincount(columns.severities, minlength=len(SEVERITIES)).tolist()
         severities.update(dict(zip(SEVERITIES, counts, strict=True)))

@@ -27,25 +27,27 @@ from gradaudit.engine.staging import CudaChannel, HostToDevice
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
-from gradaudit.roles import TensorHint
+from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
     from gradaudit.precision import ExponentHistogram
 
-from gradaudit.engine.stats import (
+from gradaudit.engine.dtypes import (
     AUDITED_DTYPES,
+    dtype_name,
+    dtype_skip_reason,
+    hides_values,
+    not_audited_reason,
+)
+from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     StatsCollector,
     blocks_by_device,
-    dtype_name,
-    dtype_skip_reason,
     empty_row,
-    hides_values,
     merge_rows,
-    not_audited_reason,
     read_blocks,
     wait_for,
 )

@@ -29,14 +29,6 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import (
-    CompareFinding,
-    Comparison,
-    Mismatch,
-    ParameterChange,
-    ParameterComparison,
-    SideStats,
-)
 from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
@@ -85,8 +77,17 @@ from gradaudit.report.verdict import (
     verdict_line,
 )
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
+from gradaudit.results.comparison import (
+    CompareFinding,
+    Comparison,
+    Mismatch,
+    ParameterChange,
+    ParameterComparison,
+    SideStats,
+)
+from gradaudit.results.trend import TrendFinding, TrendReport
 from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
+from gradaudit.trend.builder import trend_exit_code
 
 #: The mark before a finding, and before the verdict heading.
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}

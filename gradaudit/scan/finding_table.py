@@ -5,7 +5,7 @@ A dump of a million all-zero tiny tensors (taken after
 objects (a :class:`Finding` and its message each, then the sets and dicts that
 count and group them) they took more memory than the rest of the scan. A
 :class:`FindingTable` holds, per finding, the tensor it is on (an index into the
-scan's :class:`~gradaudit.stats_table.StatsTable`), its kind and its severity as
+scan's :class:`~gradaudit.results.stats_table.StatsTable`), its kind and its severity as
 numpy columns, and is a ``Sequence[Finding]``: indexing and iterating give the
 same findings as before. A finding on a tensor is built by
 :func:`gradaudit.scan.judge.evaluate` itself (the one rule for what a finding is
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
+from gradaudit.results.column_view import ColumnView
 
 if TYPE_CHECKING:
-    from gradaudit.stats_table import StatsTable
+    from gradaudit.results.stats_table import StatsTable
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
 
@@ -50,8 +50,8 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     gradient): the same comparisons on the columns. Only the tensors
     :func:`~gradaudit.scan.judge.judged_candidates` picks are looked at.
     """
+    from gradaudit.results.stats_table import ROLES
     from gradaudit.scan.judge import cast_limits, judged_candidates
-    from gradaudit.stats_table import ROLES
 
     rows = judged_candidates(table, thresholds)
     none = np.int8(-1)
