@@ -23,7 +23,6 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first use
     from gradaudit.comparison.api import CompareInput, compare, compare_paths, dual_stats
-    from gradaudit.comparison.checks import comparison_exit_code
     from gradaudit.engine.options import EngineOptions
     from gradaudit.errors import (
         ExitCode,
@@ -74,8 +73,8 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         TrendPolicy,
         TrendReport,
     )
+    from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
     from gradaudit.scan.distributed import scan_paths_distributed
-    from gradaudit.scan.judge import exit_code
     from gradaudit.scan.paths import scan_paths
     from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async
     from gradaudit.training.dump import save_gradients
@@ -87,7 +86,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         MonitorRecord,
         NonFiniteAction,
     )
-    from gradaudit.trend.builder import TrendBuilder, trend_exit_code, trend_paths
+    from gradaudit.trend.builder import TrendBuilder, trend_paths
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
 #: most of these modules import torch, which costs about 1.2 s, and the CLI's
@@ -98,12 +97,12 @@ _LAZY: dict[str, str] = {
     "audit": "gradaudit.scan.pending",
     "collect_async": "gradaudit.scan.pending",
     "scan_paths": "gradaudit.scan.paths",
-    "exit_code": "gradaudit.scan.judge",
+    "exit_code": "gradaudit.results.verdict",
     "CompareInput": "gradaudit.comparison.api",
     "compare": "gradaudit.comparison.api",
     "compare_paths": "gradaudit.comparison.api",
     "dual_stats": "gradaudit.comparison.api",
-    "comparison_exit_code": "gradaudit.comparison.checks",
+    "comparison_exit_code": "gradaudit.results.verdict",
     "CompareFinding": "gradaudit.results.comparison",
     "CompareFindingKind": "gradaudit.results.comparison",
     "ComparePolicy": "gradaudit.results.comparison",
@@ -155,7 +154,7 @@ _LAZY: dict[str, str] = {
     "TrendKind": "gradaudit.results.trend",
     "TrendPolicy": "gradaudit.results.trend",
     "TrendReport": "gradaudit.results.trend",
-    "trend_exit_code": "gradaudit.trend.builder",
+    "trend_exit_code": "gradaudit.results.verdict",
     "trend_paths": "gradaudit.trend.builder",
 }
 

@@ -29,18 +29,17 @@ from gradaudit.report.verdict import (
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.verdict import exit_code
 from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.scan.judge import (
-    cast_limits,
-    evaluate,
     evaluate_all,
     evaluate_limits,
-    exit_code,
     find_outliers,
     gradient_health,
     in_tensor_order,
     summarize,
 )
+from gradaudit.scan.rules import cast_limits, evaluate
 
 NORMS = [1e-9, 1e-7, 1e-3, 0.01, 1.0, 10.0, 50.0, 100.0, 1e5, 1e20]
 #: Around the cast checks' limits (fp16 and fp8_e4m3fn), the limits included.

@@ -23,13 +23,13 @@ from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
 from gradaudit.roles import NAME_WORDS, decide, name_templates, name_word_mask, role_from_name
 from gradaudit.scan.judge import (
     OUTLIER_MIN_TENSORS,
-    evaluate,
     evaluate_all,
     find_outliers,
     gradient_health,
     in_tensor_order,
     with_roles,
 )
+from gradaudit.scan.rules import evaluate
 
 SHAPES = st.lists(st.integers(0, 5), max_size=3).map(tuple)
 COUNTS = st.integers(0, 3)

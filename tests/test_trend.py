@@ -28,13 +28,8 @@ from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.trend_text import sparkline
 from gradaudit.results.trend import TrendKind, TrendPolicy
-from gradaudit.trend.builder import (
-    TrendBuilder,
-    order_dumps,
-    step_from_name,
-    trend_exit_code,
-    trend_paths,
-)
+from gradaudit.results.verdict import trend_exit_code
+from gradaudit.trend.builder import TrendBuilder, order_dumps, step_from_name, trend_paths
 
 runner = CliRunner()
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
-from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.report import OutputFormat, RenderOptions, render
 from gradaudit.report.base import DEFAULT_TOP_ROWS
@@ -27,8 +26,7 @@ from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
 from gradaudit.results.comparison import Comparison
 from gradaudit.results.trend import TrendReport
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import trend_exit_code
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 
 def check_output_path(

@@ -42,7 +42,7 @@ from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
 from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.results import Report
-from gradaudit.scan.judge import exit_code
+from gradaudit.results.verdict import exit_code, precision_exit_code
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -311,6 +311,4 @@ def _emit_precision(
 
         title = f"Headroom in {precision.value}: {plural(len(headroom.tensors), 'tensor')}"
         write_plot(visuals.plot, precision_plot(headroom, visuals.plot_format, title=title))
-    if headroom.findings and verdict is ExitCode.OK:
-        return ExitCode.FINDINGS
-    return verdict
+    return precision_exit_code(verdict, headroom)

@@ -36,8 +36,8 @@ from gradaudit.results.comparison import (
 )
 from gradaudit.results.stats_table import ROLES, StatsTable
 from gradaudit.scan.judge import flagged_indices
-from gradaudit.scan.paths import read_file
 from gradaudit.scan.pending import PendingStats, TensorInput
+from gradaudit.scan.reading import read_file
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).
@@ -163,7 +163,7 @@ def _read(
 class _Routes:
     """Each tensor of a file to its side: by name prefix, the longer prefix first.
 
-    The :class:`~gradaudit.scan.paths.Routing` of a compare; a name that matches no
+    The :class:`~gradaudit.scan.reading.Routing` of a compare; a name that matches no
     side's prefix is skipped ("not compared").
     """
 

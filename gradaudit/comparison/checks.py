@@ -10,18 +10,15 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.results.comparison import (
     CompareFinding,
     CompareFindingKind,
     ComparePolicy,
-    Comparison,
     DualGradientStats,
     Mismatch,
     ParameterComparison,
 )
-from gradaudit.scan.judge import exit_code
 
 if TYPE_CHECKING:
     import numpy as np
@@ -166,20 +163,3 @@ def _parameter_findings(
             f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape "
             "(not compared)",
         )
-
-
-def comparison_exit_code(comparison: Comparison) -> ExitCode:
-    """The exit policy of a comparison, with the precedence of :func:`exit_code`.
-
-    1. An input could not be read, or a side has nothing to compare -> INPUT_ERROR.
-    2. A failing per-tensor finding (``--fail-on``) or a failing comparison finding
-       (a ratio outside ``--min-ratio``/``--max-ratio`` or not computable under them,
-       a large change with ``--fail-on-change``) -> FINDINGS.
-    3. Otherwise OK.
-    """
-    code = exit_code(comparison.report)
-    if code is not ExitCode.OK:
-        return code
-    if any(finding.failing for finding in comparison.findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK

@@ -11,7 +11,6 @@ import math
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Literal, overload
 
-from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.text import count, number, plural, printable
@@ -27,6 +26,7 @@ from gradaudit.results.comparison import (
     ParameterComparison,
     SideStats,
 )
+from gradaudit.results.verdict import comparison_exit_code
 
 if TYPE_CHECKING:
     import numpy as np

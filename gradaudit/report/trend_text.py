@@ -18,7 +18,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.text import number, plural
 from gradaudit.results.trend import LayerTrend, TrendKind, TrendReport
-from gradaudit.trend.builder import trend_exit_code
+from gradaudit.results.verdict import trend_exit_code
 
 _LEVELS = "▁▂▃▄▅▆▇█"
 #: The sparkline gets one cell per step up to a fifth of the width, and at least this many.

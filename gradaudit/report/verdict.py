@@ -14,7 +14,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import Finding, Report, Skipped, TensorStats
-from gradaudit.scan.judge import exit_code
+from gradaudit.results.verdict import exit_code
 
 if TYPE_CHECKING:
     from gradaudit.scan.finding_table import FindingTable
@@ -62,7 +62,7 @@ def findings_by_tensor(
     if columns is not None and (kinds is not None or only is not None):
         import numpy as np
 
-        from gradaudit.scan.judge import tensor_indices
+        from gradaudit.scan.rules import tensor_indices
 
         mask = np.ones(len(columns), dtype=bool) if kinds is None else columns.kind_is(*kinds)
         if only is not None:

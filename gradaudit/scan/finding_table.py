@@ -8,7 +8,7 @@ count and group them) they took more memory than the rest of the scan. A
 scan's :class:`~gradaudit.results.stats_table.StatsTable`), its kind and its severity as
 numpy columns, and is a ``Sequence[Finding]``: indexing and iterating give the
 same findings as before. A finding on a tensor is built by
-:func:`gradaudit.scan.judge.evaluate` itself (the one rule for what a finding is
+:func:`gradaudit.scan.rules.evaluate` itself (the one rule for what a finding is
 and what it says); the vectorised judging here only decides which tensors it
 runs on and which kinds it will return, and a test holds the two together.
 Findings that are few (optimizer state, outliers, skipped tensors) are kept as
@@ -20,16 +20,14 @@ Counts, the health score and the renderers read the columns where they can.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 from gradaudit.results.column_view import ColumnView
-
-if TYPE_CHECKING:
-    from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.stats_table import ROLES, StatsTable
+from gradaudit.scan.rules import cast_limits, evaluate, judged_candidates, tensor_indices
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
 
@@ -45,14 +43,11 @@ _STEP = 1 << 14
 def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, kinds)``: the tensor and the kind of each finding :func:`evaluate` returns.
 
-    In tensor order, each tensor's kinds in :func:`~gradaudit.scan.judge.evaluate`'s
+    In tensor order, each tensor's kinds in :func:`~gradaudit.scan.rules.evaluate`'s
     order (NaN, Inf, then all-zero and cast for a weight, exploding or vanishing for a
     gradient): the same comparisons on the columns. Only the tensors
-    :func:`~gradaudit.scan.judge.judged_candidates` picks are looked at.
+    :func:`~gradaudit.scan.rules.judged_candidates` picks are looked at.
     """
-    from gradaudit.results.stats_table import ROLES
-    from gradaudit.scan.judge import cast_limits, judged_candidates
-
     rows = judged_candidates(table, thresholds)
     none = np.int8(-1)
     nan = table.nan[rows] > 0
@@ -165,7 +160,6 @@ class FindingTable(ColumnView[Finding]):
             return self._join(findings)
         objects = tuple(findings)
         keys = {(f.source, f.tensor) for f in objects}
-        from gradaudit.scan.judge import tensor_indices
 
         found = tensor_indices(self.table, keys).tolist()
         table = self.table
@@ -266,7 +260,6 @@ class FindingTable(ColumnView[Finding]):
         judges each flagged one as it passes, so no TensorStats is made twice. Needs
         :attr:`ordered`; findings on no tensor of the table are in no list.
         """
-        from gradaudit.scan.judge import evaluate
 
         if not self.ordered:
             raise ValueError("per_tensor needs findings in tensor order")
@@ -310,7 +303,6 @@ class FindingTable(ColumnView[Finding]):
 
     def _build(self, positions: np.ndarray) -> list[Finding]:
         """The findings at ``positions``: :func:`evaluate` run once per tensor needed."""
-        from gradaudit.scan.judge import evaluate
 
         slots = self.slots[positions]
         rows = self.rows[positions]

@@ -29,6 +29,7 @@ from gradaudit.policy import Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected
+from gradaudit.scan.reading import read_file
 
 if TYPE_CHECKING:
     from gradaudit.io.base import TensorRun
@@ -463,9 +464,7 @@ class PendingStats(Collected):
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> InputProblem | None:
-        """Collect one file's tensors (see :func:`gradaudit.scan.paths.read_file`)."""
-        from gradaudit.scan.paths import read_file
-
+        """Collect one file's tensors (see :func:`gradaudit.scan.reading.read_file`)."""
         return read_file(self, path, select, progress)
 
     def prefetch(self) -> None:

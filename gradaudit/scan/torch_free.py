@@ -169,7 +169,7 @@ class NativeScan(Collected):
     """Safetensors files read into native stats rows in host memory; no torch.
 
     The torch path's :class:`~gradaudit.scan.pending.PendingStats` with its reading
-    (:func:`gradaudit.scan.paths.read_file`) for the one case it covers: the same
+    (:func:`gradaudit.scan.reading.read_file`) for the one case it covers: the same
     columns, the same batches, the same report.
     """
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradaudit.engine.options import Engine, EngineOptions
-from gradaudit.errors import ExitCode, InputError, UsageError
+from gradaudit.errors import InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.policy import InputKind, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
@@ -460,16 +460,3 @@ def _check_same_reading(first: FileResult | None, report: Report) -> FileResult 
             "one kind of file; say what they hold with --kind"
         )
     return first
-
-
-def trend_exit_code(report: TrendReport) -> ExitCode:
-    """The same precedence as ``scan``: errors, then failing findings, then OK.
-
-    A dump that could not be audited, or a series with no audited tensor at all,
-    is INPUT_ERROR: a trend with holes never passes.
-    """
-    if report.errors or not any(step.tensors for step in report.steps):
-        return ExitCode.INPUT_ERROR
-    if any(finding.failing for finding in report.findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK

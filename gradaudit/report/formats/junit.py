@@ -45,7 +45,7 @@ from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findi
 from gradaudit.results import Finding, LimitFinding, Report
 from gradaudit.results.comparison import CompareFindingKind, Comparison, SideStats
 from gradaudit.results.trend import TrendKind, TrendReport
-from gradaudit.scan.judge import exit_code
+from gradaudit.results.verdict import exit_code
 
 #: Suite name for tensors audited from memory (no input file).
 IN_MEMORY_SUITE = "gradaudit"

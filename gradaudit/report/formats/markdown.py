@@ -28,7 +28,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
@@ -86,8 +85,7 @@ from gradaudit.results.comparison import (
     SideStats,
 )
 from gradaudit.results.trend import TrendFinding, TrendReport
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import trend_exit_code
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 #: The mark before a finding, and before the verdict heading.
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}

@@ -32,7 +32,6 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.comparison.checks import comparison_exit_code
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
@@ -107,8 +106,7 @@ from gradaudit.report.verdict import (
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 from gradaudit.results.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.results.trend import TrendFinding, TrendReport
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import trend_exit_code
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 Row = TypeVar("Row")
 
