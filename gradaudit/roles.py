@@ -30,7 +30,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
@@ -40,10 +42,7 @@ from gradaudit.results import TensorStats
 from gradaudit.results.roles import EstimateBasis as EstimateBasis
 from gradaudit.results.roles import FileEvidence as FileEvidence
 from gradaudit.results.roles import TensorHint as TensorHint
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
+from gradaudit.results.stats_table import StatsTable
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
@@ -179,10 +178,6 @@ def stats_evidence(tensors: Sequence[TensorStats], rows: np.ndarray | None = Non
     ``rows`` (indices into ``tensors``) judges those tensors only, read in place: one
     file among several (a compare's side) costs no copy of the columns.
     """
-    import numpy as np
-
-    from gradaudit.results.stats_table import StatsTable
-
     table = StatsTable.from_stats(tensors)
     if rows is None:
         rows = np.arange(len(table))
@@ -262,8 +257,6 @@ def name_word_mask(names: Sequence[str]) -> npt.NDArray[np.bool_]:
     and each word is looked for with ``str.find`` (a memchr-speed search); only the hits
     are mapped back to names, so a plainly named model costs a few string searches.
     """
-    import numpy as np
-
     count = len(names)
     mask = np.zeros(count, dtype=bool)
     if not count:

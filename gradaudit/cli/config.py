@@ -64,7 +64,7 @@ from gradaudit.policy import (
     parse_fail_on,
     parse_kinds,
 )
-from gradaudit.report.formats import OutputFormat
+from gradaudit.report.output_format import OutputFormat
 from gradaudit.results.comparison import (
     DEFAULT_MAX_CHANGE,
     ComparePolicy,

@@ -19,10 +19,9 @@ from pathlib import Path
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
 from gradaudit.errors import ExitCode, OutputError, UsageError
-from gradaudit.report import OutputFormat, RenderOptions, render
-from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.base import DEFAULT_TOP_ROWS, RenderOptions
+from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.text import printable
-from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
 from gradaudit.results.comparison import Comparison
 from gradaudit.results.trend import TrendReport
@@ -183,6 +182,8 @@ def announce_problems(report: Report) -> None:
     for problem in report.errors:
         say(f"error: {printable(problem.path)}: {printable(problem.message)}")
     if not report.errors and report.summary.tensors == 0:
+        from gradaudit.report.verdict import nothing_to_audit  # renderers: not at start-up
+
         say(f"error: {nothing_to_audit(report)}")
 
 
@@ -216,6 +217,8 @@ def _emit(
     options: RenderOptions,
     what: str,
 ) -> None:
+    from gradaudit.report.formats import render  # the renderers: not at start-up
+
     output_format = settings.format or OutputFormat.TABLE
     emit(render(result, output_format, options), settings, f"{output_format.value} {what}")
 

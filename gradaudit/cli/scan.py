@@ -39,8 +39,8 @@ from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOption
 from gradaudit.errors import ExitCode, UsageError
 from gradaudit.policy import Thresholds
 from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
-from gradaudit.report import OutputFormat
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.output_format import OutputFormat
 from gradaudit.results import Report
 from gradaudit.results.verdict import exit_code, precision_exit_code
 

@@ -38,7 +38,7 @@ from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
 from gradaudit.precision import Precision
-from gradaudit.report import OutputFormat
+from gradaudit.report.output_format import OutputFormat
 from gradaudit.results.trend import DEFAULT_SPIKE_FACTOR, DEFAULT_TREND_FAIL_ON
 
 TREND_EXIT_CODES_HELP = (

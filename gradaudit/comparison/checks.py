@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gradaudit.policy import Severity
+from gradaudit.results.change_table import ChangeTable
 from gradaudit.results.comparison import (
     CompareFinding,
     CompareFindingKind,
@@ -19,11 +21,7 @@ from gradaudit.results.comparison import (
     Mismatch,
     ParameterComparison,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.stats_table import StatsTable, same_shapes
 
 
 def compare_tensors(
@@ -39,11 +37,6 @@ def compare_tensors(
     compared, never broadcast against each other. The changes are columns
     (:class:`ChangeTable`): nothing is built per shared name but its index.
     """
-    import numpy as np  # not for --help
-
-    from gradaudit.results.change_table import ChangeTable
-    from gradaudit.results.stats_table import same_shapes
-
     keys_a, rows_a = a
     keys_b, rows_b = b
     where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))

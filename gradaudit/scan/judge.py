@@ -12,7 +12,8 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gradaudit.policy import (
     FindingKind,
@@ -34,6 +35,7 @@ from gradaudit.results import (
     TensorStats,
 )
 from gradaudit.results.roles import FileEvidence, TensorHint
+from gradaudit.results.stats_table import ROLES, StatsTable, coded
 from gradaudit.roles import (
     decide,
     describe_file,
@@ -43,31 +45,18 @@ from gradaudit.roles import (
     name_word_mask,
     stats_evidence,
 )
+from gradaudit.scan.finding_table import SEVERITIES, FindingTable
 from gradaudit.scan.rules import OPTIMIZER_STATE, tensor_indices
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from gradaudit.results.stats_table import StatsTable
-    from gradaudit.scan.finding_table import FindingTable
 
 
 def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
-    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself when it is one).
-
-    numpy is imported here, not with the module: the CLI's start-up path imports
-    this module for :func:`exit_code` and must stay free of torch and numpy.
-    """
-    from gradaudit.results.stats_table import StatsTable
-
+    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself if one)."""
     return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
 
 
 def _column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
     """``findings`` when they are a :class:`~gradaudit.scan.finding_table.FindingTable` over
     ``table`` (their counts and sets are then read on the columns), else ``None``."""
-    from gradaudit.scan.finding_table import FindingTable
-
     if isinstance(findings, FindingTable) and findings.table is table:
         return findings
     return None
@@ -82,8 +71,6 @@ def flagged_indices(
 ) -> np.ndarray:
     """Indices (ascending) of the tensors with a finding of ``kinds`` (any kind: ``None``);
     ``ignored=False`` leaves out the ignored findings."""
-    import numpy as np
-
     wanted = None if kinds is None else tuple(kinds)
     columns = _column_findings(table, findings)
     if columns is not None:
@@ -108,8 +95,6 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> Find
     :func:`evaluate` when it is asked for: a million flagged tiny tensors hold no
     object each.
     """
-    from gradaudit.scan.finding_table import FindingTable
-
     return FindingTable.judge(_columns(tensors), thresholds)
 
 
@@ -185,10 +170,6 @@ def find_outliers(
     ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
     the two middle values), so the numbers are those of a loop over the tensors.
     """
-    import numpy as np
-
-    from gradaudit.results.stats_table import ROLES
-
     table = _columns(tensors)
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
@@ -253,8 +234,6 @@ def _log10(values: np.ndarray) -> np.ndarray:
     """``math.log10`` of each value (libm's, as a loop over the tensors computes it; numpy's
     own may differ in the last bit), a chunk at a time: a million values as Python floats
     at once were 32 MB, the largest part of a big scan's peak memory."""
-    import numpy as np
-
     logs = np.empty(len(values), dtype=np.float64)
     for start in range(0, len(values), _LOG_CHUNK):
         chunk = values[start : start + _LOG_CHUNK].tolist()
@@ -266,8 +245,6 @@ def _log10(values: np.ndarray) -> np.ndarray:
 
 def _median(values: np.ndarray) -> float:
     """:func:`statistics.median` of a float64 array: the middle value, or the mean of two."""
-    import numpy as np
-
     ordered = np.sort(values)
     middle = len(ordered) // 2
     if len(ordered) % 2:
@@ -398,10 +375,6 @@ def with_roles(
     plainly named tensors cost a few string searches
     (:func:`~gradaudit.roles.name_word_mask`).
     """
-    import numpy as np
-
-    from gradaudit.results.stats_table import ROLES, coded
-
     kind = thresholds.kind
     names = table.names
     count = len(names)
@@ -560,10 +533,6 @@ def summarize(
     columns = _column_findings(tensors, findings)
     severities: Counter[Severity] = Counter()
     if columns is not None:  # a million flagged tensors: counted on the columns
-        import numpy as np
-
-        from gradaudit.scan.finding_table import SEVERITIES
-
         counts = np.bincount(columns.severities, minlength=len(SEVERITIES)).tolist()
         severities.update(dict(zip(SEVERITIES, counts, strict=True)))
 

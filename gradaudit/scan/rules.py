@@ -5,22 +5,18 @@
 :mod:`gradaudit.scan.judge` (roles, outliers, estimates, the summary) so that the
 :class:`~gradaudit.scan.finding_table.FindingTable`, which runs the rule to build each
 finding when it is asked for, and the judge that builds the table import in one direction.
-Pure Python at import: numpy is imported inside the functions that need it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gradaudit.policy import FindingKind, Role, Thresholds
 from gradaudit.precision import FORMATS, Precision
 from gradaudit.results import Finding, TensorStats
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.stats_table import StatsTable
 
 #: The optimizer state roles: a NaN there spreads on resume.
 OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
@@ -32,8 +28,6 @@ def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) ->
     One pass over the names in C (a set lookup each) instead of a dict of every
     tensor: a million tensors with a handful of findings build nothing per tensor.
     """
-    import numpy as np
-
     wanted = set(keys)
     if not wanted:
         return np.zeros(0, dtype=np.int64)
@@ -108,8 +102,6 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
 
 def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
     """Indices of the tensors :func:`evaluate` may flag (every one it flags is among them)."""
-    import numpy as np
-
     finite = table.finite > 0
     norm = table.norm
     gradient = table.role_mask(Role.GRADIENT) & finite

@@ -16,25 +16,15 @@ string in memory. :func:`render_text` joins them, for tests and library users.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from enum import Enum
 
 from gradaudit._compat import assert_never
 from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.formats import github, junit, markdown, table
 from gradaudit.report.formats import json as json_format
+from gradaudit.report.output_format import OutputFormat as OutputFormat
 from gradaudit.results import Report
 from gradaudit.results.comparison import Comparison
 from gradaudit.results.trend import TrendReport
-
-
-class OutputFormat(str, Enum):
-    """``--format`` of ``scan``, ``compare`` and ``trend``."""
-
-    TABLE = "table"
-    JSON = "json"
-    MARKDOWN = "markdown"
-    GITHUB = "github"
-    JUNIT = "junit"
 
 
 def renderers(output_format: OutputFormat) -> Renderers:

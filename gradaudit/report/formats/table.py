@@ -105,6 +105,7 @@ from gradaudit.report.verdict import (
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
 from gradaudit.results.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
+from gradaudit.results.stats_table import ROLES, StatsTable
 from gradaudit.results.trend import TrendFinding, TrendReport
 from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
@@ -218,7 +219,6 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report, only={(s.source, s.name) for s in rows})
-    from gradaudit.results.stats_table import ROLES, StatsTable
 
     tensors = report.tensors
     # A gradient dump's table stays as it was; a role column appears once roles differ.
