@@ -109,8 +109,8 @@ def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
 ) -> None:
     import importlib
 
-    # trend_paths imports the scan core when it runs (the CLI starts without torch)
-    core = importlib.import_module("gradaudit.scan.paths")
+    # the scan core as trend_paths calls it (imported at the top of trend/builder.py)
+    core = importlib.import_module("gradaudit.trend.builder")
     calls: list[list[str]] = []
     real = core.scan_paths
 

@@ -79,7 +79,7 @@ def check_not_read(
     same path once links are resolved, or the same file under another name (a hard link:
     same device and inode), since a report written there would destroy the input.
     """
-    from gradaudit.io.discover import files_read  # torch: only once a command runs
+    from gradaudit.io.discover import files_read  # numpy: only once a command runs
 
     read: list[str | Path] = [*files_read(inputs, recursive=recursive)]
     if config is not None:

@@ -34,7 +34,7 @@ NATIVE_BATCH_BYTES = 64 * 1024 * 1024
 
 def _load() -> ModuleType | None:
     try:
-        from gradaudit.engine import _native  # type: ignore[attr-defined]
+        from gradaudit.engine import _native  # type: ignore[attr-defined]  # optional build
     except ImportError:
         return None
     if getattr(_native, "ABI", None) != ABI:

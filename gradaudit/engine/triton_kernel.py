@@ -203,7 +203,7 @@ def mark_warm(device: torch.device) -> None:
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The Triton functions, imported once (after ``TRITON_INTERPRET`` is known)."""
-    from gradaudit.engine._triton_rows import merge_partials, table_rows
+    from gradaudit.engine._triton_rows import merge_partials, table_rows  # needs triton
 
     return table_rows, merge_partials
 

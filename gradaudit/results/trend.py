@@ -17,6 +17,10 @@ from gradaudit.results import InputProblem
 
 #: A layer's norm above this many times its running median is a spike.
 DEFAULT_SPIKE_FACTOR = 10.0
+#: Earlier steps a layer needs before its norm can be called a spike.
+MIN_SPIKE_HISTORY = 3
+#: Steps a layer must stay below the vanishing threshold, up to the last, to have collapsed.
+MIN_COLLAPSE_STEPS = 2
 
 
 class TrendKind(str, Enum):

@@ -35,6 +35,9 @@ from gradaudit.engine.stats import (
     merge_rows,
 )
 from gradaudit.errors import InputError, UsageError
+from gradaudit.io import expand_inputs
+from gradaudit.io.dcp import DcpSource, is_dcp_directory, load_chunk
+from gradaudit.io.discover import FileInput
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import FileEvidence
@@ -153,10 +156,6 @@ def scan_paths_distributed(
     reads it once, so every rank returns the report a single process would
     have made (bit for bit, but for ``elapsed_s`` and each rank's device).
     """
-    from gradaudit.io import expand_inputs
-    from gradaudit.io.dcp import is_dcp_directory
-    from gradaudit.io.discover import FileInput
-
     selection = NameFilter(tuple(include), tuple(exclude))
     select = selection if selection.active else None
     keywords = EngineOptions(device, chunk_elements, engine, memory_budget)
@@ -241,8 +240,6 @@ def _collect_dcp(
     problem on any rank (unreadable metadata, a bad chunk) makes the input an error on
     every rank, so all ranks make the same collective calls.
     """
-    from gradaudit.io.dcp import DcpSource, load_chunk
-
     part = result.child()
     part.add_file(path)
     rank, world = dist.get_rank(group), dist.get_world_size(group)

@@ -43,10 +43,15 @@ from pathlib import Path
 from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
+from gradaudit.io import open_source
+from gradaudit.io.discover import BadInput, FileInput, expand_inputs
+from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.policy import InputKind, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import FileResult, InputProblem, Report
 from gradaudit.results.trend import (
+    MIN_COLLAPSE_STEPS,
+    MIN_SPIKE_HISTORY,
     LayerTrend,
     NonFiniteTensor,
     Spike,
@@ -56,11 +61,8 @@ from gradaudit.results.trend import (
     TrendPolicy,
     TrendReport,
 )
+from gradaudit.scan.paths import scan_paths
 
-#: Earlier steps a layer needs before its norm can be called a spike.
-MIN_SPIKE_HISTORY = 3
-#: Steps a layer must stay below the vanishing threshold, up to the last, to have collapsed.
-MIN_COLLAPSE_STEPS = 2
 #: ``__metadata__`` keys read as the dump's step, in order of preference.
 STEP_METADATA_KEYS = ("step", "global_step")
 
@@ -114,8 +116,6 @@ def dump_files(
     never), companion files are passed over, a file reached twice (given twice, or
     through a link) is read once, and a directory without any dump is a problem.
     """
-    from gradaudit.io.discover import BadInput, FileInput, expand_inputs
-
     files: list[str] = []
     problems: list[InputProblem] = []
     for entry in expand_inputs(paths, recursive=recursive):
@@ -136,9 +136,6 @@ def order_dumps(
     An input that cannot be opened, or whose step is unknown or already taken by
     another dump, is a problem; the others are still ordered.
     """
-    from gradaudit.io import open_source
-    from gradaudit.io.safetensors_source import SafetensorsSource
-
     files, problems = dump_files(paths, recursive=recursive)
     by_step: dict[int, str] = {}
     for path in files:
@@ -407,9 +404,6 @@ def trend_paths(
     exponent histograms and keeps each step's headroom in that format
     (:mod:`gradaudit.precision`).
     """
-    # The scan core imports torch; the rest of this module (the report, the
-    # policy) is pure Python that the CLI imports at start-up.
-    from gradaudit.scan.paths import scan_paths
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()

@@ -55,9 +55,8 @@ from gradaudit.results.comparison import (
     ParameterComparison,
     SideStats,
 )
-from gradaudit.results.trend import TrendKind, TrendReport
+from gradaudit.results.trend import MIN_COLLAPSE_STEPS, MIN_SPIKE_HISTORY, TrendKind, TrendReport
 from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
-from gradaudit.trend.builder import MIN_COLLAPSE_STEPS, MIN_SPIKE_HISTORY
 
 #: Each document's version, bumped whenever a field changes meaning or disappears
 #: (adding a field keeps it). The documents are described by ``gradaudit/schema/``.
