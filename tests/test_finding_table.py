@@ -34,11 +34,11 @@ from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.scan.judge import (
     evaluate_all,
     evaluate_limits,
-    find_outliers,
     gradient_health,
     in_tensor_order,
     summarize,
 )
+from gradaudit.scan.outliers import find_outliers
 from gradaudit.scan.rules import cast_limits, evaluate
 
 NORMS = [1e-9, 1e-7, 1e-3, 0.01, 1.0, 10.0, 50.0, 100.0, 1e5, 1e20]

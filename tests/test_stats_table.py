@@ -21,14 +21,8 @@ from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
 from gradaudit.roles import NAME_WORDS, decide, name_templates, name_word_mask, role_from_name
-from gradaudit.scan.judge import (
-    OUTLIER_MIN_TENSORS,
-    evaluate_all,
-    find_outliers,
-    gradient_health,
-    in_tensor_order,
-    with_roles,
-)
+from gradaudit.scan.judge import evaluate_all, gradient_health, in_tensor_order, with_roles
+from gradaudit.scan.outliers import OUTLIER_MIN_TENSORS, find_outliers
 from gradaudit.scan.rules import evaluate
 
 SHAPES = st.lists(st.integers(0, 5), max_size=3).map(tuple)

@@ -35,7 +35,7 @@ from gradaudit.results.comparison import (
     SideStats,
 )
 from gradaudit.results.stats_table import ROLES, StatsTable
-from gradaudit.scan.judge import flagged_indices
+from gradaudit.scan.finding_table import flagged_indices
 from gradaudit.scan.pending import PendingStats, TensorInput
 from gradaudit.scan.reading import read_file
 

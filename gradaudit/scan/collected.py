@@ -27,17 +27,17 @@ from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.results.row import merge_rows, row_norm
 from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
 from gradaudit.roles import metadata_evidence
+from gradaudit.scan.estimates import gradient_estimates
 from gradaudit.scan.judge import (
     evaluate_all,
     evaluate_limits,
     evaluate_optimizer_state,
     evaluate_skipped,
-    find_outliers,
-    gradient_estimates,
     in_tensor_order,
     summarize,
     with_roles,
 )
+from gradaudit.scan.outliers import find_outliers
 
 #: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
 _OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]

@@ -333,3 +333,35 @@ class FindingTable(ColumnView[Finding]):
 
     def __repr__(self) -> str:
         return f"FindingTable({len(self)} findings)"
+
+
+def column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
+    """``findings`` when they are a :class:`~gradaudit.scan.finding_table.FindingTable` over
+    ``table`` (their counts and sets are then read on the columns), else ``None``."""
+    if isinstance(findings, FindingTable) and findings.table is table:
+        return findings
+    return None
+
+
+def flagged_indices(
+    table: StatsTable,
+    findings: Sequence[Finding],
+    kinds: Iterable[FindingKind] | None = None,
+    *,
+    ignored: bool = True,
+) -> np.ndarray:
+    """Indices (ascending) of the tensors with a finding of ``kinds`` (any kind: ``None``);
+    ``ignored=False`` leaves out the ignored findings."""
+    wanted = None if kinds is None else tuple(kinds)
+    columns = column_findings(table, findings)
+    if columns is not None:
+        mask = np.ones(len(columns), dtype=bool) if wanted is None else columns.kind_is(*wanted)
+        if not ignored:
+            mask &= ~columns.severity_is(Severity.IGNORED)
+        return columns.tensors_where(mask)
+    keys = {
+        (f.source, f.tensor)
+        for f in findings
+        if (wanted is None or f.kind in wanted) and (ignored or not f.ignored)
+    }
+    return tensor_indices(table, keys)

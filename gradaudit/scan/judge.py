@@ -1,14 +1,16 @@
-"""Host side, pure Python: stats + policy -> findings, and report -> exit code.
+"""Host side, no torch: stats + policy -> roles, findings and the summary.
 
 What :meth:`~gradaudit.scan.pending.PendingStats.materialize` does after the one
-host read is here: each tensor's role (:func:`with_roles`), the gradient
-estimates from optimizer state, the findings, their order and the summary. No
-torch, no files, no terminal: plain numbers and a policy in, results out.
+host read starts here: each tensor's role (:func:`with_roles`), the findings of
+every tensor (:func:`evaluate_all`, by the rule in :mod:`gradaudit.scan.rules`),
+of optimizer state, skipped tensors and limits, their order, the health score and
+the summary. Outliers and the gradient estimates are :mod:`gradaudit.scan.outliers`
+and :mod:`gradaudit.scan.estimates`; the exit code is :mod:`gradaudit.results.verdict`.
+No files, no terminal: plain numbers and a policy in, results out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +31,6 @@ from gradaudit.results import (
     Finding,
     GradientEstimate,
     LimitFinding,
-    OutlierReference,
     Skipped,
     Summary,
     TensorStats,
@@ -39,51 +40,13 @@ from gradaudit.results.stats_table import ROLES, StatsTable, coded
 from gradaudit.roles import (
     decide,
     describe_file,
-    estimate_value,
     file_evidence_text,
     name_templates,
     name_word_mask,
     stats_evidence,
 )
-from gradaudit.scan.finding_table import SEVERITIES, FindingTable
-from gradaudit.scan.rules import OPTIMIZER_STATE, tensor_indices
-
-
-def _columns(tensors: Iterable[TensorStats]) -> StatsTable:
-    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself if one)."""
-    return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
-
-
-def _column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
-    """``findings`` when they are a :class:`~gradaudit.scan.finding_table.FindingTable` over
-    ``table`` (their counts and sets are then read on the columns), else ``None``."""
-    if isinstance(findings, FindingTable) and findings.table is table:
-        return findings
-    return None
-
-
-def flagged_indices(
-    table: StatsTable,
-    findings: Sequence[Finding],
-    kinds: Iterable[FindingKind] | None = None,
-    *,
-    ignored: bool = True,
-) -> np.ndarray:
-    """Indices (ascending) of the tensors with a finding of ``kinds`` (any kind: ``None``);
-    ``ignored=False`` leaves out the ignored findings."""
-    wanted = None if kinds is None else tuple(kinds)
-    columns = _column_findings(table, findings)
-    if columns is not None:
-        mask = np.ones(len(columns), dtype=bool) if wanted is None else columns.kind_is(*wanted)
-        if not ignored:
-            mask &= ~columns.severity_is(Severity.IGNORED)
-        return columns.tensors_where(mask)
-    keys = {
-        (f.source, f.tensor)
-        for f in findings
-        if (wanted is None or f.kind in wanted) and (ignored or not f.ignored)
-    }
-    return tensor_indices(table, keys)
+from gradaudit.scan.finding_table import SEVERITIES, FindingTable, column_findings, flagged_indices
+from gradaudit.scan.rules import OPTIMIZER_STATE, table_of, tensor_indices
 
 
 def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> FindingTable:
@@ -95,7 +58,7 @@ def evaluate_all(tensors: Iterable[TensorStats], thresholds: Thresholds) -> Find
     :func:`evaluate` when it is asked for: a million flagged tiny tensors hold no
     object each.
     """
-    return FindingTable.judge(_columns(tensors), thresholds)
+    return FindingTable.judge(table_of(tensors), thresholds)
 
 
 def evaluate_optimizer_state(
@@ -141,117 +104,6 @@ def evaluate_optimizer_state(
     return tuple(out)
 
 
-#: A role with fewer tensors than this in a file has no outlier reference.
-OUTLIER_MIN_TENSORS = 8
-#: Optimizer state is left out: its moments mirror the gradients, whose health the
-#: per-parameter estimates already judge, and an outlier there would only repeat it.
-_OUTLIER_ROLES = (Role.GRADIENT, Role.WEIGHT)
-
-
-def find_outliers(
-    tensors: Sequence[TensorStats],
-    thresholds: Thresholds,
-    findings_so_far: Sequence[Finding] = (),
-) -> tuple[tuple[Finding, ...], tuple[OutlierReference, ...]]:
-    """Tensors whose RMS sits far from the others of their role in their file.
-
-    Scale-free: on log10 RMS, the reference is the median (robust to the outliers it
-    looks for); the spread shown with it is the median absolute deviation times 1.4826
-    (a standard deviation for normal data). A tensor is an outlier when it lies more
-    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple
-    of the spread: a healthy model's roles mix tensor kinds (LayerNorm scales near 1,
-    matrices near 0.02), so its spread is wide, and a multiple of it would hide a layer
-    scaled by 1e3. Left out: tensors with no finite element or an RMS of 0 (other checks
-    cover them), roles with fewer than 8 tensors in a file, and tensors that already
-    have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
-    the outlier check is for what an absolute threshold cannot see.
-
-    Computed on the columns (:class:`~gradaudit.results.stats_table.StatsTable`): the logs with
-    ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
-    the two middle values), so the numbers are those of a loop over the tensors.
-    """
-    table = _columns(tensors)
-    magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
-    # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
-    # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
-    already = np.zeros(len(table), dtype=bool)
-    already[flagged_indices(table, findings_so_far, magnitude)] = True
-    rms = table.rms
-    with np.errstate(invalid="ignore"):
-        eligible = rms > 0  # NaN (no finite element) compares False
-    roles = table.role_codes
-    eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
-    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
-    # and of matrices sit decades apart in healthy models, weights do not (measured).
-    gradient = roles == ROLES.index(Role.GRADIENT)
-    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), 0)
-    indices = np.flatnonzero(eligible)
-    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
-    keys += shape_class[indices]
-    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
-    labels = ("all", "1-D", "2-D+")
-    findings: list[Finding] = []
-    references: list[OutlierReference] = []
-    for key_index in np.argsort(first, kind="stable").tolist():  # groups in first-seen order
-        if counts[key_index] < OUTLIER_MIN_TENSORS:
-            continue
-        members = indices[keys == unique[key_index]]
-        first_member = int(members[0])
-        source = table.sources[table.source_codes[first_member]]
-        role = ROLES[roles[first_member]]
-        shapes = labels[int(shape_class[first_member])]
-        member_rms = rms[members]
-        logs = _log10(member_rms)
-        median = _median(logs)
-        spread = 1.4826 * _median(np.abs(logs - median))
-        limit = thresholds.outlier_limit(role)
-        references.append(
-            OutlierReference(role, source, len(members), median, spread, limit, shapes)
-        )
-        distance = logs - median
-        for where in np.flatnonzero(np.abs(distance) > limit).tolist():
-            member = int(members[where])
-            if already[member]:
-                continue
-            name = table.names[member]
-            away = float(distance[where])
-            direction = "above" if away > 0 else "below"
-            message = (
-                f"RMS {float(member_rms[where]):.3g} is {abs(away):.1f} decades {direction} the "
-                f"median {10**median:.3g} of {len(members)} {role.value} tensors"
-                f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
-            )
-            kind = FindingKind.OUTLIER
-            findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
-    return tuple(findings), tuple(references)
-
-
-#: Values turned into Python floats at once by :func:`_log10`.
-_LOG_CHUNK = 1 << 16
-
-
-def _log10(values: np.ndarray) -> np.ndarray:
-    """``math.log10`` of each value (libm's, as a loop over the tensors computes it; numpy's
-    own may differ in the last bit), a chunk at a time: a million values as Python floats
-    at once were 32 MB, the largest part of a big scan's peak memory."""
-    logs = np.empty(len(values), dtype=np.float64)
-    for start in range(0, len(values), _LOG_CHUNK):
-        chunk = values[start : start + _LOG_CHUNK].tolist()
-        logs[start : start + len(chunk)] = np.fromiter(
-            map(math.log10, chunk), dtype=np.float64, count=len(chunk)
-        )
-    return logs
-
-
-def _median(values: np.ndarray) -> float:
-    """:func:`statistics.median` of a float64 array: the middle value, or the mean of two."""
-    ordered = np.sort(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return float(ordered[middle])
-    return (float(ordered[middle - 1]) + float(ordered[middle])) / 2
-
-
 def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding]) -> float:
     """One number in [0, 1] for dashboards and gates: 1 is a clean audit.
 
@@ -262,7 +114,7 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
     its tensor, so a non-finite value is never lost in the rounding of a large model.
     Nothing audited scores 0: no evidence of health.
     """
-    table = _columns(tensors)
+    table = table_of(tensors)
     total = int(table.numel.sum())
     if total == 0:
         return 0.0
@@ -315,7 +167,7 @@ def evaluate_limits(
         if files
         else ([(None, global_norm)] if tensors else [])
     )
-    table = _columns(tensors)
+    table = table_of(tensors)
     vanishing = flagged_indices(table, findings, (FindingKind.VANISHING,), ignored=False)
     dead_indices = set(vanishing.tolist())
     out: list[LimitFinding] = []
@@ -455,7 +307,7 @@ def in_tensor_order(
     Only the flagged tensors are looked up (:func:`tensor_indices`); a
     :class:`~gradaudit.scan.finding_table.FindingTable` is sorted on its columns.
     """
-    columns = _column_findings(table, findings)
+    columns = column_findings(table, findings)
     if columns is not None:
         return columns.in_tensor_order()
     keys = {(f.source, f.tensor) for f in findings}
@@ -463,63 +315,6 @@ def in_tensor_order(
     sources, codes, names = table.sources, table.source_codes, table.names
     order = {(sources[codes[i]], names[i]): i for i in found}
     return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(table))))
-
-
-def gradient_estimates(
-    tensors: Sequence[TensorStats],
-    hints: Sequence[TensorHint | None],
-    derived: Mapping[tuple[str | None, str | None, str], TensorStats],
-) -> tuple[tuple[GradientEstimate, ...], list[tuple[TensorStats, float]]]:
-    """Per-parameter gradient estimates from optimizer state, and negative second moments.
-
-    One estimate per parameter and file: the RMS norm from its second moment, the mean
-    norm from its first moment (see :func:`gradaudit.roles.estimate_value`).
-    """
-    merged: dict[tuple[str | None, str], GradientEstimate] = {}
-    negatives: list[tuple[TensorStats, float]] = []
-    for stats, hint in zip(tensors, hints, strict=True):
-        if stats.role not in (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT):
-            continue
-        lowest = derived.get((stats.source, stats.name, "neg"))
-        if lowest is not None and lowest.finite and lowest.max_abs > 0:
-            negatives.append((stats, -lowest.max_abs))
-        total = derived.get((stats.source, stats.name, "sum"))
-        if hint is None or hint.basis is None:
-            continue
-        basis = hint.basis
-        step_row = derived.get((stats.source, stats.name, "step"))
-        step = basis.step if step_row is None else step_row.max_abs
-        rms, mean, corrected = estimate_value(
-            basis, stats.norm, total.max_abs if total is not None and total.finite else None, step
-        )
-        if rms is None and mean is None:
-            continue
-        key = stats.name.split(" (", 1)[0].rsplit(".", 1)[0]
-        parameter = hint.param or key
-        what = stats.name.split(" (", 1)[0].rsplit(".", 1)[-1]
-        label = f"from {what}"
-        if corrected and step:
-            label += f", bias-corrected at step {step:g}"
-        previous = merged.get((stats.source, parameter))
-        if previous is None:
-            previous = GradientEstimate(parameter, stats.name, stats.source, label)
-        if rms is not None:
-            previous = dataclasses.replace(
-                previous,
-                tensor=stats.name,
-                basis=label,
-                rms_norm=rms,
-                step=step,
-                bias_corrected=corrected,
-            )
-        else:
-            previous = dataclasses.replace(previous, mean_norm=mean)
-            if previous.rms_norm is None:
-                previous = dataclasses.replace(
-                    previous, tensor=stats.name, basis=label, step=step, bias_corrected=corrected
-                )
-        merged[(stats.source, parameter)] = previous
-    return tuple(merged.values()), negatives
 
 
 def summarize(
@@ -530,7 +325,7 @@ def summarize(
     global_norm: float,
     excluded: int = 0,
 ) -> Summary:
-    columns = _column_findings(tensors, findings)
+    columns = column_findings(tensors, findings)
     severities: Counter[Severity] = Counter()
     if columns is not None:  # a million flagged tensors: counted on the columns
         counts = np.bincount(columns.severities, minlength=len(SEVERITIES)).tolist()

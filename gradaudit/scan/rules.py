@@ -9,7 +9,7 @@ finding when it is asked for, and the judge that builds the table import in one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -20,6 +20,11 @@ from gradaudit.results.stats_table import StatsTable
 
 #: The optimizer state roles: a NaN there spreads on resume.
 OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+
+def table_of(tensors: Iterable[TensorStats]) -> StatsTable:
+    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself if one)."""
+    return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
 
 
 def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) -> np.ndarray:

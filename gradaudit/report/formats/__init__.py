@@ -3,7 +3,7 @@
 Each format module renders every result type: ``render_scan`` (a
 :class:`~gradaudit.results.Report`), ``render_compare`` (a
 :class:`~gradaudit.results.comparison.Comparison`) and ``render_trend`` (a
-:class:`~gradaudit.trend.builder.TrendReport`), offered as its ``RENDERERS``.
+:class:`~gradaudit.results.trend.TrendReport`), offered as its ``RENDERERS``.
 :func:`renderers` is the one map from a format to them: ``assert_never`` makes
 mypy reject a format that is not mapped, and a test renders every result type
 in every format.
