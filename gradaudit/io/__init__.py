@@ -79,6 +79,10 @@ def open_source(path: str | Path) -> TensorSource:
         from gradaudit.io.safetensors_source import SafetensorsSource
 
         return SafetensorsSource(text)
+    if kind == "trainer_state":
+        from gradaudit.io.trainer_state import TrainerStateSource
+
+        return TrainerStateSource(text)
     if kind == "pickle":
         from gradaudit.io.torch_pickle import TorchPickleSource
 
