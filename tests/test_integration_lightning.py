@@ -207,3 +207,39 @@ def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path
         GradauditCallback(locate="sometimes")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         GradauditCallback(evry=1)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("settings", [{}, {"every_n_train_steps": 2, "save_top_k": -1}])
+def test_a_healthy_runs_lightning_checkpoints_pass_the_gate(
+    tmp_path: Path, settings: dict[str, int]
+) -> None:
+    """Files Lightning's own ``ModelCheckpoint`` writes (the default, and every 2 steps keeping
+    all): its bookkeeping (``kth_value = inf`` before any top-k exists) is listed as skipped,
+    never judged, and the model and optimizer state are audited."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gradaudit import scan_paths
+    from gradaudit.scan.judge import exit_code
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", **settings)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,  # the default ModelCheckpoint saves at an epoch's end
+        logger=False,
+        callbacks=[checkpoint],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with warnings.catch_warnings():
+        for category in (UserWarning, DeprecationWarning, FutureWarning):
+            warnings.simplefilter("ignore", category)
+        trainer.fit(_automatic(), _data())
+    files = sorted((tmp_path / "ckpt").glob("*.ckpt"))
+    assert files
+    report = scan_paths([str(f) for f in files])
+    assert exit_code(report) == 0, [f.message for f in report.findings if f.failing]
+    reasons = {s.name: s.reason for s in report.skipped if s.source == str(files[0])}
+    assert "Lightning callback state" in reasons["callbacks"]
+    assert not any(t.name.startswith("callbacks") for t in report.tensors)
+    assert any(t.name.startswith("state_dict.net.") for t in report.tensors)

@@ -181,7 +181,7 @@ def announce_problems(report: Report) -> None:
     """One stderr line per input that could not be audited, or for an empty audit."""
     for problem in report.errors:
         say(f"error: {printable(problem.path)}: {printable(problem.message)}")
-    if not report.errors and report.summary.tensors == 0:
+    if not report.errors and report.audited_nothing:
         from gradaudit.report.verdict import nothing_to_audit  # renderers: not at start-up
 
         say(f"error: {nothing_to_audit(report)}")

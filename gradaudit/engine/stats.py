@@ -95,7 +95,10 @@ _SCRATCH_BYTES_PER_ELEMENT = 20
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     """The stats row of a tensor with no elements (also the identity of the merge)."""
     row = torch.zeros(ROW_WIDTH, dtype=torch.float64, device=device)
-    row[SCALE] = 1.0
+    # fill_ launches a kernel with the scalar as its argument; ``row[SCALE] = 1.0`` copies a
+    # CPU scalar into device memory, which CUDA's sync debug mode reports as synchronizing
+    # (seen on an H200, docs/gpu.md): the collector must never sync a training step.
+    row.narrow(0, SCALE, 1).fill_(1.0)
     return row
 
 

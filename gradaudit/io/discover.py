@@ -30,6 +30,7 @@ from gradaudit.io.layouts import (
     DATA_SUFFIX,
     METADATA_NAME,
     PICKLE_EXTENSIONS,
+    TRAINER_STATE,
     is_dcp_directory,
     is_deepspeed_checkpoint,
     is_trainer_checkpoint,
@@ -41,8 +42,11 @@ KNOWN_SUFFIXES: tuple[str, ...] = (INDEX_SUFFIX, ".safetensors", *PICKLE_EXTENSI
 
 
 def input_kind(path: str) -> str | None:
-    """``"index"``, ``"safetensors"``, ``"pickle"`` or None, from the file name alone."""
+    """``"index"``, ``"safetensors"``, ``"pickle"``, ``"trainer_state"`` (a Trainer's logged
+    history) or None, from the file name alone."""
     name = path.lower()
+    if os.path.basename(name) == TRAINER_STATE:
+        return "trainer_state"
     if name.endswith(INDEX_SUFFIX):
         return "index"
     if name.endswith(".safetensors"):

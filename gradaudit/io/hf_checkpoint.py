@@ -14,23 +14,22 @@ checkpoint:
   the usual two groups): no name is better than a plausible wrong one;
 * ``scheduler.pt``, ``rng_state*.pth`` and ``training_args.bin`` are listed as skipped and
   never opened: bookkeeping, not tensors to audit, and the last is code;
-* ``trainer_state.json``'s ``log_history`` gradient norms (the Trainer's own, taken before
-  clipping) are summarised in one skipped entry beside the report, and returned in full by
-  :func:`trainer_grad_norms`: a checkpoint holds weights and optimizer moments, not
-  gradients, so the logged norms are the gradient record to read next to them.
+* ``trainer_state.json``'s ``log_history`` (the Trainer's logged ``loss`` and its
+  pre-clipping ``grad_norm``) is judged by :mod:`gradaudit.scan.history` (NaN, Inf, a
+  blow-up, with the step) and summarised in one skipped entry beside the report: a
+  checkpoint holds weights and optimizer moments, not gradients, and a run that diverged
+  can leave every tensor finite while its log says what happened.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from collections.abc import Iterator
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
-from gradaudit.io.files import open_checked, show
+from gradaudit.io.files import show
 from gradaudit.io.layouts import MODEL_FILES as MODEL_FILES
 from gradaudit.io.layouts import TRAINER_STATE as TRAINER_STATE
 from gradaudit.io.layouts import is_file
@@ -38,13 +37,12 @@ from gradaudit.io.layouts import is_trainer_checkpoint as is_trainer_checkpoint
 from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.torch_pickle import TorchPickleSource
+from gradaudit.io.trainer_state import read_log_history
 from gradaudit.results import Skipped
 
 OPTIMIZER_FILE = "optimizer.pt"
 #: The optimizer's tensors are named under this prefix.
 OPTIMIZER_PREFIX = "optimizer."
-#: A ``trainer_state.json`` larger than this is not read (a long run's is a few MB).
-MAX_STATE_BYTES = 64 << 20
 
 _NOT_READ = {
     "scheduler.pt": "learning-rate scheduler state, not tensors to audit; not read",
@@ -59,42 +57,11 @@ def trainer_grad_norms(directory: str) -> list[tuple[int, float]]:
     The Trainer logs the norm of the gradients before it clips them (``max_grad_norm``);
     a non-finite norm is kept as logged (``nan``/``inf``).
     """
-    path = os.path.join(directory, TRAINER_STATE)
-    handle, size = open_checked(path)
-    with handle:
-        if size > MAX_STATE_BYTES:
-            raise InputError(directory, f"{TRAINER_STATE} is {size} bytes, absurdly large")
-        raw = handle.read(MAX_STATE_BYTES + 1)
     try:
-        state = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise InputError(directory, f"{TRAINER_STATE} is not valid JSON") from None
-    history = state.get("log_history") if isinstance(state, dict) else None
-    if not isinstance(history, list):
-        raise InputError(directory, f"{TRAINER_STATE} has no log_history list")
-    norms = []
-    for row in history:
-        if not isinstance(row, dict):
-            continue
-        step, norm = row.get("step"), row.get("grad_norm")
-        if type(step) is int and isinstance(norm, int | float) and not isinstance(norm, bool):
-            norms.append((step, float(norm)))
-    return norms
-
-
-def _norms_note(norms: list[tuple[int, float]]) -> str:
-    if not norms:
-        return "Trainer log_history has no grad_norm; nothing to show beside the report"
-    step, last = norms[-1]
-    finite = [(n, s) for s, n in norms if math.isfinite(n)]
-    bad = [s for s, n in norms if not math.isfinite(n)]
-    text = f"the Trainer logged grad_norm {last:.4g} at step {step} (before clipping)"
-    if finite:
-        peak, at = max(finite)
-        text += f"; {len(norms)} logged, largest {peak:.4g} at step {at}"
-    if bad:
-        text += f"; non-finite at step{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad[:5]))}"
-    return text
+        rows = read_log_history(os.path.join(directory, TRAINER_STATE))
+    except InputError as error:
+        raise InputError(directory, error.cause) from None
+    return [(row.step, row.grad_norm) for row in rows if row.grad_norm is not None]
 
 
 class TrainerCheckpointSource:
@@ -105,7 +72,11 @@ class TrainerCheckpointSource:
         self.model_file = next(
             (n for n in MODEL_FILES if is_file(os.path.join(path, n))), MODEL_FILES[1]
         )
-        self.grad_norms = trainer_grad_norms(path)
+        try:
+            #: The Trainer's logged history, judged by :mod:`gradaudit.scan.history`.
+            self.logged_history = read_log_history(os.path.join(path, TRAINER_STATE))
+        except InputError as error:
+            raise InputError(path, error.cause) from None
         try:
             names = sorted(os.listdir(path))
         except OSError as error:
@@ -123,8 +94,6 @@ class TrainerCheckpointSource:
         return TorchPickleSource(full)
 
     def items(self, select: Select | None = None) -> Iterator[SourceItem]:
-        # First, so it stands at the top of the skipped list, beside the report.
-        yield Skipped(TRAINER_STATE, _norms_note(self.grad_norms), self.path)
         yield from self._file(self.model_file, "", select)
         if OPTIMIZER_FILE in self.others:
             yield from self._file(OPTIMIZER_FILE, OPTIMIZER_PREFIX, select)

@@ -59,6 +59,38 @@ MAX_DEPTH = 64
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
+#: Keys a Lightning checkpoint stores its trainer's bookkeeping under: callback state
+#: (``ModelCheckpoint``'s ``kth_value`` is ``inf`` until a top-k exists, ``EarlyStopping``'s
+#: ``best_score`` starts at ``±inf``), loop progress, schedulers and hyper-parameters. Not
+#: model or optimizer state, so never judged as a weight or gradient: listed as skipped.
+LIGHTNING_BOOKKEEPING = {
+    "callbacks": "Lightning callback state (best-k scores and paths, early-stopping counters)",
+    "loops": "Lightning loop progress (epoch and batch counters)",
+    "lr_schedulers": "Lightning learning-rate scheduler state",
+    "hyper_parameters": "Lightning hyper-parameters",
+    "datamodule_hyper_parameters": "Lightning data-module hyper-parameters",
+}
+
+
+def _bookkeeping(root: object) -> dict[int, str]:
+    """Container id -> why it is bookkeeping, for the trainer state of a Lightning checkpoint.
+
+    A Lightning checkpoint is a dict with ``pytorch-lightning_version`` (every version since
+    1.0 writes it) or with ``state_dict`` beside ``loops``/``callbacks``.
+    """
+    if not isinstance(root, dict):
+        return {}
+    lightning = "pytorch-lightning_version" in root or (
+        "state_dict" in root and ("loops" in root or "callbacks" in root)
+    )
+    if not lightning:
+        return {}
+    return {
+        id(root[key]): what
+        for key, what in LIGHTNING_BOOKKEEPING.items()
+        if key in root and _is_container(root[key])
+    }
+
 
 def _is_container(value: object) -> bool:
     # torch.Size is a tuple of ints: a value, not a structure to walk.
@@ -447,6 +479,8 @@ def walk_checkpoint(
     its parameter, how to read a gradient estimate from it) before the tensor is yielded.
     """
     bearing = _tensor_bearing(obj)
+    bookkeeping = _bookkeeping(obj)
+    bearing -= bookkeeping.keys()  # listed, never entered: nothing in them is judged
     names = _Names()
     containers: dict[int, str] = {}
     tensors: dict[tuple[object, ...], str] = {}
@@ -459,6 +493,8 @@ def walk_checkpoint(
             first = containers.setdefault(id(value), name)
             if first != name:
                 container_reason = f"the same object as {show(first)}; listed once"
+            elif id(value) in bookkeeping:
+                container_reason = f"{bookkeeping[id(value)]}, not model state; not audited"
             elif node.name is not None and id(value) not in bearing:
                 container_reason = f"{_describe(value)}, no tensor; not audited"
             elif node.depth >= MAX_DEPTH:

@@ -15,7 +15,7 @@ from gradaudit.errors import ExitCode
 from gradaudit.io.discover import COMPANION_REASON
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.results import Finding, Report, Skipped, TensorStats
+from gradaudit.results import HISTORY_KEYS, HISTORY_NAME, Finding, Report, Skipped, TensorStats
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.results.verdict import exit_code
 from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
@@ -223,6 +223,23 @@ def unaudited(report: Report) -> list[Finding]:
         mask = columns.kind_is(FindingKind.SKIPPED) & ~columns.severity_is(Severity.IGNORED)
         return list(columns.select(mask))
     return [f for f in report.findings if f.kind is FindingKind.SKIPPED and not f.ignored]
+
+
+def history_lines(report: Report) -> list[tuple[str, Severity | None]]:
+    """Each judged training log (``trainer_state.json``): what was logged, then its findings.
+
+    ``(line, severity)``; the severity is ``None`` for the line that says what was read.
+    Every human format shows these: a diverged run's verdict rests on them.
+    """
+    lines: list[tuple[str, Severity | None]] = []
+    for history in report.histories:
+        lines.append((f"Logged history of {printable(history.file)}: {history.note}", None))
+        keys = {(history.file, f"{HISTORY_NAME}.{key}") for key in HISTORY_KEYS}
+        for found in findings_by_tensor(report, only=keys).values():
+            lines += [
+                (f"{f.kind.value} {f.tensor}: {printable(f.message)}", f.severity) for f in found
+            ]
+    return lines
 
 
 def failing_kinds(report: Report) -> list[str]:

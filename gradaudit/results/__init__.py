@@ -250,6 +250,25 @@ class Summary:
     gradient_health: float = 1.0
 
 
+#: Findings on a logged history are named ``log_history.<key>``, one per logged quantity.
+HISTORY_NAME = "log_history"
+HISTORY_KEYS = ("loss", "grad_norm")
+
+
+@dataclass(frozen=True)
+class LoggedHistory:
+    """A training run's own log, judged beside the tensors (``trainer_state.json``).
+
+    ``file`` is the input it came with; ``rows`` how many logged steps were judged;
+    ``note`` one line on what was logged last. Its findings are named
+    ``log_history.loss`` / ``log_history.grad_norm`` and carry the step.
+    """
+
+    file: str
+    rows: int
+    note: str
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything one audit found. Built once, rendered by any formatter."""
@@ -279,3 +298,11 @@ class Report:
     #: Per tensor (same order as ``tensors``), when asked for (``--precision``): exponent
     #: histograms; ``None`` for a tensor whose stats came from another rank.
     histograms: tuple[ExponentHistogram | None, ...] = ()
+    #: The trainers' logged histories that were judged (``trainer_state.json``), one per
+    #: input that has one; their findings are in ``findings`` (``log_history.<key>``).
+    histories: tuple[LoggedHistory, ...] = ()
+
+    @property
+    def audited_nothing(self) -> bool:
+        """Whether neither a tensor nor a logged training history was judged."""
+        return self.summary.tensors == 0 and not self.histories

@@ -33,14 +33,15 @@ class SeverityColumns(Protocol):
 def exit_code(report: Report) -> ExitCode:
     """The exit policy, in order of precedence.
 
-    1. An input could not be audited, or nothing at all was audited -> INPUT_ERROR.
+    1. An input could not be audited, or nothing at all was audited (no tensor and no
+       logged training history) -> INPUT_ERROR.
        Errors beat findings: an incomplete audit never passes.
     2. A finding the policy fails on, or an exceeded limit -> FINDINGS.
     3. Otherwise OK (warnings and ignored findings do not fail).
 
     USAGE_ERROR and INTERNAL_ERROR never reach a report: they are raised.
     """
-    if report.errors or report.summary.tensors == 0:
+    if report.errors or report.audited_nothing:
         return ExitCode.INPUT_ERROR
     if report.limit_findings or _any_failing(report.findings):
         return ExitCode.FINDINGS

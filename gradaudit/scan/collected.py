@@ -19,15 +19,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from gradaudit.io.discover import BadInput, Expanded, SkippedPath
+from gradaudit.io.trainer_state import LoggedStep, describe_history
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram
-from gradaudit.results import FileResult, InputProblem, Report, Skipped
+from gradaudit.results import FileResult, InputProblem, LoggedHistory, Report, Skipped
 from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.results.row import merge_rows, row_norm
 from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
 from gradaudit.roles import metadata_evidence
 from gradaudit.scan.estimates import gradient_estimates
+from gradaudit.scan.history import evaluate_history
 from gradaudit.scan.judge import (
     evaluate_all,
     evaluate_limits,
@@ -66,6 +68,8 @@ class Collected:
         self._hints: list[TensorHint | None] = []
         #: What each file's metadata says it holds, where it says anything.
         self._file_evidence: dict[str, FileEvidence] = {}
+        #: Each file's logged training history (``trainer_state.json``), judged with the rows.
+        self._histories: dict[str, tuple[LoggedStep, ...]] = {}
         self._skipped: list[Skipped] = []
         self._files: list[str] = []
         self._errors: list[InputProblem] = []
@@ -164,6 +168,9 @@ class Collected:
         evidence = metadata_evidence(metadata if isinstance(metadata, Mapping) else None)
         if evidence is not None:
             self._file_evidence[label] = evidence
+        history = getattr(reader, "logged_history", None)
+        if isinstance(history, tuple) and history:
+            self._histories[label] = history
         hints = getattr(reader, "role_hints", None)
         return hints if isinstance(hints, Mapping) else {}
 
@@ -199,6 +206,7 @@ class Collected:
                 setattr(self, column, theirs)
             setattr(other, column, theirs[:0])
         self._file_evidence.update(other._file_evidence)
+        self._histories.update(other._histories)
         self._skipped += other._skipped
         self._excluded += other._excluded
 
@@ -271,8 +279,10 @@ class Collected:
                 estimates, negatives, thresholds
             )
             outliers, references = find_outliers(table, thresholds, judged)
-            findings = in_tensor_order(table, judged + outliers) + evaluate_skipped(
-                self._skipped, thresholds
+            findings = (
+                in_tensor_order(table, judged + outliers)
+                + evaluate_skipped(self._skipped, thresholds)
+                + evaluate_history(self._histories, thresholds)
             )
         global_row = merge_rows(host) if len(table) else None
         global_norm = 0.0 if global_row is None else row_norm(global_row.tolist())
@@ -302,6 +312,10 @@ class Collected:
             estimates=estimates,
             outlier_references=references,
             histograms=histograms,
+            histories=tuple(
+                LoggedHistory(path, len(rows), describe_history(rows))
+                for path, rows in self._histories.items()
+            ),
         )
 
     def _file_results(

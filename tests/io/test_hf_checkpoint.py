@@ -11,6 +11,7 @@ import torch
 
 from gradaudit import scan_paths
 from gradaudit.io.hf_checkpoint import trainer_grad_norms
+from gradaudit.scan.judge import exit_code
 from tests.hostile import OpenMarker, marker
 from tests.models import tiny_hf_bert
 
@@ -72,7 +73,7 @@ def test_scanned_as_one_checkpoint_with_the_same_stats_as_its_files(
     assert "not read" in skipped["rng_state.pth"]
 
 
-def test_logged_grad_norms_are_shown_beside_the_report(
+def test_logged_grad_norms_are_judged_beside_the_report(
     checkpoint: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     directory, history = checkpoint
@@ -80,10 +81,58 @@ def test_logged_grad_norms_are_shown_beside_the_report(
     assert len(logged) == 3
     assert trainer_grad_norms(str(directory)) == logged
     report = scan_paths([directory], device="cpu")
-    note = report.skipped[0]
-    assert note.name == "trainer_state.json"
+    assert exit_code(report) == 0
+    (judged,) = report.histories
+    assert (judged.file, judged.rows) == (str(directory), 3)
     step, last = logged[-1]
-    assert note.reason.startswith(f"the Trainer logged grad_norm {last:.4g} at step {step}")
+    assert f"grad_norm {last:.4g} at step {step}" in judged.note
+    assert "trainer_state.json" not in {s.name for s in report.skipped}
+    alone = scan_paths([directory / "trainer_state.json"], device="cpu")
+    assert exit_code(alone) == 0  # a log judged is something audited, not "nothing to audit"
+    assert [h.rows for h in alone.histories] == [3]
+
+
+def _train(out: Path, learning_rate: float, steps: int) -> Path:
+    from transformers import Trainer, TrainingArguments
+
+    model = tiny_hf_bert()
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        {"input_ids": torch.randint(0, 50, (8,), generator=gen), "labels": torch.tensor(i % 2)}
+        for i in range(4 * steps)
+    ]
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=steps,
+        logging_steps=1,
+        save_steps=steps,
+        learning_rate=learning_rate,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    Trainer(model=model, args=args, train_dataset=data).train()
+    return out / f"checkpoint-{steps}"
+
+
+def test_a_run_that_diverged_fails_on_its_own_log_with_the_step(tmp_path: Path) -> None:
+    """Learning rate 1e4: the loss climbs to ~1e5 within a few steps, every tensor stays
+    finite, and the Trainer's log says so; the directory and the log alone both fail."""
+    import json
+
+    directory = _train(tmp_path, learning_rate=1e4, steps=8)
+    history = json.loads((directory / "trainer_state.json").read_text())["log_history"]
+    first = history[0]["loss"]
+    worst = max((row for row in history if "loss" in row), key=lambda row: row["loss"])
+    assert worst["loss"] > 100 * first  # the premise: the real Trainer's run diverged
+    for path in (directory, directory / "trainer_state.json"):
+        report = scan_paths([path], device="cpu")
+        assert exit_code(report) == 1
+        (finding,) = [f for f in report.findings if f.tensor == "log_history.loss"]
+        assert finding.failing
+        assert finding.kind.value == "exploding"
+        assert f"at step {worst['step']}" in finding.message
 
 
 def test_training_args_are_never_unpickled(

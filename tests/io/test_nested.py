@@ -205,3 +205,26 @@ def test_iter_tensors_yields_every_tensor_object_including_meta() -> None:
     found = list(iter_tensors({"a": [meta, torch.ones(1)], "b": 3}))
     assert len(found) == 2
     assert found[0] is meta
+
+
+def test_lightning_bookkeeping_is_listed_once_and_never_walked() -> None:
+    """A Lightning checkpoint's callbacks, loops and schedulers are trainer bookkeeping:
+    ``ModelCheckpoint``'s ``kth_value`` is ``inf`` before any top-k exists."""
+    weight = torch.ones(2, 2)
+    callback = {"kth_value": torch.tensor(float("inf")), "best_k_models": {}}
+    lightning = {
+        "epoch": 0,
+        "pytorch-lightning_version": "2.6.6",
+        "state_dict": {"net.weight": weight},
+        "loops": {"fit_loop": {"epoch_progress": {"total": {"ready": 1}}}},
+        "callbacks": {"ModelCheckpoint{'monitor': None}": callback},
+        "lr_schedulers": [],
+    }
+    tensors, skipped, _ = walk(lightning)
+    assert tensors == ["state_dict.net.weight"]
+    assert "Lightning callback state" in skipped["callbacks"]
+    assert "Lightning loop progress" in skipped["loops"]
+    assert not any(name.startswith("callbacks.") for name in skipped)
+    # The same keys in a checkpoint that is not Lightning's are walked as usual.
+    plain = {"model": {"net.weight": weight}, "callbacks": {"kth": callback["kth_value"]}}
+    assert walk(plain)[0] == ["model.net.weight", "callbacks.kth"]

@@ -92,7 +92,7 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
     title = "gradaudit: input could not be audited"
     for problem in report.errors:
         yield _input_error(problem, title) + "\n"
-    if not report.errors and not report.tensors:
+    if not report.errors and report.audited_nothing:
         yield command("error", nothing_to_audit(report), title="gradaudit: nothing to audit") + "\n"
     for limit in report.limit_findings:
         source = None if limit.source is None else printable(limit.source)

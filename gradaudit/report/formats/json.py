@@ -40,9 +40,12 @@ from gradaudit.report.compare_text import (
 )
 from gradaudit.report.verdict import findings_by_tensor, tensor_findings
 from gradaudit.results import (
+    HISTORY_KEYS,
+    HISTORY_NAME,
     Finding,
     GradientEstimate,
     LimitFinding,
+    LoggedHistory,
     OutlierReference,
     Report,
     TensorStats,
@@ -111,6 +114,19 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "kind": finding.kind.value,
         "severity": finding.severity.value,
         "message": finding.message,
+    }
+
+
+def _history(report: Report, history: LoggedHistory) -> dict[str, Any]:
+    keys = {(history.file, f"{HISTORY_NAME}.{key}") for key in HISTORY_KEYS}
+    found = findings_by_tensor(report, only=keys)
+    return {
+        "file": history.file,
+        "steps": history.rows,
+        "note": history.note,
+        "findings": [
+            {"name": f.tensor, **_finding(f)} for key in sorted(found) for f in found[key]
+        ],
     }
 
 
@@ -230,6 +246,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             for s in report.skipped
         ],
         "errors": [{"file": e.path, "message": e.message} for e in report.errors],
+        "history": [_history(report, h) for h in report.histories],
         "summary": {
             "tensors": summary.tensors,
             "skipped": summary.skipped,

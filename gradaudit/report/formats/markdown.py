@@ -71,6 +71,7 @@ from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import (
     audited_line,
     flagged_tensors,
+    history_lines,
     several_files,
     unaudited,
     verdict_line,
@@ -168,6 +169,10 @@ def _limit(finding: LimitFinding) -> str:
 
 def _problems(report: Report) -> list[str]:
     lines = [_limit(f) for f in report.limit_findings]
+    lines += [
+        f"- {'ℹ️' if severity is None else MARK[severity]} {escape(line)}"
+        for line, severity in history_lines(report)
+    ]
     lines += [f"- ❌ {code(e.path)}: {escape(e.message)}" for e in report.errors]
     lines += [
         f"- {MARK[f.severity]} {code(f.tensor)}: {escape(f.message)}" for f in unaudited(report)

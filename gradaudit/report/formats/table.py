@@ -97,6 +97,7 @@ from gradaudit.report.verdict import (
     file_findings,
     findings_by_tensor,
     flagged_line,
+    history_lines,
     reading_lines,
     several_files,
     skipped_lines,
@@ -282,6 +283,16 @@ def _estimates_table(report: Report, options: RenderOptions) -> Table | None:
     return fitted_table(columns, sane_width(options.width), title=title)[0]
 
 
+_HISTORY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.IGNORED: "dim"}
+
+
+def _history_lines(report: Report) -> list[Text]:
+    return [
+        Text(line, style="" if severity is None else _HISTORY_STYLE[severity])
+        for line, severity in history_lines(report)
+    ]
+
+
 def _limit_lines(report: Report) -> list[Text]:
     return [Text(f"LIMIT: {printable(f.message)}", style="bold red") for f in report.limit_findings]
 
@@ -334,6 +345,7 @@ def _scan_summary(report: Report, hidden: int) -> list[Text]:
         Text(line, style="yellow" if unaudited else "dim")
         for line, unaudited in skipped_lines(report)
     ]
+    lines += _history_lines(report)
     lines += _limit_lines(report)
     for problem in report.errors:
         text = f"input error: {printable(problem.path)}: {printable(problem.message)}"
