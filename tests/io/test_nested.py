@@ -228,3 +228,15 @@ def test_lightning_bookkeeping_is_listed_once_and_never_walked() -> None:
     # The same keys in a checkpoint that is not Lightning's are walked as usual.
     plain = {"model": {"net.weight": weight}, "callbacks": {"kth": callback["kth_value"]}}
     assert walk(plain)[0] == ["model.net.weight", "callbacks.kth"]
+
+
+def test_an_expanded_view_is_skipped_unread_not_reduced() -> None:
+    """``torch.zeros(1).expand(2**40)`` is 1.5 KB in a file; reducing it would read 2**40
+    elements. It is skipped as unread (a ``skipped`` finding), a plain view is audited."""
+    bomb = torch.zeros(1).expand(2**40)
+    items = list(walk_checkpoint({"bomb": bomb, "view": torch.ones(4, 4)[1:]}, "ckpt.pt"))
+    (skipped,) = [item for item in items if isinstance(item, Skipped)]
+    assert skipped.name == "bomb"
+    assert skipped.unaudited
+    assert "expanded view: 1,099,511,627,776 elements over 1 stored" in skipped.reason
+    assert [item[0] for item in items if isinstance(item, tuple)] == ["view"]
