@@ -543,6 +543,10 @@ def walk_checkpoint(
             key = _tensor_key(value)
             if key is not None:
                 tensors[key] = shown
+            if value.is_quantized:
+                # Judged as the values it stands for: a NaN or Inf scale makes every value
+                # NaN/Inf, which the integer codes alone would hide.
+                value = value.dequantize()
             if hints is not None:
                 hint = _role_hint(node, value, optimizers)
                 if hint is not None:

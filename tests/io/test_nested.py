@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -240,3 +241,22 @@ def test_an_expanded_view_is_skipped_unread_not_reduced() -> None:
     assert skipped.unaudited
     assert "expanded view: 1,099,511,627,776 elements over 1 stored" in skipped.reason
     assert [item[0] for item in items if isinstance(item, tuple)] == ["view"]
+
+
+def test_a_quantized_tensor_is_judged_as_the_values_it_stands_for() -> None:
+    """A NaN scale dequantizes to all-NaN; as int8 codes it read as 'not floating-point'."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # quantized creation is deprecated
+        codes = torch.randn(3, 4)
+        bad = torch.quantize_per_tensor(codes, scale=math.nan, zero_point=0, dtype=torch.qint8)
+        good = torch.quantize_per_tensor(codes, scale=0.1, zero_point=0, dtype=torch.qint8)
+    items = dict(
+        item
+        for item in walk_checkpoint({"bad": bad, "good": good}, "q.pt")
+        if isinstance(item, tuple)
+    )
+    assert items["bad"].dtype == torch.float32
+    assert bool(items["bad"].isnan().all())
+    assert torch.equal(items["good"], good.dequantize())
