@@ -174,6 +174,15 @@ def _duplicate(path: str, first: str) -> str:
     return f"same file as {show(first, limit=400)}; audited once"
 
 
+def _inside(path: str, root: str) -> bool:
+    """Whether ``path``, its links resolved, lies within ``root`` (its links resolved)."""
+    try:
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        return os.path.commonpath([real, top]) == top
+    except (OSError, ValueError):
+        return False
+
+
 def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
     found = 0
     unsearched = 0
@@ -224,6 +233,12 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
             if _is_directory(path):
                 if entry.name.startswith("."):
                     yield SkippedPath(path, "hidden directory; not searched", root)
+                elif recursive and not _inside(path, root):
+                    # A planted link to / or /proc would crawl the machine: -r stays in
+                    # the tree it was given (links within it are followed).
+                    yield SkippedPath(
+                        path, "symbolic link out of the input directory; not searched", root
+                    )
                 elif recursive:
                     subfolders.append(path)
                 else:
