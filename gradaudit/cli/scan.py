@@ -13,6 +13,7 @@ from gradaudit.cli.app import (
     app,
     check_device_option,
     exit_codes,
+    say,
 )
 from gradaudit.cli.options import (
     CastCheckOption,
@@ -144,7 +145,7 @@ def scan(
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
-        from gradaudit.scan.torchrun import torchrun_env
+        from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
 
         settings = settings_from_flags(
             config,
@@ -182,6 +183,14 @@ def scan(
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
         job = None if distributed is False else torchrun_env()
+        if job is not None and distributed is None and not launched_as_rank(parent_command()):
+            # RANK/WORLD_SIZE inherited from a training job's rank (a subprocess of it):
+            # joining would wait forever for ranks that never come.
+            say(
+                f"note: RANK={job.rank} and WORLD_SIZE={job.world_size} are set, but this "
+                "process was not started by torchrun: scanning alone (--distributed joins)"
+            )
+            job = None
         if distributed and job is None:
             raise UsageError(
                 "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
