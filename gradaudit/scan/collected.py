@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from gradaudit.engine.row import merge_rows, row_norm
+from gradaudit.engine.row import NAN, NEG_INF, POS_INF, merge_rows, row_norm
 from gradaudit.io.discover import BadInput, Expanded, SkippedPath
 from gradaudit.io.trainer_state import LoggedStep, describe_history
 from gradaudit.no_gc import paused_gc
@@ -337,7 +337,13 @@ class Collected:
                     if global_row is not None and len(indices) == len(table)
                     else merge_rows(host[indices])
                 )
-                norm = row_norm(row.tolist())
+                values = row.tolist()
+                elements = int(table.numel[indices].sum())
+                # No finite element in the file (all NaN/Inf): no norm, never a 0.
+                unmeasured = (
+                    elements and values[NAN] + values[POS_INF] + values[NEG_INF] >= elements
+                )
+                norm = None if unmeasured else row_norm(values)
             read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,
