@@ -59,6 +59,8 @@ PURE = {
     "gradaudit.report.fit",
     "gradaudit.report.output_format",
     "gradaudit.report.plot",
+    "gradaudit.report.precision_plot",
+    "gradaudit.report.precision_table",
     "gradaudit.report.styles",
     "gradaudit.report.text",
     "gradaudit.results",
@@ -66,6 +68,7 @@ PURE = {
     "gradaudit.results.trend",
     "gradaudit.results.verdict",
     "gradaudit.scan",
+    "gradaudit.scan.torchrun",
     "gradaudit.trend",
     "gradaudit.training",
 }

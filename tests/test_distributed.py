@@ -328,3 +328,37 @@ def test_cli_incomplete_torchrun_environment_is_a_usage_error(tmp_path: Path) ->
     assert result.stdout == ""
     assert "cannot join the torchrun job" in result.stderr
     assert "MASTER_ADDR" in result.stderr
+
+
+def test_a_scan_run_from_inside_a_training_job_scans_alone(tmp_path: Path) -> None:
+    """A rank's subprocess inherits RANK/WORLD_SIZE: joining waited forever (killed after
+    45-60 s) for ranks that never come. Not started by a launcher, it scans alone."""
+    path = tmp_path / "g.safetensors"
+    save_file({"w": torch.ones(3)}, str(path))
+    env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29513")
+    result = subprocess.run(
+        [sys.executable, "-m", "gradaudit", "scan", str(path), "--format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert json.loads(result.stdout)["summary"]["tensors"] == 1
+    assert "not started by torchrun: scanning alone" in result.stderr
+
+
+def test_only_a_launchers_child_joins_by_itself() -> None:
+    from gradaudit.scan.torchrun import launched_as_rank, parent_command
+
+    assert launched_as_rank(["/usr/bin/python3", "/usr/bin/torchrun", "--nproc-per-node", "2"])
+    assert launched_as_rank(["/venv/bin/torchrun", "-m", "gradaudit", "scan", "ckpt"])
+    assert launched_as_rank(["python", "-m", "torch.distributed.run", "--standalone", "x.py"])
+    assert not launched_as_rank(["python", "train.py", "--lr", "3e-4"])
+    # A launcher's name elsewhere in the arguments is not a launcher.
+    assert not launched_as_rank(["python", "-m", "pytest", "-k", "torchrun or deepspeed"])
+    assert launched_as_rank(None)  # no /proc: as before, the environment decides
+    own = parent_command(os.getpid())
+    assert own is None or any("python" in arg or "pytest" in arg for arg in own)

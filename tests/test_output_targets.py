@@ -144,3 +144,39 @@ def test_files_read_lists_expanded_inputs_and_shards(folder: Path, sharded: Path
         str(sharded.parent / "model-00002-of-00002.safetensors"),
     ]
     assert str(folder / "sub" / "c.safetensors") in files_read([folder], recursive=True)
+
+
+@pytest.mark.parametrize(
+    ("layout", "inside"),
+    [
+        ({".metadata": b"dcp", "__0_0.distcp": b"data"}, ".metadata"),
+        (
+            {
+                "trainer_state.json": b'{"log_history": []}',
+                "model.safetensors": b"",
+                "optimizer.pt": b"opt",
+            },
+            "optimizer.pt",
+        ),
+        ({"trainer_state.json": b'{"log_history": []}', "model.safetensors": b""}, "x"),
+    ],
+)
+def test_a_file_inside_a_checkpoint_directory_is_not_overwritten(
+    tmp_path: Path, layout: dict[str, bytes], inside: str
+) -> None:
+    """A DCP or Trainer directory is one input whose reader opens the files inside it:
+    ``-o ckpt/.metadata`` would replace the checkpoint's index with the report."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    for name, data in layout.items():
+        (checkpoint / name).write_bytes(data)
+    if "model.safetensors" in layout:
+        save_file({"w": torch.ones(3)}, str(checkpoint / "model.safetensors"))
+    target = checkpoint / inside
+    if inside == "x":  # a new file in the directory is not an input: writing it is allowed
+        assert str(target) not in files_read([checkpoint])
+        return
+    before = digest(target)
+    refused("scan", str(checkpoint), "-o", str(target), "--format", "json")
+    refused("compare", str(checkpoint), str(checkpoint), "-o", str(target), "-f", "json")
+    assert digest(target) == before

@@ -14,6 +14,7 @@ from gradaudit.cli.app import (
     check_device_option,
     exit_codes,
     output_width,
+    say,
 )
 from gradaudit.cli.options import (
     CastCheckOption,
@@ -47,7 +48,7 @@ from gradaudit.report.precision_table import render_precision
 from gradaudit.report.text import plural
 from gradaudit.results import Report
 from gradaudit.results.verdict import exit_code, precision_exit_code
-from gradaudit.scan.torchrun import torchrun_env
+from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -185,6 +186,14 @@ def scan(
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
         job = None if distributed is False else torchrun_env()
+        if job is not None and distributed is None and not launched_as_rank(parent_command()):
+            # RANK/WORLD_SIZE inherited from a training job's rank (a subprocess of it):
+            # joining would wait forever for ranks that never come.
+            say(
+                f"note: RANK={job.rank} and WORLD_SIZE={job.world_size} are set, but this "
+                "process was not started by torchrun: scanning alone (--distributed joins)"
+            )
+            job = None
         if distributed and job is None:
             raise UsageError(
                 "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"

@@ -119,7 +119,15 @@ class DeepSpeedSource:
             for name, shape in group.items():
                 if not isinstance(name, str) or not isinstance(shape, tuple | list):
                     raise InputError(self.path, f"{MODEL_STATES} has a malformed param_shapes")
-                size = tuple(int(n) for n in shape)
+                if not all(type(n) is int and n >= 0 for n in shape):
+                    # A negative dimension would shift every later slot so that no real
+                    # value is read (a false OK); text, NaN or a tensor is no dimension.
+                    raise InputError(
+                        self.path,
+                        f"{MODEL_STATES} gives {show(name)} the shape "
+                        f"{show(repr(shape), limit=60)}: dimensions must be integers >= 0",
+                    )
+                size = tuple(shape)
                 slots.append(_Slot(name, size, start))
                 start += math.prod(size)
             groups.append(slots)

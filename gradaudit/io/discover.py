@@ -174,6 +174,15 @@ def _duplicate(path: str, first: str) -> str:
     return f"same file as {show(first, limit=400)}; audited once"
 
 
+def _inside(path: str, root: str) -> bool:
+    """Whether ``path``, its links resolved, lies within ``root`` (its links resolved)."""
+    try:
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        return os.path.commonpath([real, top]) == top
+    except (OSError, ValueError):
+        return False
+
+
 def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
     found = 0
     unsearched = 0
@@ -224,6 +233,12 @@ def _walk(root: str, recursive: bool, seen: _Seen) -> Iterator[Expanded]:
             if _is_directory(path):
                 if entry.name.startswith("."):
                     yield SkippedPath(path, "hidden directory; not searched", root)
+                elif recursive and not _inside(path, root):
+                    # A planted link to / or /proc would crawl the machine: -r stays in
+                    # the tree it was given (links within it are followed).
+                    yield SkippedPath(
+                        path, "symbolic link out of the input directory; not searched", root
+                    )
                 elif recursive:
                     subfolders.append(path)
                 else:
@@ -276,7 +291,8 @@ def files_read(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = Fal
     each sharded index names.
 
     For refusing an output path that would replace one of them (``--output``, ``--plot``):
-    a report written over a checkpoint found in a directory, or over a shard reached
+    a report written over a checkpoint found in a directory, over a file inside a checkpoint
+    directory (DCP ``.metadata``, a Trainer's ``optimizer.pt``), or over a shard reached
     through its index, destroys data the user asked to have read. Paths that do not
     exist are listed too (as given), so an output cannot take their place either.
     """
@@ -285,6 +301,22 @@ def files_read(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = Fal
         if not isinstance(entry, FileInput):
             continue
         found.append(entry.path)
-        if input_kind(entry.path) == "index":
+        if _is_directory(entry.path):
+            # A checkpoint directory (DCP, DeepSpeed, a Trainer's) is one input whose reader
+            # opens the files inside it: each of them is read, so none may be replaced.
+            found += _files_inside(entry.path)
+        elif input_kind(entry.path) == "index":
             found += referenced_shards(entry.path)
     return found
+
+
+def _files_inside(folder: str) -> list[str]:
+    """Every entry of a checkpoint directory (not its subdirectories), and the shards its
+    sharded indexes name."""
+    try:
+        with os.scandir(folder) as scan:
+            names = sorted(entry.path for entry in scan if not _is_directory(entry.path))
+    except OSError:
+        return []
+    shards = [s for n in names if n.lower().endswith(INDEX_SUFFIX) for s in referenced_shards(n)]
+    return names + shards

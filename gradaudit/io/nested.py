@@ -449,6 +449,16 @@ def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...] | None:
     )
 
 
+def _stored_elements(tensor: torch.Tensor) -> int | None:
+    """How many elements the tensor's storage holds, where that can be told cheaply."""
+    if tensor.layout is not torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+        return None
+    try:
+        return tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+    except (RuntimeError, NotImplementedError):  # a storage-less subclass
+        return None
+
+
 def _tensor_skip_reason(
     node: _Node, tensor: torch.Tensor, seen: dict[tuple[object, ...], str]
 ) -> str | None:
@@ -459,6 +469,14 @@ def _tensor_skip_reason(
         return "meta tensor (it holds no data); not audited"
     if node.in_optimizer_entry and tensor.dim() == 0 and (node.name or "").endswith(".step"):
         return "optimizer step counter; not audited"
+    stored = _stored_elements(tensor)
+    if stored is not None and tensor.numel() > stored:
+        # ``torch.zeros(1).expand(2**40)`` is 1.5 KB on disk: reducing it would read (or
+        # copy) 2**40 elements. Its values are the storage's, repeated; not judged here.
+        return (
+            f"an expanded view: {tensor.numel():,} elements over {stored:,} stored "
+            "(a zero stride); not audited"
+        )
     key = _tensor_key(tensor)
     if key is not None and key in seen:
         return f"same data as {show(seen[key])} (tied or shared); audited once"
@@ -510,14 +528,21 @@ def walk_checkpoint(
         elif isinstance(value, torch.Tensor):
             reason = _tensor_skip_reason(node, value, tensors)
             if reason is not None:
-                # A subclass is skipped with its values unread; the others hold no data
-                # of their own (meta, a step counter, a tensor already audited).
-                unread = reason.startswith("tensor subclass") and hides_values(value.dtype)
+                # A subclass or an expanded view is skipped with its values unread (a
+                # ``skipped`` finding); the others hold no data of their own (meta, a step
+                # counter, a tensor already audited).
+                unread = reason.startswith(("tensor subclass", "an expanded view")) and (
+                    hides_values(value.dtype)
+                )
                 yield Skipped(shown, reason, source, unread)
                 continue
             key = _tensor_key(value)
             if key is not None:
                 tensors[key] = shown
+            if value.is_quantized:
+                # Judged as the values it stands for: a NaN or Inf scale makes every value
+                # NaN/Inf, which the integer codes alone would hide.
+                value = value.dequantize()
             if hints is not None:
                 hint = _role_hint(node, value, optimizers)
                 if hint is not None:

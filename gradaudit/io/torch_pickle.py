@@ -122,6 +122,16 @@ def _load_failure(error: Exception) -> str:
     return f"cannot load this PyTorch checkpoint ({type(error).__name__}: {detail})"
 
 
+def trainer_bookkeeping(path: str) -> str | None:
+    """What a ``transformers.Trainer`` checkpoint file that holds no tensors is, by its name."""
+    name = os.path.basename(path).lower()
+    if name.startswith("rng_state") and name.endswith(".pth"):
+        return "a Trainer's random-number-generator state (numpy arrays)"
+    if name == "training_args.bin":
+        return "a Trainer's pickled TrainingArguments object"
+    return None
+
+
 class TorchPickleSource:
     """One ``torch.save`` file: a zip checkpoint (memory-mapped) or the legacy pickle format."""
 
@@ -208,6 +218,13 @@ class TorchPickleSource:
             raise InputError(self.path, _load_failure(error)) from None
 
     def _refusal(self, message: str) -> str:
+        trainer_file = trainer_bookkeeping(self.path)
+        if trainer_file is not None:
+            # Every Trainer checkpoint has these: say what they are, not "unsafe".
+            return (
+                f"{trainer_file}, not tensors to audit; not unpickled (nothing from the file "
+                "was run): scan its checkpoint directory to audit the model and optimizer"
+            )
         if self.archive is None:
             data = _read_prefix(self.path, 0, _SCAN_BYTES)
             return explain_refusal(message, io.BytesIO(data), _LEGACY_PICKLES)

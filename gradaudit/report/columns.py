@@ -10,6 +10,7 @@ the column at a narrow width (see :mod:`gradaudit.report.fit`); Markdown ignores
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -60,9 +61,14 @@ TENSOR_SHAPE: Field[TensorStats] = Field(
 TENSOR_DTYPE: Field[TensorStats] = Field(
     "dtype", lambda s: s.dtype, _same, justify="left", priority=50
 )
-TENSOR_NORM: Field[TensorStats] = Field("norm", lambda s: s.norm)
-TENSOR_RMS: Field[TensorStats] = Field("rms", lambda s: s.rms, priority=10)
-TENSOR_MAX_ABS: Field[TensorStats] = Field("max|x|", lambda s: s.max_abs, priority=30)
+# A tensor with no finite element shows nan, never a norm of 0 (a dead layer).
+TENSOR_NORM: Field[TensorStats] = Field("norm", lambda s: math.nan if s.unmeasured else s.norm)
+TENSOR_RMS: Field[TensorStats] = Field(
+    "rms", lambda s: math.nan if s.unmeasured else s.rms, priority=10
+)
+TENSOR_MAX_ABS: Field[TensorStats] = Field(
+    "max|x|", lambda s: math.nan if s.unmeasured else s.max_abs, priority=30
+)
 TENSOR_ZERO: Field[TensorStats] = Field("zero %", lambda s: s.zero_fraction, _percent, priority=20)
 TENSOR_NAN: Field[TensorStats] = Field("NaN", lambda s: s.nan, count, priority=70)
 TENSOR_INF: Field[TensorStats] = Field("±Inf", lambda s: (s.pos_inf, s.neg_inf), _inf, priority=60)

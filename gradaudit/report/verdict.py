@@ -6,6 +6,7 @@ verdict is; they say it with these functions.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection, Iterable, Iterator
 
@@ -254,14 +255,25 @@ def failing_kinds(report: Report) -> list[str]:
     return sorted(kinds)
 
 
+def any_finite(report: Report) -> bool:
+    """Whether any audited element is finite (the global norm is over finite elements)."""
+    tensors = report.tensors
+    if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
+        return bool((tensors.finite > 0).any())
+    return any(t.finite for t in tensors)
+
+
 def audited_line(report: Report) -> str:
     """``Audited 35 tensors (21,248 elements) in 1 file, skipped 1 · global norm 2.8e+05``."""
     s = report.summary
     files = len(report.files)
     where = f" in {plural(files, 'file')}" if files else ""
     excluded = f", excluded {count(s.excluded)} by --include/--exclude" if s.excluded else ""
-    # No tensor, no norm: "global norm 0" would claim gradients that were all zero.
-    norm = f" · global norm {number(s.global_norm)}" if s.tensors else ""
+    # No tensor, no norm: "global norm 0" would claim gradients that were all zero; with
+    # no finite element at all (every tensor NaN/Inf) the norm is nan, not 0.
+    norm = ""
+    if s.tensors:
+        norm = f" · global norm {number(s.global_norm if any_finite(report) else math.nan)}"
     return (
         f"Audited {plural(s.tensors, 'tensor')} ({count(s.elements)} elements){where}, "
         f"skipped {s.skipped}{excluded}{norm}"

@@ -88,6 +88,13 @@ class TensorStats:
         return self.nan + self.pos_inf + self.neg_inf
 
     @property
+    def unmeasured(self) -> bool:
+        """Elements but none finite (all NaN/Inf): ``norm`` and ``max_abs`` are 0 by their
+        definition over finite elements, and must never be shown as a number, which would
+        read as a dead layer."""
+        return self.numel > 0 and self.finite == 0
+
+    @property
     def zero_fraction(self) -> float:
         return self.zeros / self.numel if self.numel else 0.0
 

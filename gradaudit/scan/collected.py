@@ -25,7 +25,7 @@ from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram
 from gradaudit.results import FileResult, InputProblem, LoggedHistory, Report, Skipped
 from gradaudit.results.roles import FileEvidence, TensorHint
-from gradaudit.results.row import merge_rows, row_norm
+from gradaudit.results.row import NAN, NEG_INF, POS_INF, merge_rows, row_norm
 from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
 from gradaudit.roles import metadata_evidence
 from gradaudit.scan.estimates import gradient_estimates
@@ -338,7 +338,13 @@ class Collected:
                     if global_row is not None and len(indices) == len(table)
                     else merge_rows(host[indices])
                 )
-                norm = row_norm(row.tolist())
+                values = row.tolist()
+                elements = int(table.numel[indices].sum())
+                # No finite element in the file (all NaN/Inf): no norm, never a 0.
+                unmeasured = (
+                    elements and values[NAN] + values[POS_INF] + values[NEG_INF] >= elements
+                )
+                norm = None if unmeasured else row_norm(values)
             read_as, evidence, thin = readings.get(path, ("nothing", "", False))
             yield FileResult(
                 path=path,

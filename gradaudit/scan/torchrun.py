@@ -8,7 +8,7 @@ The CLI asks before it decides whether a scan can run without torch
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gradaudit.errors import UsageError
@@ -21,6 +21,46 @@ class TorchrunEnv:
     rank: int
     world_size: int
     local_rank: int
+
+
+#: Programs that start each rank of a job themselves: ``torchrun`` and the launchers built
+#: on torch's elastic agent (by file name, or as ``python -m`` modules).
+LAUNCHER_PROGRAMS = frozenset({"torchrun", "deepspeed", "accelerate"})
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.launch"}
+)
+
+
+def parent_command(pid: int | None = None) -> list[str] | None:
+    """The argv of this process's parent (Linux ``/proc``), or ``None`` when unknown."""
+    parent = os.getppid() if pid is None else pid
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as handle:
+            raw = handle.read(64 * 1024)
+    except OSError:
+        return None
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def launched_as_rank(argv: Sequence[str] | None) -> bool:
+    """Whether a parent running ``argv`` started this process as a rank of its job.
+
+    A ``gradaudit scan`` run *from inside* a training job (a subprocess of one rank)
+    inherits that rank's ``RANK``/``WORLD_SIZE``; joining would wait forever for ranks that
+    never come. Only a launcher's direct child joins by itself: the parent's program
+    (``torchrun``, or ``python /path/torchrun``) or its ``python -m`` module says so, never
+    a word elsewhere in its arguments. Where the parent cannot be read (no ``/proc``), it
+    is assumed to be one, as before.
+    """
+    if argv is None:
+        return True
+    head = argv[:2]
+    if any(os.path.basename(arg) in LAUNCHER_PROGRAMS for arg in head):
+        return True
+    for index, arg in enumerate(argv[:4]):
+        if arg == "-m":
+            return index + 1 < len(argv) and argv[index + 1] in LAUNCHER_MODULES
+    return False
 
 
 def torchrun_env(environ: Mapping[str, str] | None = None) -> TorchrunEnv | None:

@@ -161,3 +161,22 @@ def test_a_missing_rank_partition_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ckpt" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     with pytest.raises(InputError, match=r"ranks \[0, 2\]: some are missing"):
         open_source(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("bad", [(-15,), ("abc",), (math.nan,), (torch.tensor([2, 3]),), (True,)])
+def test_a_hostile_dimension_in_param_shapes_is_an_input_error(
+    tmp_path: Path, bad: tuple[object, ...]
+) -> None:
+    """A negative dimension shifted every later slot so that no real value was read: the
+    honest layout fails on its NaN/Inf, the hostile one exited 0. Now it is refused."""
+    directory = tmp_path / "global_step10"
+    write_zero2(directory)
+    states_path = directory / "mp_rank_00_model_states.pt"
+    states = torch.load(states_path, weights_only=False)
+    shapes = states["param_shapes"][0]
+    shapes[next(iter(shapes))] = bad
+    torch.save(states, states_path)
+    report = scan_paths([directory], device="cpu")
+    (problem,) = report.errors
+    assert "dimensions must be integers >= 0" in problem.message
+    assert not report.tensors

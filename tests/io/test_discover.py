@@ -141,3 +141,26 @@ def test_an_unlistable_directory_is_an_input_error(
     (error, *_) = expand(tmp_path)
     assert isinstance(error, BadInput)
     assert error.cause == "cannot list the directory: permission denied"
+
+
+def test_recursive_stays_inside_the_tree_it_was_given(tmp_path: Path) -> None:
+    """A planted link to / (or /proc, /usr) would crawl the machine under -r."""
+    tree = tmp_path / "run"
+    (tree / "inner").mkdir(parents=True)
+    good_checkpoint(tree / "inner", "a.pt")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    good_checkpoint(outside, "b.pt")
+    (tree / "root").symlink_to("/")
+    (tree / "out").symlink_to(outside)
+    (tree / "within").symlink_to(tree / "inner")  # a link within the tree is followed
+
+    entries = expand(tree, recursive=True)
+
+    assert files(entries) == [str(tree / "inner" / "a.pt")]
+    reason = "symbolic link out of the input directory; not searched"
+    assert skipped(entries) == {
+        str(tree / "root"): reason,
+        str(tree / "out"): reason,
+        str(tree / "within"): "directory already searched (a symlink loop?); skipped",
+    }

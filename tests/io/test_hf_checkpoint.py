@@ -158,3 +158,30 @@ def test_include_selects_the_optimizer_state(
     names = [t.name for t in report.tensors]
     assert names
     assert all(n.startswith("optimizer.state.") and n.endswith(".exp_avg_sq") for n in names)
+
+
+def test_a_checkpoints_bookkeeping_files_scanned_alone_say_what_they_are(
+    checkpoint: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """rng_state.pth was "refused as unsafe" and scheduler.pt printed "Audited 0 tensors …
+    health 0.000" before INCOMPLETE: scary or empty words for files every Trainer writes."""
+    from typer.testing import CliRunner
+
+    from gradaudit.cli import app
+
+    directory, _ = checkpoint
+    runner = CliRunner()
+    for name, what in (
+        ("rng_state.pth", "random-number-generator state"),
+        ("training_args.bin", "TrainingArguments"),
+    ):
+        result = runner.invoke(app, ["scan", str(directory / name), "--no-config"])
+        assert result.exit_code == 3
+        assert what in result.stderr
+        assert "unsafe" not in result.stderr
+        assert "scan its checkpoint directory" in result.stderr
+    result = runner.invoke(app, ["scan", str(directory / "scheduler.pt"), "--no-config"])
+    assert result.exit_code == 3
+    assert "Audited 0 tensors" not in result.stdout
+    assert "health" not in result.stdout
+    assert "INCOMPLETE: nothing to audit" in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -228,3 +229,34 @@ def test_lightning_bookkeeping_is_listed_once_and_never_walked() -> None:
     # The same keys in a checkpoint that is not Lightning's are walked as usual.
     plain = {"model": {"net.weight": weight}, "callbacks": {"kth": callback["kth_value"]}}
     assert walk(plain)[0] == ["model.net.weight", "callbacks.kth"]
+
+
+def test_an_expanded_view_is_skipped_unread_not_reduced() -> None:
+    """``torch.zeros(1).expand(2**40)`` is 1.5 KB in a file; reducing it would read 2**40
+    elements. It is skipped as unread (a ``skipped`` finding), a plain view is audited."""
+    bomb = torch.zeros(1).expand(2**40)
+    items = list(walk_checkpoint({"bomb": bomb, "view": torch.ones(4, 4)[1:]}, "ckpt.pt"))
+    (skipped,) = [item for item in items if isinstance(item, Skipped)]
+    assert skipped.name == "bomb"
+    assert skipped.unaudited
+    assert "expanded view: 1,099,511,627,776 elements over 1 stored" in skipped.reason
+    assert [item[0] for item in items if isinstance(item, tuple)] == ["view"]
+
+
+def test_a_quantized_tensor_is_judged_as_the_values_it_stands_for() -> None:
+    """A NaN scale dequantizes to all-NaN; as int8 codes it read as 'not floating-point'."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # quantized creation is deprecated
+        codes = torch.randn(3, 4)
+        bad = torch.quantize_per_tensor(codes, scale=math.nan, zero_point=0, dtype=torch.qint8)
+        good = torch.quantize_per_tensor(codes, scale=0.1, zero_point=0, dtype=torch.qint8)
+    items = dict(
+        item
+        for item in walk_checkpoint({"bad": bad, "good": good}, "q.pt")
+        if isinstance(item, tuple)
+    )
+    assert items["bad"].dtype == torch.float32
+    assert bool(items["bad"].isnan().all())
+    assert torch.equal(items["good"], good.dequantize())

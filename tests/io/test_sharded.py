@@ -116,3 +116,27 @@ def test_index_too_large_or_not_utf8(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("gradaudit.io.sharded.MAX_INDEX_BYTES", 10)
     with pytest.raises(InputError, match="absurdly large"):
         parse_index(str(index))
+
+
+def test_an_index_of_more_shards_than_the_old_guard_table_is_read(tmp_path: Path) -> None:
+    """1,025 shards ended in exit 4 ("too many guarded ranges": the SIGBUS guard held 1024
+    ranges) on the default path, while --engine eager read them."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from gradaudit import scan_paths
+    from gradaudit.results.verdict import exit_code
+
+    count = 1025
+    weight_map = {}
+    for index in range(count):
+        shard = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+        save_file({f"layer{index}.weight": torch.full((2,), 0.5)}, str(tmp_path / shard))
+        weight_map[f"layer{index}.weight"] = shard
+    index_path = tmp_path / "model.safetensors.index.json"
+    index_path.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    report = scan_paths([index_path], device="cpu")
+    assert not report.errors
+    assert report.summary.tensors == count
+    assert exit_code(report) == 0

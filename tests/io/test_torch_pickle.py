@@ -121,13 +121,15 @@ def test_the_input_file_is_never_modified(tmp_path: Path) -> None:
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_quantized_tensors_do_not_block_the_storage_check(tmp_path: Path) -> None:
-    # Quantized tensors cannot be rebuilt on "meta"; the file is still audited.
+    # Quantized tensors cannot be rebuilt on "meta"; the file is still audited, the
+    # quantized tensor as the float values it stands for.
     path = tmp_path / "quantized.pt"
     quantized = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
     torch.save({"q": quantized, "w": torch.ones(3)}, path)
     report = scan_paths([path], device="cpu")
-    assert [t.name for t in report.tensors] == ["w"]
-    assert [s.name for s in report.skipped] == ["q"]
+    assert [t.name for t in report.tensors] == ["q", "w"]
+    assert report.tensors[0].dtype == "float32"
+    assert not report.skipped
     assert not report.errors
 
 

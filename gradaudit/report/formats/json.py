@@ -38,7 +38,7 @@ from gradaudit.report.compare_text import (
     side_of,
     warning_count,
 )
-from gradaudit.report.verdict import findings_by_tensor, tensor_findings
+from gradaudit.report.verdict import any_finite, findings_by_tensor, tensor_findings
 from gradaudit.results import (
     HISTORY_KEYS,
     HISTORY_NAME,
@@ -153,8 +153,9 @@ def _tensor(stats: TensorStats, findings: list[Finding], ignored_by: str | None)
         "neg_inf": stats.neg_inf,
         "zeros": stats.zeros,
         "zero_fraction": encode_float(stats.zero_fraction),
-        "max_abs": encode_float(stats.max_abs),
-        "norm": encode_float(stats.norm),
+        # No finite element: null, never a 0 that reads as a dead layer (the counts say why).
+        "max_abs": None if stats.unmeasured else encode_float(stats.max_abs),
+        "norm": None if stats.unmeasured else encode_float(stats.norm),
         "rms": encode_float(stats.rms),
         "findings": [_finding(f) for f in findings],
         "ignored_by": ignored_by,
@@ -252,7 +253,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             "skipped": summary.skipped,
             "elements": summary.elements,
             # Nothing audited has no norm; 0 would read as "all gradients are zero".
-            "global_norm": encode_float(summary.global_norm) if summary.tensors else None,
+            "global_norm": (encode_float(summary.global_norm) if any_finite(report) else None),
             "nan_tensors": summary.nan_tensors,
             "inf_tensors": summary.inf_tensors,
             "vanishing_tensors": summary.vanishing_tensors,

@@ -332,13 +332,14 @@ def _scan_summary(report: Report, hidden: int) -> list[Text]:
     lines: list[Text] = []
     if hidden:
         lines.append(Text(f"… {plural(hidden, 'more tensor')} not shown (--all shows every row)"))
-    lines.append(
-        Text(
-            f"{audited_line(report)} · device {report.device} · engine {report.engine} · "
-            f"{report.elapsed_s:.2f} s"
+    if not report.audited_nothing:  # "0 tensors … health 0.000" would read like a result
+        lines.append(
+            Text(
+                f"{audited_line(report)} · device {report.device} · engine {report.engine} · "
+                f"{report.elapsed_s:.2f} s"
+            )
         )
-    )
-    lines.append(Text(flagged_line(report)))
+        lines.append(Text(flagged_line(report)))
     lines += [Text(line) for line in reading_lines(report)]
     # Unread floating-point data first and not dimmed: it is a finding (kind skipped).
     lines += [
