@@ -23,19 +23,6 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first use
     from gradaudit.comparison.api import CompareInput, compare, compare_paths, dual_stats
-    from gradaudit.comparison.checks import comparison_exit_code
-    from gradaudit.comparison.model import (
-        DEFAULT_MAX_CHANGE,
-        CompareFinding,
-        CompareFindingKind,
-        ComparePolicy,
-        Comparison,
-        DualGradientStats,
-        Mismatch,
-        ParameterChange,
-        ParameterComparison,
-        SideStats,
-    )
     from gradaudit.engine.options import EngineOptions
     from gradaudit.errors import (
         ExitCode,
@@ -67,8 +54,27 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         Summary,
         TensorStats,
     )
+    from gradaudit.results.comparison import (
+        DEFAULT_MAX_CHANGE,
+        CompareFinding,
+        CompareFindingKind,
+        ComparePolicy,
+        Comparison,
+        DualGradientStats,
+        Mismatch,
+        ParameterChange,
+        ParameterComparison,
+        SideStats,
+    )
+    from gradaudit.results.trend import (
+        LayerTrend,
+        TrendFinding,
+        TrendKind,
+        TrendPolicy,
+        TrendReport,
+    )
+    from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
     from gradaudit.scan.distributed import scan_paths_distributed
-    from gradaudit.scan.judge import exit_code
     from gradaudit.scan.paths import scan_paths
     from gradaudit.scan.pending import PendingEntry, PendingStats, audit, collect_async
     from gradaudit.training.dump import save_gradients
@@ -80,16 +86,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         MonitorRecord,
         NonFiniteAction,
     )
-    from gradaudit.trend.builder import (
-        LayerTrend,
-        TrendBuilder,
-        TrendFinding,
-        TrendKind,
-        TrendPolicy,
-        TrendReport,
-        trend_exit_code,
-        trend_paths,
-    )
+    from gradaudit.trend.builder import TrendBuilder, trend_paths
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
 #: most of these modules import torch, which costs about 1.2 s, and the CLI's
@@ -100,22 +97,22 @@ _LAZY: dict[str, str] = {
     "audit": "gradaudit.scan.pending",
     "collect_async": "gradaudit.scan.pending",
     "scan_paths": "gradaudit.scan.paths",
-    "exit_code": "gradaudit.scan.judge",
+    "exit_code": "gradaudit.results.verdict",
     "CompareInput": "gradaudit.comparison.api",
     "compare": "gradaudit.comparison.api",
     "compare_paths": "gradaudit.comparison.api",
     "dual_stats": "gradaudit.comparison.api",
-    "comparison_exit_code": "gradaudit.comparison.checks",
-    "CompareFinding": "gradaudit.comparison.model",
-    "CompareFindingKind": "gradaudit.comparison.model",
-    "ComparePolicy": "gradaudit.comparison.model",
-    "Comparison": "gradaudit.comparison.model",
-    "DEFAULT_MAX_CHANGE": "gradaudit.comparison.model",
-    "DualGradientStats": "gradaudit.comparison.model",
-    "Mismatch": "gradaudit.comparison.model",
-    "ParameterChange": "gradaudit.comparison.model",
-    "ParameterComparison": "gradaudit.comparison.model",
-    "SideStats": "gradaudit.comparison.model",
+    "comparison_exit_code": "gradaudit.results.verdict",
+    "CompareFinding": "gradaudit.results.comparison",
+    "CompareFindingKind": "gradaudit.results.comparison",
+    "ComparePolicy": "gradaudit.results.comparison",
+    "Comparison": "gradaudit.results.comparison",
+    "DEFAULT_MAX_CHANGE": "gradaudit.results.comparison",
+    "DualGradientStats": "gradaudit.results.comparison",
+    "Mismatch": "gradaudit.results.comparison",
+    "ParameterChange": "gradaudit.results.comparison",
+    "ParameterComparison": "gradaudit.results.comparison",
+    "SideStats": "gradaudit.results.comparison",
     "scan_paths_distributed": "gradaudit.scan.distributed",
     "save_gradients": "gradaudit.training.dump",
     "EngineOptions": "gradaudit.engine.options",
@@ -151,13 +148,13 @@ _LAZY: dict[str, str] = {
     "Skipped": "gradaudit.results",
     "Summary": "gradaudit.results",
     "TensorStats": "gradaudit.results",
-    "LayerTrend": "gradaudit.trend.builder",
+    "LayerTrend": "gradaudit.results.trend",
     "TrendBuilder": "gradaudit.trend.builder",
-    "TrendFinding": "gradaudit.trend.builder",
-    "TrendKind": "gradaudit.trend.builder",
-    "TrendPolicy": "gradaudit.trend.builder",
-    "TrendReport": "gradaudit.trend.builder",
-    "trend_exit_code": "gradaudit.trend.builder",
+    "TrendFinding": "gradaudit.results.trend",
+    "TrendKind": "gradaudit.results.trend",
+    "TrendPolicy": "gradaudit.results.trend",
+    "TrendReport": "gradaudit.results.trend",
+    "trend_exit_code": "gradaudit.results.verdict",
     "trend_paths": "gradaudit.trend.builder",
 }
 

@@ -1,8 +1,9 @@
 """Exit codes and the error hierarchy.
 
 Every error class carries the exit code it maps to, so the CLI translates an
-exception into a process status in exactly one place (``cli.py``) and the core
-never calls ``sys.exit``.
+exception into a process status in exactly one place
+(:func:`gradaudit.cli.app.exit_codes`) and the core never calls ``sys.exit``. A
+result's exit code is decided in one place too: :mod:`gradaudit.results.verdict`.
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ class OutputError(GradauditError):
     """The report could not be written where it was going (stdout closed or full)."""
 
     exit_code = ExitCode.OUTPUT_ERROR
-
-
-class NothingToAuditError(InputError):
-    """The inputs hold no floating-point tensor at all."""
 
 
 class NonFiniteGradientError(GradauditError):

@@ -39,10 +39,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gradaudit.results import Report
+from gradaudit.grouping import model_order
+from gradaudit.policy import fraction_exceeds
+from gradaudit.results import Report
 
 #: Bit pattern of float32 +Inf; NaN patterns are above it.
 INF_BITS = 0x7F800000
@@ -350,8 +350,6 @@ def judge(
     rows: Sequence[Headroom], max_underflow: float = DEFAULT_MAX_UNDERFLOW
 ) -> tuple[PrecisionFinding, ...]:
     """Findings: more than ``max_underflow`` of a tensor's values flush, or any overflows."""
-    from gradaudit.policy import fraction_exceeds
-
     out: list[PrecisionFinding] = []
     for row in rows:
         label = row.precision.value
@@ -403,8 +401,6 @@ def precision_report(
     report: Report, precision: Precision, max_underflow: float = DEFAULT_MAX_UNDERFLOW
 ) -> PrecisionReport:
     """Judge a report collected with histograms (``scan_paths(..., histograms=True)``)."""
-    from gradaudit.grouping import model_order
-
     if len(report.histograms) != len(report.tensors):
         raise ValueError("the report was collected without exponent histograms")
     rows: list[Headroom] = []

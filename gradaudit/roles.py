@@ -30,16 +30,19 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from gradaudit.policy import InputKind, Role
 from gradaudit.results import TensorStats
 
-if TYPE_CHECKING:  # judging roles needs no torch: only a hint's step tensor is one
-    import numpy as np
-    import numpy.typing as npt
-    import torch
+# The hint types live in results/ (readers import them); re-exported for the documented
+# gradaudit.roles.TensorHint.
+from gradaudit.results.roles import EstimateBasis as EstimateBasis
+from gradaudit.results.roles import FileEvidence as FileEvidence
+from gradaudit.results.roles import TensorHint as TensorHint
+from gradaudit.results.stats_table import StatsTable
 
 #: ``torch.optim`` per-parameter state keys (and those of common third-party optimizers).
 OPTIMIZER_STATE_ROLES: Mapping[str, Role] = {
@@ -102,60 +105,6 @@ BUFFER_NAMES = frozenset(
 )
 
 _COMPONENTS = re.compile(r"[./]")
-
-
-@dataclass(frozen=True)
-class EstimateBasis:
-    """How a gradient estimate is read from one optimizer state tensor.
-
-    ``formula``: ``ema_sq`` (an EMA of g², decay ``decay``: Adam's ``exp_avg_sq`` with
-    beta2, RMSprop's ``square_avg`` with alpha), ``sum_sq`` (Adagrad's running sum of g²,
-    started at ``initial``), ``mean_sq`` (an unbiased average of g² over ``scale`` columns:
-    Adafactor's row factor), ``ema`` (an EMA of g: Adam's ``exp_avg`` with beta1),
-    ``momentum`` (SGD's buffer with ``decay`` = momentum and ``dampening``).
-    ``step`` is the state's step when the file stores it as a number; when it is a tensor,
-    ``step_tensor`` holds it and its value comes back with the one host read.
-    """
-
-    formula: str
-    decay: float | None = None
-    step: float | None = None
-    dampening: float = 0.0
-    initial: float = 0.0
-    scale: float = 1.0
-    step_tensor: torch.Tensor | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def second_moment(self) -> bool:
-        return self.formula in ("ema_sq", "sum_sq", "mean_sq")
-
-
-@dataclass(frozen=True)
-class TensorHint:
-    """What a reader knows about one tensor from the structure around it.
-
-    ``role`` None means the structure says nothing (the file-level evidence decides).
-    ``param`` is the parameter an optimizer state tensor belongs to, when known.
-    ``aux``/``aux_for`` mark a row that is not audited itself but serves a derived
-    value of the tensor named ``aux_for``: ``sqrt`` (the root of a second moment, whose
-    squared norm is the moment's exact sum) or ``step`` (the optimizer step counter).
-    """
-
-    role: Role | None
-    evidence: str
-    param: str | None = None
-    basis: EstimateBasis | None = None
-    aux: str | None = None
-    aux_for: str | None = None
-
-
-@dataclass(frozen=True)
-class FileEvidence:
-    """What a whole file holds, and why; ``thin`` when nothing in the file said so."""
-
-    role: Role
-    evidence: str
-    thin: bool = False
 
 
 def _components(name: str) -> list[str]:
@@ -229,10 +178,6 @@ def stats_evidence(tensors: Sequence[TensorStats], rows: np.ndarray | None = Non
     ``rows`` (indices into ``tensors``) judges those tensors only, read in place: one
     file among several (a compare's side) costs no copy of the columns.
     """
-    import numpy as np
-
-    from gradaudit.stats_table import StatsTable
-
     table = StatsTable.from_stats(tensors)
     if rows is None:
         rows = np.arange(len(table))
@@ -312,8 +257,6 @@ def name_word_mask(names: Sequence[str]) -> npt.NDArray[np.bool_]:
     and each word is looked for with ``str.find`` (a memchr-speed search); only the hits
     are mapped back to names, so a plainly named model costs a few string searches.
     """
-    import numpy as np
-
     count = len(names)
     mask = np.zeros(count, dtype=bool)
     if not count:

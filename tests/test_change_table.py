@@ -20,19 +20,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gradaudit.comparison.change_table as change_table
+import gradaudit.results.change_table as change_table
 from gradaudit import compare, compare_paths
-from gradaudit.comparison.change_table import ChangeTable
 from gradaudit.comparison.checks import compare_tensors
-from gradaudit.comparison.model import (
-    HOST,
-    SEED,
-    Comparison,
-    Mismatch,
-    ParameterChange,
-    ParameterComparison,
-    scaled_ratio,
-)
 from gradaudit.errors import InputError
 from gradaudit.policy import Severity, Thresholds
 from gradaudit.report.base import MAX_FLAGGED_ROWS, RenderOptions
@@ -48,7 +38,17 @@ from gradaudit.report.compare_text import (
 from gradaudit.report.formats import json as json_format
 from gradaudit.report.formats import table as table_format
 from gradaudit.results import Finding, TensorStats
-from gradaudit.stats_table import StatsTable
+from gradaudit.results.change_table import ChangeTable
+from gradaudit.results.comparison import (
+    HOST,
+    SEED,
+    Comparison,
+    Mismatch,
+    ParameterChange,
+    ParameterComparison,
+    scaled_ratio,
+)
+from gradaudit.results.stats_table import StatsTable
 
 #: Norms at the edges: zero, subnormal, float64's extremes (the ratio's overflow and
 #: underflow), the default band [1/10, 10] and its bounds.

@@ -10,7 +10,7 @@ import torch
 from gradaudit import ExitCode, FindingKind, Severity, Thresholds, audit, exit_code
 from gradaudit.policy import parse_fail_on
 from gradaudit.results import InputProblem, TensorStats
-from gradaudit.scan.judge import evaluate
+from gradaudit.scan.rules import evaluate
 
 
 def stats(**overrides: object) -> TensorStats:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gradaudit.column_view import ColumnView
+from gradaudit.results.column_view import ColumnView
 
 
 class Squares(ColumnView[int]):

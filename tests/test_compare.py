@@ -23,8 +23,8 @@ from gradaudit import (
     comparison_exit_code,
     dual_stats,
 )
-from gradaudit.comparison.model import scaled_ratio
 from gradaudit.policy import PolicyError
+from gradaudit.results.comparison import scaled_ratio
 from tests.grafted import grads, grafted_model
 
 

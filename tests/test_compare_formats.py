@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from gradaudit import ComparePolicy, Comparison, compare
-from gradaudit.comparison.model import CompareFindingKind
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.formats.junit import CHECKS, check_name
+from gradaudit.results.comparison import CompareFindingKind
 from tests.samples import gated_comparison, incomplete_comparison, sample_comparison
 
 Golden = Callable[[str, str], None]

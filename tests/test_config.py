@@ -18,12 +18,12 @@ from gradaudit.cli.config import (
     parse_setting,
     resolve,
 )
-from gradaudit.comparison.model import ComparePolicy
 from gradaudit.engine.kernels import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import FindingKind
 from gradaudit.report import OutputFormat
-from gradaudit.trend.builder import TrendKind
+from gradaudit.results.comparison import ComparePolicy
+from gradaudit.results.trend import TrendKind
 
 
 def write(path: Path, text: str) -> Path:

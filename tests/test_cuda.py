@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 import gradaudit
 from gradaudit import audit, collect_async
 from gradaudit.engine import staging, triton_kernel
-from gradaudit.engine.stats import AUDITED_DTYPES
+from gradaudit.engine.dtypes import AUDITED_DTYPES
 from gradaudit.scan.paths import scan_paths
 from gradaudit.scan.pending import PendingStats
 from tests.reference import reference_stats

@@ -23,13 +23,8 @@ from typer.testing import CliRunner
 from gradaudit import ExitCode, Thresholds, audit
 from gradaudit.cli import app
 from gradaudit.engine import native
-from gradaudit.engine.stats import (
-    AUDITED_DTYPES,
-    COMPLEX_DTYPES,
-    FLOAT8_DTYPES,
-    HostRow,
-    StatsCollector,
-)
+from gradaudit.engine.dtypes import AUDITED_DTYPES, COMPLEX_DTYPES, FLOAT8_DTYPES
+from gradaudit.engine.stats import HostRow, StatsCollector
 from gradaudit.engine.stats import read_rows as read_stats_rows
 from gradaudit.policy import FindingKind, Severity
 from tests.reference import Reference

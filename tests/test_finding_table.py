@@ -15,7 +15,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds, parse_fail_on
 from gradaudit.report.verdict import (
     failing_kinds,
@@ -29,18 +28,18 @@ from gradaudit.report.verdict import (
     unaudited,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
+from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.verdict import exit_code
+from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
 from gradaudit.scan.judge import (
-    cast_limits,
-    evaluate,
     evaluate_all,
     evaluate_limits,
-    exit_code,
-    find_outliers,
     gradient_health,
     in_tensor_order,
     summarize,
 )
-from gradaudit.stats_table import StatsTable
+from gradaudit.scan.outliers import find_outliers
+from gradaudit.scan.rules import cast_limits, evaluate
 
 NORMS = [1e-9, 1e-7, 1e-3, 0.01, 1.0, 10.0, 50.0, 100.0, 1e5, 1e20]
 #: Around the cast checks' limits (fp16 and fp8_e4m3fn), the limits included.

@@ -220,7 +220,7 @@ def test_a_healthy_runs_lightning_checkpoints_pass_the_gate(
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from gradaudit import scan_paths
-    from gradaudit.scan.judge import exit_code
+    from gradaudit.results.verdict import exit_code
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", **settings)
     trainer = pl.Trainer(

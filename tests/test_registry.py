@@ -20,10 +20,11 @@ import torch
 from gradaudit import audit
 from gradaudit.cli.config import Settings
 from gradaudit.cli.output import emit
-from gradaudit.comparison.model import Comparison
 from gradaudit.report import OutputFormat, RenderOptions, render, render_text, renderers
 from gradaudit.results import Report
-from gradaudit.trend.builder import TrendBuilder, TrendReport
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
+from gradaudit.trend.builder import TrendBuilder
 from tests.samples import sample_comparison, sample_report
 
 FORMATS_DIR = Path(__file__).resolve().parent.parent / "gradaudit" / "report" / "formats"

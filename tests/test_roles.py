@@ -248,7 +248,7 @@ def test_file_layouts_are_read_as_what_they_hold(tmp_path: Path) -> None:
 
 
 def exit_code_of(report: Report) -> ExitCode:
-    from gradaudit.scan.judge import exit_code
+    from gradaudit.results.verdict import exit_code
 
     return exit_code(report)
 

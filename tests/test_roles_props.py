@@ -15,7 +15,8 @@ from gradaudit import audit
 from gradaudit.policy import CAST_TARGETS, FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 from gradaudit.roles import stats_evidence
-from gradaudit.scan.judge import cast_limits, gradient_health
+from gradaudit.scan.judge import gradient_health
+from gradaudit.scan.rules import cast_limits
 from tests.models import gradients
 
 _TORCH = {

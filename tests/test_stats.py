@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from gradaudit import TensorStats, audit, collect_async
 from gradaudit.engine import native
+from gradaudit.engine.dtypes import AUDITED_DTYPES
 from gradaudit.engine.stats import (
-    AUDITED_DTYPES,
     NAN,
     ROW_WIDTH,
     SCALE,

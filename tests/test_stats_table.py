@@ -15,28 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import FindingKind, InputKind, Role, Severity, Thresholds
 from gradaudit.results import TensorStats
-from gradaudit.roles import (
-    NAME_WORDS,
-    FileEvidence,
-    TensorHint,
-    decide,
-    name_templates,
-    name_word_mask,
-    role_from_name,
-)
-from gradaudit.scan.judge import (
-    OUTLIER_MIN_TENSORS,
-    evaluate,
-    evaluate_all,
-    find_outliers,
-    gradient_health,
-    in_tensor_order,
-    with_roles,
-)
-from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
+from gradaudit.results.roles import FileEvidence, TensorHint
+from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
+from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
+from gradaudit.roles import NAME_WORDS, decide, name_templates, name_word_mask, role_from_name
+from gradaudit.scan.judge import evaluate_all, gradient_health, in_tensor_order, with_roles
+from gradaudit.scan.outliers import OUTLIER_MIN_TENSORS, find_outliers
+from gradaudit.scan.rules import evaluate
 
 SHAPES = st.lists(st.integers(0, 5), max_size=3).map(tuple)
 COUNTS = st.integers(0, 3)

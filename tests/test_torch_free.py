@@ -348,7 +348,7 @@ def test_the_host_half_of_the_engine_imports_no_torch() -> None:
     code = (
         "import sys\n"
         "import gradaudit.io, gradaudit.io.safetensors_map, gradaudit.io.sharded\n"
-        "import gradaudit.scan.torch_free, gradaudit.scan.collected, gradaudit.engine.row\n"
+        "import gradaudit.scan.torch_free, gradaudit.scan.collected, gradaudit.results.row\n"
         "import gradaudit.engine.native_rows, gradaudit.scan.torchrun\n"
         "print('torch' in sys.modules)"
     )

@@ -27,15 +27,9 @@ from gradaudit.cli import app
 from gradaudit.grouping import GroupBy, GroupMode
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.trend_text import sparkline
-from gradaudit.trend.builder import (
-    TrendBuilder,
-    TrendKind,
-    TrendPolicy,
-    order_dumps,
-    step_from_name,
-    trend_exit_code,
-    trend_paths,
-)
+from gradaudit.results.trend import TrendKind, TrendPolicy
+from gradaudit.results.verdict import trend_exit_code
+from gradaudit.trend.builder import TrendBuilder, order_dumps, step_from_name, trend_paths
 
 runner = CliRunner()
 
@@ -115,8 +109,8 @@ def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
 ) -> None:
     import importlib
 
-    # trend_paths imports the scan core when it runs (the CLI starts without torch)
-    core = importlib.import_module("gradaudit.scan.paths")
+    # the scan core as trend_paths calls it (imported at the top of trend/builder.py)
+    core = importlib.import_module("gradaudit.trend.builder")
     calls: list[list[str]] = []
     real = core.scan_paths
 

@@ -25,7 +25,8 @@ from gradaudit import ExitCode
 from gradaudit.cli import app
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.formats.json import TREND_SCHEMA_VERSION, json_schema
-from gradaudit.trend.builder import TrendPolicy, TrendReport, trend_paths
+from gradaudit.results.trend import TrendPolicy, TrendReport
+from gradaudit.trend.builder import trend_paths
 from tests.test_schema import _declared
 
 runner = CliRunner()

@@ -31,10 +31,10 @@ from gradaudit.cli.options import (
     settings_from_flags,
 )
 from gradaudit.cli.output import check_output_path, emit_comparison
-from gradaudit.comparison.model import DEFAULT_MAX_CHANGE
 from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.results.comparison import DEFAULT_MAX_CHANGE
 
 COMPARE_EPILOG = (
     "normalized ratio = (seed_norm / host_norm) * sqrt(host_params / seed_params): the ratio "

@@ -44,13 +44,6 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from gradaudit._compat import tomllib
-from gradaudit.comparison.model import (
-    DEFAULT_MAX_CHANGE,
-    ComparePolicy,
-    check_max_change,
-    check_max_ratio,
-    check_min_ratio,
-)
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import (
@@ -71,8 +64,15 @@ from gradaudit.policy import (
     parse_fail_on,
     parse_kinds,
 )
-from gradaudit.report.formats import OutputFormat
-from gradaudit.trend.builder import (
+from gradaudit.report.output_format import OutputFormat
+from gradaudit.results.comparison import (
+    DEFAULT_MAX_CHANGE,
+    ComparePolicy,
+    check_max_change,
+    check_max_ratio,
+    check_min_ratio,
+)
+from gradaudit.results.trend import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_TREND_FAIL_ON,
     TrendKind,

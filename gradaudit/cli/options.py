@@ -42,7 +42,7 @@ from gradaudit.cli.config import (
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_FAIL_ON, FAIL_ON_WORDS
-from gradaudit.report import OutputFormat
+from gradaudit.report.output_format import OutputFormat
 
 _DEFAULT_FAIL_ON = ",".join(sorted(kind.value for kind in DEFAULT_FAIL_ON))
 

@@ -18,16 +18,14 @@ from pathlib import Path
 
 from gradaudit.cli.app import output_width, say, use_color
 from gradaudit.cli.config import Settings
-from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import Comparison
 from gradaudit.errors import ExitCode, OutputError, UsageError
-from gradaudit.report import OutputFormat, RenderOptions, render
-from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.base import DEFAULT_TOP_ROWS, RenderOptions
+from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.text import printable
-from gradaudit.report.verdict import nothing_to_audit
 from gradaudit.results import Report
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendReport, trend_exit_code
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 
 def check_output_path(
@@ -81,7 +79,7 @@ def check_not_read(
     same path once links are resolved, or the same file under another name (a hard link:
     same device and inode), since a report written there would destroy the input.
     """
-    from gradaudit.io.discover import files_read  # torch: only once a command runs
+    from gradaudit.io.discover import files_read  # numpy: only once a command runs
 
     read: list[str | Path] = [*files_read(inputs, recursive=recursive)]
     if config is not None:
@@ -184,6 +182,8 @@ def announce_problems(report: Report) -> None:
     for problem in report.errors:
         say(f"error: {printable(problem.path)}: {printable(problem.message)}")
     if not report.errors and report.audited_nothing:
+        from gradaudit.report.verdict import nothing_to_audit  # renderers: not at start-up
+
         say(f"error: {nothing_to_audit(report)}")
 
 
@@ -217,6 +217,8 @@ def _emit(
     options: RenderOptions,
     what: str,
 ) -> None:
+    from gradaudit.report.formats import render  # the renderers: not at start-up
+
     output_format = settings.format or OutputFormat.TABLE
     emit(render(result, output_format, options), settings, f"{output_format.value} {what}")
 

@@ -29,8 +29,8 @@ def input_bytes(paths: Sequence[str | Path], *, recursive: bool = False) -> int:
 
     Only an estimate for the bar: unreadable inputs count as 0.
     """
-    from gradaudit.io import expand_inputs
-    from gradaudit.io.discover import BadInput, SkippedPath
+    from gradaudit.io import expand_inputs  # numpy: only once a command runs
+    from gradaudit.io.discover import BadInput, SkippedPath  # numpy: as above
 
     total = 0
     for entry in expand_inputs(paths, recursive=recursive):

@@ -13,6 +13,7 @@ from gradaudit.cli.app import (
     app,
     check_device_option,
     exit_codes,
+    output_width,
     say,
 )
 from gradaudit.cli.options import (
@@ -35,15 +36,19 @@ from gradaudit.cli.options import (
 )
 from gradaudit.cli.output import check_output_path, emit_report, render_options, write_stdout
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
-from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals
+from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals, write_plot
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
 from gradaudit.errors import ExitCode, UsageError
 from gradaudit.policy import Thresholds
-from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision
-from gradaudit.report import OutputFormat
+from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision, precision_report
 from gradaudit.report.base import DEFAULT_TOP_ROWS
+from gradaudit.report.output_format import OutputFormat
+from gradaudit.report.precision_plot import precision_plot
+from gradaudit.report.precision_table import render_precision
+from gradaudit.report.text import plural
 from gradaudit.results import Report
-from gradaudit.scan.judge import exit_code
+from gradaudit.results.verdict import exit_code, precision_exit_code
+from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -145,8 +150,6 @@ def scan(
 ) -> None:
     """Audit gradient dumps and checkpoints: per-tensor NaN/Inf counts, norms, a global norm."""
     with exit_codes(debug):
-        from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
-
         settings = settings_from_flags(
             config,
             no_config,
@@ -215,7 +218,7 @@ def scan(
         # shell completion start in a fraction of that; and not at all for the commonest
         # scan, safetensors files on the CPU with the native kernel.
         if job is not None:
-            from gradaudit.scan.distributed import scan_under_torchrun
+            from gradaudit.scan.distributed import scan_under_torchrun  # torch: see above
 
             report = scan_under_torchrun(paths, job, **options)
             if job.rank != 0:  # every rank has the report; rank 0 alone prints it
@@ -234,7 +237,7 @@ def scan(
         ) is not None:
             report = torch_free
         else:
-            from gradaudit.scan.paths import scan_paths
+            from gradaudit.scan.paths import scan_paths  # torch: see above
 
             with progress_bar(total, show_progress) as advance:
                 report = scan_paths(paths, progress=advance, **options)
@@ -263,8 +266,8 @@ def _scan_without_torch(
 ) -> Report | None:
     """The report of the torch-free scan when it applies (:mod:`gradaudit.scan.torch_free`),
     else ``None``: the caller then scans with torch, as it always did."""
-    from gradaudit.io import expand_inputs
-    from gradaudit.scan import torch_free
+    from gradaudit.io import expand_inputs  # numpy: only once a command runs
+    from gradaudit.scan import torch_free  # numpy: only once a command runs
 
     device = str(engine_options.device or "auto")
     if not torch_free.applies(device=device, engine=engine_options.engine, precision=precision):
@@ -304,22 +307,12 @@ def _emit_precision(
     top: int,
 ) -> ExitCode:
     """The headroom table after the report (and its figure); findings fail a passing run."""
-    from gradaudit.cli.app import output_width
-    from gradaudit.cli.visuals import write_plot
-    from gradaudit.precision import precision_report
-    from gradaudit.report.precision_table import render_precision
-    from gradaudit.report.text import plural
-
     if not report.tensors:
         return verdict
     headroom = precision_report(report, precision, max_underflow)
     text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
     write_stdout("\n" + text)
     if visuals.plot is not None and visuals.plot_format is not None:
-        from gradaudit.report.precision_plot import precision_plot
-
         title = f"Headroom in {precision.value}: {plural(len(headroom.tensors), 'tensor')}"
         write_plot(visuals.plot, precision_plot(headroom, visuals.plot_format, title=title))
-    if headroom.findings and verdict is ExitCode.OK:
-        return ExitCode.FINDINGS
-    return verdict
+    return precision_exit_code(verdict, headroom)

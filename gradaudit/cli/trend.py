@@ -38,11 +38,9 @@ from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
 from gradaudit.precision import Precision
-from gradaudit.report import OutputFormat
-from gradaudit.trend.builder import (
-    DEFAULT_SPIKE_FACTOR,
-    DEFAULT_TREND_FAIL_ON,
-)
+from gradaudit.report.output_format import OutputFormat
+from gradaudit.report.precision_table import render_headroom_trend
+from gradaudit.results.trend import DEFAULT_SPIKE_FACTOR, DEFAULT_TREND_FAIL_ON
 
 TREND_EXIT_CODES_HELP = (
     "Exit codes: 0 every dump audited, no failing finding; 1 failing findings (nonfinite and "
@@ -157,8 +155,6 @@ def trend(
         )
         verdict = emit_trend(report, settings, show_all=show_all)
         if precision is not None and report.headroom:
-            from gradaudit.report.precision_table import render_headroom_trend
-
             write_stdout("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)
         raise typer.Exit(int(verdict))

@@ -24,7 +24,7 @@ from gradaudit.report.base import RenderOptions
 from gradaudit.report.chart import MIN_AUTO_CHART_WIDTH, chart_title, render_chart, report_layers
 from gradaudit.report.plot import PlotFormat, flow_plot, require_matplotlib, trend_plot
 from gradaudit.results import Report
-from gradaudit.trend.builder import TrendReport
+from gradaudit.results.trend import TrendReport
 
 GroupByOption = Annotated[
     str,

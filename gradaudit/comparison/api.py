@@ -21,7 +21,12 @@ import numpy as np
 import torch
 
 from gradaudit.comparison.checks import compare_tensors, comparison_findings
-from gradaudit.comparison.model import (
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choose
+from gradaudit.errors import InputError, UsageError
+from gradaudit.policy import FindingKind, Role, Thresholds
+from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.results.comparison import (
     HOST,
     SEED,
     ComparePolicy,
@@ -29,15 +34,10 @@ from gradaudit.comparison.model import (
     DualGradientStats,
     SideStats,
 )
-from gradaudit.engine.kernels import Engine
-from gradaudit.engine.options import FROM_FILES, IN_MEMORY, EngineOptions, choose
-from gradaudit.errors import InputError, UsageError
-from gradaudit.policy import FindingKind, Role, Thresholds
-from gradaudit.results import InputProblem, Report, Skipped
-from gradaudit.scan.judge import flagged_indices
-from gradaudit.scan.paths import read_file
+from gradaudit.results.stats_table import ROLES, StatsTable
+from gradaudit.scan.finding_table import flagged_indices
 from gradaudit.scan.pending import PendingStats, TensorInput
-from gradaudit.stats_table import ROLES, StatsTable
+from gradaudit.scan.reading import read_file
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).
@@ -163,7 +163,7 @@ def _read(
 class _Routes:
     """Each tensor of a file to its side: by name prefix, the longer prefix first.
 
-    The :class:`~gradaudit.scan.paths.Routing` of a compare; a name that matches no
+    The :class:`~gradaudit.scan.reading.Routing` of a compare; a name that matches no
     side's prefix is skipped ("not compared").
     """
 

@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-from gradaudit.comparison.model import (
+import numpy as np
+
+from gradaudit.policy import Severity
+from gradaudit.results.change_table import ChangeTable
+from gradaudit.results.comparison import (
     CompareFinding,
     CompareFindingKind,
     ComparePolicy,
-    Comparison,
     DualGradientStats,
     Mismatch,
     ParameterComparison,
 )
-from gradaudit.errors import ExitCode
-from gradaudit.policy import Severity
-from gradaudit.scan.judge import exit_code
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from gradaudit.stats_table import StatsTable
+from gradaudit.results.stats_table import StatsTable, same_shapes
 
 
 def compare_tensors(
@@ -42,11 +37,6 @@ def compare_tensors(
     compared, never broadcast against each other. The changes are columns
     (:class:`ChangeTable`): nothing is built per shared name but its index.
     """
-    import numpy as np  # not for --help
-
-    from gradaudit.comparison.change_table import ChangeTable
-    from gradaudit.stats_table import same_shapes
-
     keys_a, rows_a = a
     keys_b, rows_b = b
     where_b = dict(zip(keys_b, rows_b.tolist(), strict=True))
@@ -166,20 +156,3 @@ def _parameter_findings(
             f"{count} shared {'name differs' if count == 1 else 'names differ'} in shape "
             "(not compared)",
         )
-
-
-def comparison_exit_code(comparison: Comparison) -> ExitCode:
-    """The exit policy of a comparison, with the precedence of :func:`exit_code`.
-
-    1. An input could not be read, or a side has nothing to compare -> INPUT_ERROR.
-    2. A failing per-tensor finding (``--fail-on``) or a failing comparison finding
-       (a ratio outside ``--min-ratio``/``--max-ratio`` or not computable under them,
-       a large change with ``--fail-on-change``) -> FINDINGS.
-    3. Otherwise OK.
-    """
-    code = exit_code(comparison.report)
-    if code is not ExitCode.OK:
-        return code
-    if any(finding.failing for finding in comparison.findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK

@@ -1,15 +1,15 @@
 """The device side: tensors in, stats rows out, read back to the host once.
 
-``stats`` holds the stats row (its slots, the merge rule, the one host read)
-and the collector that buckets and chunks tensors; the kernels that compute a
-row are ``kernels`` (eager and ``torch.compile``), ``native`` (the C kernel in
-``_native.c``) and ``triton_kernel`` (``_triton_rows``); ``staging`` overlaps
-host-to-device copies, ``devices`` resolves ``--device``, ``histogram`` is the
-opt-in exponent histogram. ``options``, ``row`` (the row's slots and the merge
-rule) and ``native_rows`` (the native kernel's host side) need no torch: the CLI
-declares ``--engine`` and ``--max-memory`` with ``options`` at start-up, and the
-torch-free scan (:mod:`gradaudit.scan.torch_free`) uses the other two, so this
-``__init__`` imports nothing.
+``stats`` holds the collector that buckets and chunks tensors and the one host
+read (the row's slots and merge rule are :mod:`gradaudit.results.row`), ``dtypes``
+which dtypes are audited; the kernels that compute a row are ``kernels`` (eager and
+``torch.compile``), ``native`` (the C kernel in ``_native.c``) and ``triton_kernel``
+(``_triton_rows``); ``staging`` overlaps host-to-device copies, ``devices`` resolves
+``--device``, ``histogram`` is the opt-in exponent histogram. ``options`` and
+``native_rows`` (the native kernel's host side) need no torch: the CLI declares
+``--engine`` and ``--max-memory`` with ``options`` at start-up, and the torch-free scan
+(:mod:`gradaudit.scan.torch_free`) uses ``native_rows``, so this ``__init__`` imports
+nothing.
 """
 
 from typing import TYPE_CHECKING

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import numpy as np
 
-from gradaudit.engine.row import ROW_WIDTH
+from gradaudit.results.row import ROW_WIDTH
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.
@@ -34,7 +34,7 @@ NATIVE_BATCH_BYTES = 64 * 1024 * 1024
 
 def _load() -> ModuleType | None:
     try:
-        from gradaudit.engine import _native  # type: ignore[attr-defined]
+        from gradaudit.engine import _native  # type: ignore[attr-defined]  # optional build
     except ImportError:
         return None
     if getattr(_native, "ABI", None) != ABI:

@@ -19,7 +19,7 @@ The stats row
   so float64 blocks are divided by a power of two just above their ``max_abs``
   (exact, no rounding) and record that ``scale``; other blocks use ``scale=1``.
 
-The merge rule (:func:`~gradaudit.engine.row.merge_rows`, one code for device
+The merge rule (:func:`~gradaudit.results.row.merge_rows`, one code for device
 tensors and host arrays) combines rows of chunks into a tensor, tensors into a
 file or a whole scan, and shards and ranks: counts add, maxima take the max,
 and sums of squares add after rescaling to the largest scale.
@@ -60,23 +60,23 @@ import torch
 
 from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
+from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
 from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
 from gradaudit.engine.native_rows import NativeBatch, native_threads
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
-from gradaudit.engine.row import MAX_ABS as MAX_ABS
-from gradaudit.engine.row import NAN as NAN
-from gradaudit.engine.row import NEG_INF as NEG_INF
-from gradaudit.engine.row import POS_INF as POS_INF
-from gradaudit.engine.row import ROW_WIDTH as ROW_WIDTH
-from gradaudit.engine.row import SCALE as SCALE
-from gradaudit.engine.row import SSQ as SSQ
-from gradaudit.engine.row import ZEROS as ZEROS
-from gradaudit.engine.row import merge_rows as merge_rows
-from gradaudit.engine.row import row_norm as row_norm
-from gradaudit.engine.row import skip_reason
 from gradaudit.errors import UsageError
+from gradaudit.results.row import MAX_ABS as MAX_ABS
+from gradaudit.results.row import NAN as NAN
+from gradaudit.results.row import NEG_INF as NEG_INF
+from gradaudit.results.row import POS_INF as POS_INF
+from gradaudit.results.row import ROW_WIDTH as ROW_WIDTH
+from gradaudit.results.row import SCALE as SCALE
+from gradaudit.results.row import SSQ as SSQ
+from gradaudit.results.row import ZEROS as ZEROS
+from gradaudit.results.row import merge_rows as merge_rows
+from gradaudit.results.row import row_norm as row_norm
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
 #: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
@@ -90,79 +90,6 @@ BUCKET_ELEMENTS = 1 << 18
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
 #: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
 _SCRATCH_BYTES_PER_ELEMENT = 20
-
-#: Every fp8 variant this torch has. The native and Triton kernels know e4m3fn and e5m2;
-#: the others (NaN-only "fnuz" encodings, the exponent-only e8m0 scales of MX formats)
-#: reach the eager kernel through an exact float32 copy, which keeps NaN as NaN.
-FLOAT8_DTYPES: frozenset[torch.dtype] = frozenset(
-    getattr(torch, name)
-    for name in (
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-    )
-    if hasattr(torch, name)
-)
-
-#: Complex dtypes: audited through the float64 modulus of each element
-#: (:func:`~gradaudit.engine.kernels.complex_magnitudes`), NaN/Inf in either part counting.
-COMPLEX_DTYPES: frozenset[torch.dtype] = frozenset(
-    {torch.complex32, torch.complex64, torch.complex128}
-)
-
-#: Dtypes that are audited numerically; everything else is reported as skipped.
-AUDITED_DTYPES: frozenset[torch.dtype] = frozenset(
-    {
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        *FLOAT8_DTYPES,
-        *COMPLEX_DTYPES,
-    }
-)
-
-
-@functools.lru_cache(maxsize=64)
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"``, the spelling used in every output."""
-    return str(dtype).removeprefix("torch.")
-
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a tensor is reduced in: float64 stays, everything else becomes float32.
-
-    A float32 copy of half, bfloat16 or fp8 values is exact, and CPU kernels for
-    isinf/max/norm are missing for fp8. Complex tensors are reduced as their
-    float64 moduli.
-    """
-    return torch.float64 if dtype == torch.float64 or dtype.is_complex else torch.float32
-
-
-def hides_values(dtype: torch.dtype) -> bool:
-    """Whether a tensor of ``dtype`` that is not audited could hide a NaN or an Inf.
-
-    Integer and boolean tensors cannot hold either; a floating-point or complex
-    one the engine did not read could, and the verdict must say so (a
-    ``skipped`` finding) instead of passing silently.
-    """
-    return dtype.is_floating_point or dtype.is_complex
-
-
-def not_audited_reason(tensor: torch.Tensor) -> str | None:
-    """Why ``tensor`` is skipped rather than audited, or ``None`` when it is audited."""
-    if tensor.layout is not torch.strided:
-        return f"{str(tensor.layout).removeprefix('torch.')} tensors are not audited"
-    return dtype_skip_reason(tensor.dtype)
-
-
-def dtype_skip_reason(dtype: torch.dtype) -> str | None:
-    """Why a tensor of ``dtype`` is skipped, or ``None`` when the dtype is audited."""
-    if dtype in AUDITED_DTYPES:
-        return None
-    return skip_reason(dtype_name(dtype), floating=dtype.is_floating_point)
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:

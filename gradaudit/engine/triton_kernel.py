@@ -57,7 +57,6 @@ DEFAULT_SMS = 132
 MERGE_PARTS = 64
 #: Block dtypes the kernel reads, and the kernel's ``KIND`` for each.
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-DTYPES = frozenset(KINDS)
 #: Bytes one 128-bit load takes: offsets are aligned to this many bytes.
 VECTOR_BYTES = 16
 #: Columns of a table row (see :mod:`gradaudit.engine._triton_rows`).
@@ -203,7 +202,7 @@ def mark_warm(device: torch.device) -> None:
 @functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The Triton functions, imported once (after ``TRITON_INTERPRET`` is known)."""
-    from gradaudit.engine._triton_rows import merge_partials, table_rows
+    from gradaudit.engine._triton_rows import merge_partials, table_rows  # needs triton
 
     return table_rows, merge_partials
 

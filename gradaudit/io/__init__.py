@@ -15,6 +15,7 @@ from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
 from gradaudit.io.files import check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
 from gradaudit.io.sniff import sniff
+from gradaudit.io.trainer_state import TrainerStateSource
 
 if TYPE_CHECKING:
     from gradaudit.io.base import Excluded, Select, SourceItem, TensorSource
@@ -80,8 +81,6 @@ def open_source(path: str | Path) -> TensorSource:
 
         return SafetensorsSource(text)
     if kind == "trainer_state":
-        from gradaudit.io.trainer_state import TrainerStateSource
-
         return TrainerStateSource(text)
     if kind == "pickle":
         from gradaudit.io.torch_pickle import TorchPickleSource

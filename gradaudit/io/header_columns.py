@@ -57,7 +57,7 @@ class HeaderColumns:
 
 def _load_native() -> Callable[..., Any] | None:
     try:
-        from gradaudit.engine import _native  # type: ignore[attr-defined]
+        from gradaudit.engine import _native  # type: ignore[attr-defined]  # optional build
     except ImportError:
         return None
     module: ModuleType = _native

@@ -35,7 +35,7 @@ CHANGED = (
 
 def _load() -> ModuleType | None:
     try:
-        from gradaudit.io import _mapguard  # type: ignore[attr-defined]
+        from gradaudit.io import _mapguard  # type: ignore[attr-defined]  # optional build
     except ImportError:
         return None
     module: ModuleType = _mapguard

@@ -42,17 +42,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradaudit.engine.stats import hides_values
+from gradaudit.engine.dtypes import hides_values
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.files import show
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
-from gradaudit.roles import (
-    OPTIMIZER_STATE_ROLES,
-    EstimateBasis,
-    TensorHint,
-    container_hint,
-)
+from gradaudit.results.roles import EstimateBasis, TensorHint
+from gradaudit.roles import OPTIMIZER_STATE_ROLES, container_hint
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
 ROOT_NAME = "<root>"

@@ -28,10 +28,11 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
 from gradaudit.errors import InputError
 from gradaudit.io.files import SHOW_LIMIT, FileIdentity, describe_os_error, open_checked, show
+from gradaudit.io.header_columns import read_columns
 from gradaudit.no_gc import paused_gc
+from gradaudit.results.column_view import ColumnView
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -704,8 +705,6 @@ def _from_columns(header: bytes, data_length: int) -> tuple[dict[str, str], Tens
     The same rules as the JSON path; whatever it is unsure of (empty tensors,
     duplicate names, metadata that is not plain string to string) it leaves to it.
     """
-    from gradaudit.io.header_columns import read_columns
-
     columns = read_columns(header, DTYPE_NAMES)
     if columns is None:
         return None

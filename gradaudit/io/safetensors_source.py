@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from gradaudit.engine.stats import dtype_skip_reason, hides_values
+from gradaudit.engine.dtypes import dtype_skip_reason, hides_values
 from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
 from gradaudit.io.safetensors_header import DTYPE_NAMES, SafetensorsHeader
 from gradaudit.io.safetensors_map import RUN_MAX_ELEMENTS as RUN_MAX_ELEMENTS

@@ -193,7 +193,7 @@ class ShardedSource:
     """A sharded safetensors checkpoint, validated as a whole, then read one shard at a time."""
 
     def __init__(self, path: str) -> None:
-        from gradaudit.io.safetensors_source import SafetensorsSource
+        from gradaudit.io.safetensors_source import SafetensorsSource  # torch: the index does not
 
         self.path = path
         #: ``(name in the index, reader)`` per shard, in the order the map first names them.

@@ -41,7 +41,7 @@ from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
-from gradaudit.roles import TensorHint
+from gradaudit.results.roles import TensorHint
 
 #: File name endings read by this module (compared in lower case).
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gradaudit.comparison.model import Comparison
 from gradaudit.results import Report
-from gradaudit.trend.builder import TrendReport
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
 
 #: Rows shown by default in the table: the flagged tensors plus this many of the largest norms.
 DEFAULT_TOP_ROWS = 20

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from gradaudit.comparison.model import ParameterChange, SideStats
 from gradaudit.report.compare_text import change_text, shape_text
 from gradaudit.report.fit import KEEP
 from gradaudit.report.text import count, number
 from gradaudit.results import TensorStats
+from gradaudit.results.comparison import ParameterChange, SideStats
 
 Row = TypeVar("Row")
 

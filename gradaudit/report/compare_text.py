@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, overload
 
-from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import (
+import numpy as np
+
+from gradaudit.errors import ExitCode
+from gradaudit.policy import Severity
+from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.verdict import failing_kinds as report_failing_kinds
+from gradaudit.report.verdict import finding_columns
+from gradaudit.results import Finding
+from gradaudit.results.change_table import ChangeTable
+from gradaudit.results.comparison import (
     CompareFindingKind,
     Comparison,
     DualGradientStats,
@@ -21,15 +29,8 @@ from gradaudit.comparison.model import (
     ParameterComparison,
     SideStats,
 )
-from gradaudit.errors import ExitCode
-from gradaudit.policy import Severity
-from gradaudit.report.text import count, number, plural, printable
-from gradaudit.report.verdict import failing_kinds as report_failing_kinds
-from gradaudit.report.verdict import finding_columns
-from gradaudit.results import Finding
-
-if TYPE_CHECKING:
-    import numpy as np
+from gradaudit.results.verdict import comparison_exit_code
+from gradaudit.scan.finding_table import KINDS, SEVERITIES
 
 #: How the normalized ratio is defined, written into the JSON next to it.
 FORMULA = "(seed_norm / host_norm) * sqrt(host_params / seed_params)"
@@ -210,8 +211,6 @@ def ordered_changes(
     Picked on the columns: a million shared tensors build only the changes shown.
     ``stream=True`` (every row) gives them one at a time, as the JSON writes them.
     """
-    from gradaudit.comparison.change_table import ChangeTable  # numpy: not for --help
-
     table = ChangeTable.from_changes(parameters.changes)
     order = table.order()
     if rows == ALL and limit is None and stream:
@@ -289,10 +288,6 @@ def merged_tensor_findings(
     finding and the sides it holds for (``A``, ``B`` or ``A and B``). Grouped on the
     columns: a million findings build only the ``limit`` shown.
     """
-    import numpy as np  # not for --help
-
-    from gradaudit.finding_table import KINDS, SEVERITIES
-
     findings = comparison.tensor_findings
     columns = finding_columns(comparison.report)
     if columns is not None:
@@ -333,8 +328,6 @@ _RANK = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.IGNORED: 2}
 
 def _findings_at(comparison: Comparison, indices: np.ndarray) -> list[Finding]:
     """The per-tensor findings at ``indices``, in ascending index order."""
-    import numpy as np
-
     findings = comparison.tensor_findings
     columns = finding_columns(comparison.report)
     if columns is None:

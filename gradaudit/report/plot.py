@@ -27,7 +27,7 @@ from gradaudit.grouping import Layer
 from gradaudit.policy import Severity, Thresholds
 from gradaudit.report.chart import LogAxis, drawn_severity, layer_status
 from gradaudit.report.fit import shorten_left
-from gradaudit.trend.builder import TrendReport
+from gradaudit.results.trend import TrendReport
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
 from gradaudit.report.text import number, plural
-from gradaudit.trend.builder import LayerTrend, TrendKind, TrendReport, trend_exit_code
+from gradaudit.results.trend import LayerTrend, TrendKind, TrendReport
+from gradaudit.results.verdict import trend_exit_code
 
 _LEVELS = "▁▂▃▄▅▆▇█"
 #: The sparkline gets one cell per step up to a fifth of the width, and at least this many.

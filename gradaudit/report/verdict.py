@@ -9,16 +9,18 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Collection, Iterable, Iterator
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gradaudit.errors import ExitCode
+from gradaudit.io.discover import COMPANION_REASON
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.text import count, number, plural, printable
 from gradaudit.results import HISTORY_KEYS, HISTORY_NAME, Finding, Report, Skipped, TensorStats
-from gradaudit.scan.judge import exit_code
-
-if TYPE_CHECKING:
-    from gradaudit.finding_table import FindingTable
+from gradaudit.results.stats_table import StatsTable
+from gradaudit.results.verdict import exit_code
+from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
+from gradaudit.scan.rules import tensor_indices
 
 #: Short role names for table cells.
 ROLE_LABELS: dict[Role, str] = {
@@ -38,10 +40,6 @@ GROUP_SKIPPED = 4
 
 def finding_columns(report: Report) -> FindingTable | None:
     """The report's findings when they are columns over its tensors, else ``None``."""
-    if type(report.findings).__name__ != "FindingTable":  # no numpy for a tuple
-        return None
-    from gradaudit.finding_table import FindingTable
-
     findings = report.findings
     if isinstance(findings, FindingTable) and findings.table is report.tensors:
         return findings
@@ -61,10 +59,6 @@ def findings_by_tensor(
     columns = finding_columns(report)
     found: Iterable[Finding] = report.findings
     if columns is not None and (kinds is not None or only is not None):
-        import numpy as np
-
-        from gradaudit.scan.judge import tensor_indices
-
         mask = np.ones(len(columns), dtype=bool) if kinds is None else columns.kind_is(*kinds)
         if only is not None:
             mask &= np.isin(columns.rows, tensor_indices(columns.table, only)) | (columns.rows < 0)
@@ -102,7 +96,6 @@ def tensor_severities(report: Report) -> Iterator[tuple[TensorStats, frozenset[S
         for stats, found in tensor_findings(report):
             yield stats, frozenset(f.severity for f in found)
         return
-    from gradaudit.finding_table import SEVERITIES
 
     sets = [
         frozenset(s for code, s in enumerate(SEVERITIES) if bits >> code & 1)
@@ -119,9 +112,6 @@ def file_findings(report: Report, source: str | None) -> tuple[list[str], int]:
         found = [f for f in report.findings if f.source == source]
         failing = sorted({f.kind.value for f in found if f.failing})
         return failing, sum(1 for f in found if not f.failing)
-    import numpy as np
-
-    from gradaudit.finding_table import KINDS
 
     mask = columns.source_is(source)
     errors = columns.severity_is(Severity.ERROR)
@@ -151,9 +141,6 @@ def flagged_tensors(
                 warning.append((stats, found))
         flagged = failing + warning
         return flagged[:limit], len(flagged)
-    import numpy as np
-
-    from gradaudit.finding_table import SEVERITIES
 
     bits = columns.severity_bits()
     error = 1 << SEVERITIES.index(Severity.ERROR)
@@ -196,7 +183,6 @@ def some_findings(
             and (not in_file or f.source == source)
         ]
         return found[:limit], len(found)
-    import numpy as np
 
     mask = np.zeros(len(columns), dtype=bool)
     for severity in severities:
@@ -217,9 +203,6 @@ def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
     columns = finding_columns(report)
     if columns is None:
         return list(dict.fromkeys(f.kind for f in report.findings if f.source == source))
-    import numpy as np
-
-    from gradaudit.finding_table import KINDS
 
     codes = columns.kinds[columns.source_is(source)]
     unique, first = np.unique(codes, return_index=True)
@@ -228,8 +211,6 @@ def kinds_in_file(report: Report, source: str | None) -> list[FindingKind]:
 
 def several_files(report: Report) -> bool:
     """Whether the audited tensors come from more than one file (a file column is shown)."""
-    from gradaudit.stats_table import StatsTable
-
     tensors = report.tensors
     if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
         return len(set(tensors.source_codes.tolist())) > 1
@@ -266,10 +247,6 @@ def failing_kinds(report: Report) -> list[str]:
     """The kinds that fail the run, sorted: tensor finding kinds and exceeded limits."""
     columns = finding_columns(report)
     if columns is not None:
-        import numpy as np
-
-        from gradaudit.finding_table import KINDS
-
         errors = np.unique(columns.kinds[columns.severity_is(Severity.ERROR)]).tolist()
         kinds = {KINDS[k].value for k in errors}
     else:
@@ -280,8 +257,6 @@ def failing_kinds(report: Report) -> list[str]:
 
 def any_finite(report: Report) -> bool:
     """Whether any audited element is finite (the global norm is over finite elements)."""
-    from gradaudit.stats_table import StatsTable  # numpy: not on the CLI's start-up path
-
     tensors = report.tensors
     if isinstance(tensors, StatsTable):  # a million tensors: read on the columns
         return bool((tensors.finite > 0).any())
@@ -325,8 +300,6 @@ def skipped_lines(report: Report, limit: int = 10) -> list[tuple[str, bool]]:
     ``config.json``, ``tokenizer.json`` … of a Hugging Face model directory are
     counted in one line too.
     """
-    from gradaudit.io.discover import COMPANION_REASON
-
     companions = [s for s in report.skipped if s.reason == COMPANION_REASON]
     by_reason: dict[tuple[bool, str], list[Skipped]] = {}
     for skipped in sorted(report.skipped, key=lambda s: not s.unaudited):

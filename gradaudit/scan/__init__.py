@@ -1,11 +1,12 @@
 """Files or tensors in, a :class:`~gradaudit.results.Report` out.
 
 ``pending`` collects named tensors on the device (nothing read back) and reads
-the files a scan is given; ``collected`` turns the rows, once on the host, into a
-report, and ``judge`` the stats into findings and a report into an exit code, in
-pure Python; ``torch_free`` scans safetensors files on the CPU without torch.
-This ``__init__`` imports nothing: ``judge`` is on the CLI's start-up path,
-which must not import torch.
+the files a scan is given (``reading``: one file, ``paths``: a scan of paths);
+``collected`` turns the rows, once on the host, into a report; ``rules`` is the
+per-tensor rule and ``finding_table`` its findings as columns; ``judge`` the roles,
+outliers, estimates and summary (host side, numpy, no torch); ``torch_free`` scans
+safetensors files on the CPU without torch. This ``__init__`` imports nothing: the
+torch-free scan imports ``scan.collected`` without torch.
 """
 
 from typing import TYPE_CHECKING

@@ -18,27 +18,28 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from gradaudit.engine.row import NAN, NEG_INF, POS_INF, merge_rows, row_norm
 from gradaudit.io.discover import BadInput, Expanded, SkippedPath
 from gradaudit.io.trainer_state import LoggedStep, describe_history
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram
 from gradaudit.results import FileResult, InputProblem, LoggedHistory, Report, Skipped
-from gradaudit.roles import FileEvidence, TensorHint, metadata_evidence
+from gradaudit.results.roles import FileEvidence, TensorHint
+from gradaudit.results.row import NAN, NEG_INF, POS_INF, merge_rows, row_norm
+from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
+from gradaudit.roles import metadata_evidence
+from gradaudit.scan.estimates import gradient_estimates
 from gradaudit.scan.history import evaluate_history
 from gradaudit.scan.judge import (
     evaluate_all,
     evaluate_limits,
     evaluate_optimizer_state,
     evaluate_skipped,
-    find_outliers,
-    gradient_estimates,
     in_tensor_order,
     summarize,
     with_roles,
 )
-from gradaudit.stats_table import ROLES, StatsTable, coded, shapes_of
+from gradaudit.scan.outliers import find_outliers
 
 #: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
 _OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
@@ -241,7 +242,7 @@ class Collected:
     ) -> Report:
         """Judge the host rows ``[len(names), 7]`` (float64, in collection order).
 
-        The per-tensor results are a :class:`~gradaudit.stats_table.StatsTable`
+        The per-tensor results are a :class:`~gradaudit.results.stats_table.StatsTable`
         (columns; a TensorStats is made when one is asked for), judged on the
         columns where that is simple: a million tiny tensors make no object each.
         ``histograms`` (``--precision``) come one per entry, read with the rows.

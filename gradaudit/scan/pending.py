@@ -14,41 +14,41 @@ import array
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from gradaudit.engine.bulk import native_segments
 from gradaudit.engine.devices import resolve_device
 from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.dtypes import (
+    AUDITED_DTYPES,
+    dtype_name,
+    dtype_skip_reason,
+    hides_values,
+    not_audited_reason,
+)
+from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
-from gradaudit.no_gc import paused_gc
-from gradaudit.policy import Role, Thresholds
-from gradaudit.results import InputProblem, Report, Skipped
-from gradaudit.roles import TensorHint
-from gradaudit.scan.collected import Collected
-
-if TYPE_CHECKING:
-    from gradaudit.io.base import TensorRun
-    from gradaudit.precision import ExponentHistogram
-
 from gradaudit.engine.stats import (
-    AUDITED_DTYPES,
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     StatsCollector,
     blocks_by_device,
-    dtype_name,
-    dtype_skip_reason,
     empty_row,
-    hides_values,
     merge_rows,
-    not_audited_reason,
     read_blocks,
     wait_for,
 )
+from gradaudit.io.base import TensorRun
+from gradaudit.no_gc import paused_gc
+from gradaudit.policy import Role, Thresholds
+from gradaudit.precision import ExponentHistogram
+from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.results.roles import TensorHint
+from gradaudit.scan.collected import Collected
+from gradaudit.scan.reading import read_file
 
 _CPU = torch.device("cpu")
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
@@ -245,8 +245,6 @@ class PendingStats(Collected):
         # detach() is enough to keep autograd out: nothing downstream records a graph.
         ticket = self._collector.submit(tensor.detach() if tensor.requires_grad else tensor)
         if self.histograms:
-            from gradaudit.engine.histogram import exponent_histogram
-
             # A derived row (a second moment's sum, a step) is not a tensor of the file.
             derived = hint is not None and hint.aux is not None
             self._histograms.append(None if derived else exponent_histogram(tensor))
@@ -461,9 +459,7 @@ class PendingStats(Collected):
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> InputProblem | None:
-        """Collect one file's tensors (see :func:`gradaudit.scan.paths.read_file`)."""
-        from gradaudit.scan.paths import read_file
-
+        """Collect one file's tensors (see :func:`gradaudit.scan.reading.read_file`)."""
         return read_file(self, path, select, progress)
 
     def prefetch(self) -> None:
@@ -553,7 +549,6 @@ class PendingStats(Collected):
         """The exponent histograms, read right after the stats rows (one copy per device)."""
         if not self.histograms:
             return ()
-        from gradaudit.precision import ExponentHistogram
 
         by_device: dict[torch.device, list[int]] = {}
         for index, histogram in enumerate(self._histograms):

@@ -30,7 +30,6 @@ import numpy as np
 from gradaudit.engine import native_rows
 from gradaudit.engine.native_rows import NativeBatch
 from gradaudit.engine.options import Engine
-from gradaudit.engine.row import ROW_WIDTH, skip_reason
 from gradaudit.errors import InputError
 from gradaudit.io.discover import Expanded, FileInput, input_kind
 from gradaudit.io.files import check_regular_file
@@ -40,6 +39,7 @@ from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhe
 from gradaudit.io.sharded import in_shard, validated_shards
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.results.row import ROW_WIDTH, skip_reason
 from gradaudit.scan.collected import Collected
 from gradaudit.selection import NameFilter
 
@@ -169,7 +169,7 @@ class NativeScan(Collected):
     """Safetensors files read into native stats rows in host memory; no torch.
 
     The torch path's :class:`~gradaudit.scan.pending.PendingStats` with its reading
-    (:func:`gradaudit.scan.paths.read_file`) for the one case it covers: the same
+    (:func:`gradaudit.scan.reading.read_file`) for the one case it covers: the same
     columns, the same batches, the same report.
     """
 

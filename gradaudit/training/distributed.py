@@ -21,12 +21,8 @@ import torch.distributed as dist
 
 from gradaudit.engine.collectives import all_reduce_rows
 from gradaudit.engine.dtensor import is_dtensor
-from gradaudit.engine.stats import (
-    StatsCollector,
-    dtype_name,
-    hides_values,
-    not_audited_reason,
-)
+from gradaudit.engine.dtypes import dtype_name, hides_values, not_audited_reason
+from gradaudit.engine.stats import StatsCollector
 from gradaudit.results import Skipped
 from gradaudit.scan.pending import PendingEntry, PendingStats
 

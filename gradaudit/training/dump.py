@@ -10,6 +10,7 @@ from typing import TypeAlias, cast
 
 import torch
 
+from gradaudit import __version__
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.io.safetensors_writer import build_header, layout_order, write_safetensors
 from gradaudit.training.gradients import ParametersInput, named_gradients
@@ -109,8 +110,6 @@ def dump_items(model_or_tensors: DumpInput) -> list[tuple[str, torch.Tensor]]:
 
 def dump_metadata(step: int | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``__metadata__`` of a dump: what made it and when, then the caller's strings."""
-    from gradaudit import __version__
-
     meta = {
         "format": "pt",
         # What the file holds, so `gradaudit scan` reads it as gradients (gradaudit.roles).

@@ -18,6 +18,7 @@ import torch
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.pending import PendingStats
+from gradaudit.training.distributed import collect_sharded
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -123,8 +124,6 @@ def collect_gradients(
     """
     named = list(gradients)
     if group is not None or any(is_dtensor(grad) for _, grad in named):
-        from gradaudit.training.distributed import collect_sharded
-
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_all(named)

@@ -38,56 +38,36 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from gradaudit.engine.options import Engine, EngineOptions
-from gradaudit.errors import ExitCode, InputError, UsageError
+from gradaudit.errors import InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
-from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind, Severity, Thresholds
+from gradaudit.io import open_source
+from gradaudit.io.discover import BadInput, FileInput, expand_inputs
+from gradaudit.io.safetensors_source import SafetensorsSource
+from gradaudit.policy import InputKind, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import FileResult, InputProblem, Report
+from gradaudit.results.trend import (
+    MIN_COLLAPSE_STEPS,
+    MIN_SPIKE_HISTORY,
+    LayerTrend,
+    NonFiniteTensor,
+    Spike,
+    StepResult,
+    TrendFinding,
+    TrendKind,
+    TrendPolicy,
+    TrendReport,
+)
+from gradaudit.scan.paths import scan_paths
 
-#: A layer's norm above this many times its running median is a spike.
-DEFAULT_SPIKE_FACTOR = 10.0
-#: Earlier steps a layer needs before its norm can be called a spike.
-MIN_SPIKE_HISTORY = 3
-#: Steps a layer must stay below the vanishing threshold, up to the last, to have collapsed.
-MIN_COLLAPSE_STEPS = 2
 #: ``__metadata__`` keys read as the dump's step, in order of preference.
 STEP_METADATA_KEYS = ("step", "global_step")
 
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
-
-
-class TrendKind(str, Enum):
-    """What ``trend`` finds. The values are its ``--fail-on`` spellings."""
-
-    NONFINITE = "nonfinite"
-    SPIKE = "spike"
-    COLLAPSE = "collapse"
-
-
-DEFAULT_TREND_FAIL_ON: frozenset[TrendKind] = frozenset({TrendKind.NONFINITE, TrendKind.SPIKE})
-
-
-@dataclass(frozen=True)
-class TrendPolicy:
-    """What counts as a spike or a collapse, and which findings fail the run."""
-
-    spike_factor: float = DEFAULT_SPIKE_FACTOR
-    vanishing: float = DEFAULT_VANISHING_THRESHOLD
-    fail_on: frozenset[TrendKind] = DEFAULT_TREND_FAIL_ON
-
-    def __post_init__(self) -> None:
-        if not (1.0 < self.spike_factor < math.inf):
-            raise ValueError("--spike-factor must be a finite number above 1")
-        if not (0.0 <= self.vanishing < math.inf):
-            raise ValueError("vanishing threshold must be >= 0 and finite")
-
-    def severity(self, kind: TrendKind) -> Severity:
-        return Severity.ERROR if kind in self.fail_on else Severity.WARNING
 
 
 @dataclass(frozen=True)
@@ -96,99 +76,6 @@ class Dump:
 
     step: int
     path: str
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """Run-wide numbers of one dump."""
-
-    step: int
-    path: str
-    tensors: int
-    #: Norm of the dump's finite elements; ``None`` when it has none (nothing audited, or
-    #: every element NaN/Inf): a norm of 0 would claim gradients that were all zero.
-    global_norm: float | None
-    #: Tensors holding at least one NaN or ±Inf.
-    nonfinite_tensors: int
-    #: :func:`gradaudit.scan.judge.gradient_health` of the dump, judged by the trend's thresholds.
-    gradient_health: float = 1.0
-    #: What the dump was read as (:mod:`gradaudit.roles`).
-    read_as: str = "gradients"
-
-
-@dataclass(frozen=True)
-class NonFiniteTensor:
-    name: str
-    layer: str
-    nan: int
-    pos_inf: int
-    neg_inf: int
-
-    def counts(self) -> str:
-        parts = [(self.nan, "NaN"), (self.pos_inf, "+Inf"), (self.neg_inf, "-Inf")]
-        return ", ".join(f"{n:,} {what}" for n, what in parts if n)
-
-
-@dataclass(frozen=True)
-class Spike:
-    step: int
-    norm: float
-    median: float
-
-    @property
-    def ratio(self) -> float:
-        return self.norm / self.median
-
-
-@dataclass(frozen=True)
-class LayerTrend:
-    """One layer over the series; per-step tuples align with :attr:`TrendReport.steps`."""
-
-    name: str
-    #: Norm of the layer's finite elements; ``None`` at steps where it was absent or had
-    #: no finite element (all NaN/Inf).
-    norms: tuple[float | None, ...]
-    max_abs: tuple[float | None, ...]
-    #: NaN and ±Inf elements per step (0 where absent).
-    nonfinite: tuple[int, ...]
-    spikes: tuple[Spike, ...] = ()
-    first_nonfinite_step: int | None = None
-    collapse_step: int | None = None
-
-
-@dataclass(frozen=True)
-class TrendFinding:
-    kind: TrendKind
-    severity: Severity
-    #: The layer concerned (for nonfinite: the layer of the first tensor).
-    layer: str
-    step: int
-    path: str
-    message: str
-    #: For nonfinite: every tensor holding NaN/Inf at that step, in model order.
-    tensors: tuple[NonFiniteTensor, ...] = ()
-
-    @property
-    def failing(self) -> bool:
-        return self.severity is Severity.ERROR
-
-
-@dataclass(frozen=True)
-class TrendReport:
-    """Everything one trend found. Built once, rendered by any formatter."""
-
-    steps: tuple[StepResult, ...]
-    layers: tuple[LayerTrend, ...]
-    findings: tuple[TrendFinding, ...]
-    errors: tuple[InputProblem, ...]
-    policy: TrendPolicy
-    #: The grouping actually used (``auto`` resolved on the first audited dump).
-    group_by: GroupBy
-    device: str = "none"
-    engine: str = Engine.EAGER.value
-    elapsed_s: float = 0.0
-    #: With ``precision``: the whole dump's headroom in that format, per audited step.
-    headroom: tuple[tuple[int, Headroom], ...] = ()
 
 
 # -- ordering -------------------------------------------------------------------------------
@@ -229,8 +116,6 @@ def dump_files(
     never), companion files are passed over, a file reached twice (given twice, or
     through a link) is read once, and a directory without any dump is a problem.
     """
-    from gradaudit.io.discover import BadInput, FileInput, expand_inputs
-
     files: list[str] = []
     problems: list[InputProblem] = []
     for entry in expand_inputs(paths, recursive=recursive):
@@ -251,9 +136,6 @@ def order_dumps(
     An input that cannot be opened, or whose step is unknown or already taken by
     another dump, is a problem; the others are still ordered.
     """
-    from gradaudit.io import open_source
-    from gradaudit.io.safetensors_source import SafetensorsSource
-
     files, problems = dump_files(paths, recursive=recursive)
     by_step: dict[int, str] = {}
     for path in files:
@@ -522,9 +404,6 @@ def trend_paths(
     exponent histograms and keeps each step's headroom in that format
     (:mod:`gradaudit.precision`).
     """
-    # The scan core imports torch; the rest of this module (the report, the
-    # policy) is pure Python that the CLI imports at start-up.
-    from gradaudit.scan.paths import scan_paths
 
     started = time.perf_counter()
     policy = policy or TrendPolicy()
@@ -575,16 +454,3 @@ def _check_same_reading(first: FileResult | None, report: Report) -> FileResult 
             "one kind of file; say what they hold with --kind"
         )
     return first
-
-
-def trend_exit_code(report: TrendReport) -> ExitCode:
-    """The same precedence as ``scan``: errors, then failing findings, then OK.
-
-    A dump that could not be audited, or a series with no audited tensor at all,
-    is INPUT_ERROR: a trend with holes never passes.
-    """
-    if report.errors or not any(step.tensors for step in report.steps):
-        return ExitCode.INPUT_ERROR
-    if any(finding.failing for finding in report.findings):
-        return ExitCode.FINDINGS
-    return ExitCode.OK

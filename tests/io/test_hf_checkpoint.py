@@ -11,7 +11,7 @@ import torch
 
 from gradaudit import scan_paths
 from gradaudit.io.hf_checkpoint import trainer_grad_norms
-from gradaudit.scan.judge import exit_code
+from gradaudit.results.verdict import exit_code
 from tests.hostile import OpenMarker, marker
 from tests.models import tiny_hf_bert
 

@@ -126,7 +126,7 @@ def test_an_index_of_more_shards_than_the_old_guard_table_is_read(tmp_path: Path
     from safetensors.torch import save_file
 
     from gradaudit import scan_paths
-    from gradaudit.scan.judge import exit_code
+    from gradaudit.results.verdict import exit_code
 
     count = 1025
     weight_map = {}

@@ -2,8 +2,8 @@
 
 Each format module renders every result type: ``render_scan`` (a
 :class:`~gradaudit.results.Report`), ``render_compare`` (a
-:class:`~gradaudit.comparison.model.Comparison`) and ``render_trend`` (a
-:class:`~gradaudit.trend.builder.TrendReport`), offered as its ``RENDERERS``.
+:class:`~gradaudit.results.comparison.Comparison`) and ``render_trend`` (a
+:class:`~gradaudit.results.trend.TrendReport`), offered as its ``RENDERERS``.
 :func:`renderers` is the one map from a format to them: ``assert_never`` makes
 mypy reject a format that is not mapped, and a test renders every result type
 in every format.
@@ -16,25 +16,15 @@ string in memory. :func:`render_text` joins them, for tests and library users.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from enum import Enum
 
 from gradaudit._compat import assert_never
-from gradaudit.comparison.model import Comparison
 from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.formats import github, junit, markdown, table
 from gradaudit.report.formats import json as json_format
+from gradaudit.report.output_format import OutputFormat as OutputFormat
 from gradaudit.results import Report
-from gradaudit.trend.builder import TrendReport
-
-
-class OutputFormat(str, Enum):
-    """``--format`` of ``scan``, ``compare`` and ``trend``."""
-
-    TABLE = "table"
-    JSON = "json"
-    MARKDOWN = "markdown"
-    GITHUB = "github"
-    JUNIT = "junit"
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
 
 
 def renderers(output_format: OutputFormat) -> Renderers:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradaudit.comparison.model import CompareFinding, Comparison
 from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
@@ -37,7 +36,8 @@ from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import audited_line, nothing_to_audit, some_findings, verdict_line
 from gradaudit.results import Finding, InputProblem, Report
-from gradaudit.trend.builder import TrendReport
+from gradaudit.results.comparison import CompareFinding, Comparison
+from gradaudit.results.trend import TrendReport
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning"}
 #: Tensor names quoted in one annotation before "… and N more".

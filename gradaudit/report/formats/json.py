@@ -24,15 +24,6 @@ from importlib import resources
 from typing import Any, Literal
 
 from gradaudit import __version__
-from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import (
-    ComparePolicy,
-    Comparison,
-    DualGradientStats,
-    ParameterChange,
-    ParameterComparison,
-    SideStats,
-)
 from gradaudit.grouping import GroupMode
 from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
 from gradaudit.report.base import Renderers, RenderOptions
@@ -59,14 +50,16 @@ from gradaudit.results import (
     Report,
     TensorStats,
 )
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import (
-    MIN_COLLAPSE_STEPS,
-    MIN_SPIKE_HISTORY,
-    TrendKind,
-    TrendReport,
-    trend_exit_code,
+from gradaudit.results.comparison import (
+    ComparePolicy,
+    Comparison,
+    DualGradientStats,
+    ParameterChange,
+    ParameterComparison,
+    SideStats,
 )
+from gradaudit.results.trend import MIN_COLLAPSE_STEPS, MIN_SPIKE_HISTORY, TrendKind, TrendReport
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 #: Each document's version, bumped whenever a field changes meaning or disappears
 #: (adding a field keeps it). The documents are described by ``gradaudit/schema/``.

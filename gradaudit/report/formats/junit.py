@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gradaudit._compat import assert_never
-from gradaudit.comparison.model import CompareFindingKind, Comparison, SideStats
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
@@ -44,8 +43,9 @@ from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.report.trend_text import audited
 from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings
 from gradaudit.results import Finding, LimitFinding, Report
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendKind, TrendReport
+from gradaudit.results.comparison import CompareFindingKind, Comparison, SideStats
+from gradaudit.results.trend import TrendKind, TrendReport
+from gradaudit.results.verdict import exit_code
 
 #: Suite name for tensors audited from memory (no input file).
 IN_MEMORY_SUITE = "gradaudit"

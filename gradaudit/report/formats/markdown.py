@@ -28,15 +28,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import (
-    CompareFinding,
-    Comparison,
-    Mismatch,
-    ParameterChange,
-    ParameterComparison,
-    SideStats,
-)
 from gradaudit.errors import ExitCode
 from gradaudit.policy import LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
@@ -86,8 +77,16 @@ from gradaudit.report.verdict import (
     verdict_line,
 )
 from gradaudit.results import Finding, LimitFinding, Report, TensorStats
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
+from gradaudit.results.comparison import (
+    CompareFinding,
+    Comparison,
+    Mismatch,
+    ParameterChange,
+    ParameterComparison,
+    SideStats,
+)
+from gradaudit.results.trend import TrendFinding, TrendReport
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 #: The mark before a finding, and before the verdict heading.
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}

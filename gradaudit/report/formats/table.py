@@ -32,8 +32,6 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradaudit.comparison.checks import comparison_exit_code
-from gradaudit.comparison.model import Comparison, ParameterChange, ParameterComparison, SideStats
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
@@ -107,8 +105,10 @@ from gradaudit.report.verdict import (
     verdict_line,
 )
 from gradaudit.results import FileResult, Finding, Report, TensorStats
-from gradaudit.scan.judge import exit_code
-from gradaudit.trend.builder import TrendFinding, TrendReport, trend_exit_code
+from gradaudit.results.comparison import Comparison, ParameterChange, ParameterComparison, SideStats
+from gradaudit.results.stats_table import ROLES, StatsTable
+from gradaudit.results.trend import TrendFinding, TrendReport
+from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
 
 Row = TypeVar("Row")
 
@@ -220,7 +220,6 @@ def _tensor_rows(report: Report, options: RenderOptions) -> tuple[list[TensorSta
 def _tensor_table(report: Report, rows: list[TensorStats], width: int) -> tuple[Table, Layout]:
     """The tensor rows, fitted to ``width``: low-value columns go before a name is cut."""
     findings = findings_by_tensor(report, only={(s.source, s.name) for s in rows})
-    from gradaudit.stats_table import ROLES, StatsTable
 
     tensors = report.tensors
     # A gradient dump's table stays as it was; a role column appears once roles differ.

@@ -5,10 +5,10 @@ A dump of a million all-zero tiny tensors (taken after
 objects (a :class:`Finding` and its message each, then the sets and dicts that
 count and group them) they took more memory than the rest of the scan. A
 :class:`FindingTable` holds, per finding, the tensor it is on (an index into the
-scan's :class:`~gradaudit.stats_table.StatsTable`), its kind and its severity as
+scan's :class:`~gradaudit.results.stats_table.StatsTable`), its kind and its severity as
 numpy columns, and is a ``Sequence[Finding]``: indexing and iterating give the
 same findings as before. A finding on a tensor is built by
-:func:`gradaudit.scan.judge.evaluate` itself (the one rule for what a finding is
+:func:`gradaudit.scan.rules.evaluate` itself (the one rule for what a finding is
 and what it says); the vectorised judging here only decides which tensors it
 runs on and which kinds it will return, and a test holds the two together.
 Findings that are few (optimizer state, outliers, skipped tensors) are kept as
@@ -20,16 +20,14 @@ Counts, the health score and the renderers read the columns where they can.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
-
-if TYPE_CHECKING:
-    from gradaudit.stats_table import StatsTable
+from gradaudit.results.column_view import ColumnView
+from gradaudit.results.stats_table import ROLES, StatsTable
+from gradaudit.scan.rules import cast_limits, evaluate, judged_candidates, tensor_indices
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
 
@@ -45,14 +43,11 @@ _STEP = 1 << 14
 def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, kinds)``: the tensor and the kind of each finding :func:`evaluate` returns.
 
-    In tensor order, each tensor's kinds in :func:`~gradaudit.scan.judge.evaluate`'s
+    In tensor order, each tensor's kinds in :func:`~gradaudit.scan.rules.evaluate`'s
     order (NaN, Inf, then all-zero and cast for a weight, exploding or vanishing for a
     gradient): the same comparisons on the columns. Only the tensors
-    :func:`~gradaudit.scan.judge.judged_candidates` picks are looked at.
+    :func:`~gradaudit.scan.rules.judged_candidates` picks are looked at.
     """
-    from gradaudit.scan.judge import cast_limits, judged_candidates
-    from gradaudit.stats_table import ROLES
-
     rows = judged_candidates(table, thresholds)
     none = np.int8(-1)
     nan = table.nan[rows] > 0
@@ -165,7 +160,6 @@ class FindingTable(ColumnView[Finding]):
             return self._join(findings)
         objects = tuple(findings)
         keys = {(f.source, f.tensor) for f in objects}
-        from gradaudit.scan.judge import tensor_indices
 
         found = tensor_indices(self.table, keys).tolist()
         table = self.table
@@ -266,7 +260,6 @@ class FindingTable(ColumnView[Finding]):
         judges each flagged one as it passes, so no TensorStats is made twice. Needs
         :attr:`ordered`; findings on no tensor of the table are in no list.
         """
-        from gradaudit.scan.judge import evaluate
 
         if not self.ordered:
             raise ValueError("per_tensor needs findings in tensor order")
@@ -310,7 +303,6 @@ class FindingTable(ColumnView[Finding]):
 
     def _build(self, positions: np.ndarray) -> list[Finding]:
         """The findings at ``positions``: :func:`evaluate` run once per tensor needed."""
-        from gradaudit.scan.judge import evaluate
 
         slots = self.slots[positions]
         rows = self.rows[positions]
@@ -341,3 +333,35 @@ class FindingTable(ColumnView[Finding]):
 
     def __repr__(self) -> str:
         return f"FindingTable({len(self)} findings)"
+
+
+def column_findings(table: StatsTable, findings: Sequence[Finding]) -> FindingTable | None:
+    """``findings`` when they are a :class:`~gradaudit.scan.finding_table.FindingTable` over
+    ``table`` (their counts and sets are then read on the columns), else ``None``."""
+    if isinstance(findings, FindingTable) and findings.table is table:
+        return findings
+    return None
+
+
+def flagged_indices(
+    table: StatsTable,
+    findings: Sequence[Finding],
+    kinds: Iterable[FindingKind] | None = None,
+    *,
+    ignored: bool = True,
+) -> np.ndarray:
+    """Indices (ascending) of the tensors with a finding of ``kinds`` (any kind: ``None``);
+    ``ignored=False`` leaves out the ignored findings."""
+    wanted = None if kinds is None else tuple(kinds)
+    columns = column_findings(table, findings)
+    if columns is not None:
+        mask = np.ones(len(columns), dtype=bool) if wanted is None else columns.kind_is(*wanted)
+        if not ignored:
+            mask &= ~columns.severity_is(Severity.IGNORED)
+        return columns.tensors_where(mask)
+    keys = {
+        (f.source, f.tensor)
+        for f in findings
+        if (wanted is None or f.kind in wanted) and (ignored or not f.ignored)
+    }
+    return tensor_indices(table, keys)

@@ -1,7 +1,7 @@
 """The engine's stats row, ``[nan, pos_inf, neg_inf, zeros, max_abs, scale, ssq]``, and its
 merge rule.
 
-Defined here, without torch, so the host side (:mod:`gradaudit.stats_table`, the
+Defined here, without torch, so the host side (:mod:`gradaudit.results.stats_table`, the
 torch-free scan of :mod:`gradaudit.scan.torch_free`) reads the same slots and merges
 with the same rule as the device side (:mod:`gradaudit.engine.stats`, which documents
 the row).

@@ -1,9 +1,9 @@
 """Frozen result types of ``gradaudit compare``: host vs seed, and A vs B per parameter.
 
-Kept out of ``results.py`` on purpose: these types build on the audit results
+Beside the audit results, in their own module: these types build on them
 (a :class:`Comparison` holds the :class:`~gradaudit.results.Report` of both sides)
 but nothing in a scan needs them, so the dependency runs one way only. The logic
-that fills them lives in ``compare/api.py``; this module is data plus the small
+that fills them lives in ``comparison/api.py``; this module is data plus the small
 arithmetic that defines the ratios, so that the formula exists exactly once.
 """
 
@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol, runtime_checkable
 
 from gradaudit.policy import PolicyError, Severity
 from gradaudit.results import Finding, InputProblem, Report
@@ -250,6 +251,15 @@ class Mismatch:
         return self.dtype_a != self.dtype_b
 
 
+@runtime_checkable
+class FlaggedView(Protocol):
+    """Changes that pick their flagged ones on their columns
+    (:class:`~gradaudit.results.change_table.ChangeTable`): a protocol, so this module
+    needs no numpy and no import of the table that imports it."""
+
+    def flagged_view(self) -> Sequence[ParameterChange]: ...
+
+
 @dataclass(frozen=True)
 class ParameterComparison:
     """A vs B for the tensor names the sides share (after their prefixes are removed).
@@ -260,7 +270,7 @@ class ParameterComparison:
     are only in ``mismatches``. Only audited (floating-point) tensors take part.
 
     ``changes`` is a sequence: a comparison's own is a
-    :class:`~gradaudit.comparison.change_table.ChangeTable`, which builds each
+    :class:`~gradaudit.results.change_table.ChangeTable`, which builds each
     :class:`ParameterChange` when it is asked for (a million shared names cost no
     object each); a tuple works as well.
     """
@@ -274,9 +284,7 @@ class ParameterComparison:
     @property
     def flagged(self) -> Sequence[ParameterChange]:
         """The flagged changes, in order (picked on the columns of a comparison's own)."""
-        from gradaudit.comparison.change_table import ChangeTable
-
-        if isinstance(self.changes, ChangeTable):
+        if isinstance(self.changes, FlaggedView):
             return self.changes.flagged_view()
         return tuple(change for change in self.changes if change.flagged)
 

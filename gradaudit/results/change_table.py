@@ -4,12 +4,12 @@ Two dumps of a million tiny tensors share a million names; one frozen
 :class:`ParameterChange` per name (and a dict of every :class:`TensorStats` per
 side to match them) cost seconds and hundreds of megabytes for a table that shows
 a few dozen rows. A :class:`ChangeTable` holds the same facts as numpy columns
-and is a ``Sequence[ParameterChange]`` (:class:`~gradaudit.column_view.ColumnView`),
+and is a ``Sequence[ParameterChange]`` (:class:`~gradaudit.results.column_view.ColumnView`),
 so library users and renderers see the same values; the renderers pick the rows
 they show (:meth:`ChangeTable.order`, :meth:`ChangeTable.flagged_view`) on the columns.
 
 The ratio rule is written once, vectorised, in :meth:`ChangeTable.between`; the
-same IEEE operations as :func:`~gradaudit.comparison.model.scaled_ratio` (``frexp``,
+same IEEE operations as :func:`~gradaudit.results.comparison.scaled_ratio` (``frexp``,
 one division, ``ldexp``), so a column value equals the scalar one.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
-from gradaudit.comparison.model import ParameterChange
-from gradaudit.stats_table import StatsTable, coded, gathered, shape_columns, shapes_of
+from gradaudit.results.column_view import ColumnView
+from gradaudit.results.comparison import ParameterChange
+from gradaudit.results.stats_table import StatsTable, coded, gathered, shape_columns, shapes_of
 
 __all__ = ["NOTES", "ChangeTable"]
 

@@ -22,10 +22,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from gradaudit.column_view import ColumnView
-from gradaudit.engine.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
+from gradaudit.results.column_view import ColumnView
+from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 
 __all__ = ["ROLES", "StatsTable", "coded", "gathered", "same_shapes", "shapes_of"]
 

@@ -281,11 +281,11 @@ class Report:
     """Everything one audit found. Built once, rendered by any formatter."""
 
     #: One per audited tensor, in collection order. An audit gives a
-    #: :class:`~gradaudit.stats_table.StatsTable` (columns that make each TensorStats
+    #: :class:`~gradaudit.results.stats_table.StatsTable` (columns that make each TensorStats
     #: when it is asked for: a million tensors hold no object each); any sequence does.
     tensors: Sequence[TensorStats]
     #: In tensor order, then the findings on tensors that were not audited. An audit
-    #: gives a :class:`~gradaudit.finding_table.FindingTable` (columns over ``tensors``
+    #: gives a :class:`~gradaudit.scan.finding_table.FindingTable` (columns over ``tensors``
     #: that make each Finding when it is asked for); any sequence does.
     findings: Sequence[Finding]
     skipped: tuple[Skipped, ...]

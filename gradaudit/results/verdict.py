@@ -1,0 +1,96 @@
+"""The one place a result becomes an exit code: a scan's :class:`Report`, a
+:class:`Comparison`, a :class:`TrendReport`, and ``scan --precision``'s headroom.
+
+The renderers print the verdict these functions decide (``OK`` / ``FAIL`` /
+``INCOMPLETE``) and the CLI exits with it; neither decides one itself. Pure Python:
+the CLI imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from gradaudit.errors import ExitCode
+from gradaudit.policy import Severity
+from gradaudit.precision import PrecisionReport
+from gradaudit.results import Finding, Report
+from gradaudit.results.comparison import Comparison
+from gradaudit.results.trend import TrendReport
+
+__all__ = ["comparison_exit_code", "exit_code", "precision_exit_code", "trend_exit_code"]
+
+
+@runtime_checkable
+class SeverityColumns(Protocol):
+    """Findings held as columns (:class:`~gradaudit.scan.finding_table.FindingTable`):
+    their severities are read on the column, with no :class:`Finding` built. A protocol,
+    so this module imports neither numpy nor the scan stage."""
+
+    def severity_is(self, severity: Severity) -> Any: ...
+
+
+def exit_code(report: Report) -> ExitCode:
+    """The exit policy, in order of precedence.
+
+    1. An input could not be audited, or nothing at all was audited (no tensor and no
+       logged training history) -> INPUT_ERROR.
+       Errors beat findings: an incomplete audit never passes.
+    2. A finding the policy fails on, or an exceeded limit -> FINDINGS.
+    3. Otherwise OK (warnings and ignored findings do not fail).
+
+    USAGE_ERROR and INTERNAL_ERROR never reach a report: they are raised.
+    """
+    if report.errors or report.audited_nothing:
+        return ExitCode.INPUT_ERROR
+    if report.limit_findings or _any_failing(report.findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
+
+
+def _any_failing(findings: Sequence[Finding]) -> bool:
+    """Whether a finding fails the run (on the severity column of a FindingTable)."""
+    if isinstance(findings, SeverityColumns):
+        return bool(findings.severity_is(Severity.ERROR).any())
+    return any(finding.failing for finding in findings)
+
+
+def comparison_exit_code(comparison: Comparison) -> ExitCode:
+    """The exit policy of a comparison, with the precedence of :func:`exit_code`.
+
+    1. An input could not be read, or a side has nothing to compare -> INPUT_ERROR.
+    2. A failing per-tensor finding (``--fail-on``) or a failing comparison finding
+       (a ratio outside ``--min-ratio``/``--max-ratio`` or not computable under them,
+       a large change with ``--fail-on-change``) -> FINDINGS.
+    3. Otherwise OK.
+    """
+    code = exit_code(comparison.report)
+    if code is not ExitCode.OK:
+        return code
+    if any(finding.failing for finding in comparison.findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
+
+
+def trend_exit_code(report: TrendReport) -> ExitCode:
+    """The same precedence as ``scan``: errors, then failing findings, then OK.
+
+    A dump that could not be audited, or a series with no audited tensor at all,
+    is INPUT_ERROR: a trend with holes never passes.
+    """
+    if report.errors or not any(step.tensors for step in report.steps):
+        return ExitCode.INPUT_ERROR
+    if any(finding.failing for finding in report.findings):
+        return ExitCode.FINDINGS
+    return ExitCode.OK
+
+
+def precision_exit_code(verdict: ExitCode, headroom: PrecisionReport) -> ExitCode:
+    """``scan --precision``: headroom findings turn a passing scan into FINDINGS.
+
+    Moved here unchanged from ``cli/scan.py``: the report's own verdict line has already
+    printed ``OK`` when this returns FINDINGS; issue 26 changes that behaviour.
+    """
+    if headroom.findings and verdict is ExitCode.OK:
+        return ExitCode.FINDINGS
+    return verdict

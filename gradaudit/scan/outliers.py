@@ -1,0 +1,136 @@
+"""Outliers: tensors whose RMS sits far from the others of their role in their file.
+
+One job apart from :mod:`gradaudit.scan.judge`: a scale-free reference per role and
+file (the median of log10 RMS and its spread), and the tensors far from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from gradaudit.policy import (
+    FindingKind,
+    Role,
+    Thresholds,
+)
+from gradaudit.results import (
+    Finding,
+    OutlierReference,
+    TensorStats,
+)
+from gradaudit.results.stats_table import ROLES
+from gradaudit.scan.finding_table import flagged_indices
+from gradaudit.scan.rules import table_of
+
+#: A role with fewer tensors than this in a file has no outlier reference.
+OUTLIER_MIN_TENSORS = 8
+#: Optimizer state is left out: its moments mirror the gradients, whose health the
+#: per-parameter estimates already judge, and an outlier there would only repeat it.
+_OUTLIER_ROLES = (Role.GRADIENT, Role.WEIGHT)
+
+
+def find_outliers(
+    tensors: Sequence[TensorStats],
+    thresholds: Thresholds,
+    findings_so_far: Sequence[Finding] = (),
+) -> tuple[tuple[Finding, ...], tuple[OutlierReference, ...]]:
+    """Tensors whose RMS sits far from the others of their role in their file.
+
+    Scale-free: on log10 RMS, the reference is the median (robust to the outliers it
+    looks for); the spread shown with it is the median absolute deviation times 1.4826
+    (a standard deviation for normal data). A tensor is an outlier when it lies more
+    than ``outlier_decades`` from the median. The limit is fixed rather than a multiple
+    of the spread: a healthy model's roles mix tensor kinds (LayerNorm scales near 1,
+    matrices near 0.02), so its spread is wide, and a multiple of it would hide a layer
+    scaled by 1e3. Left out: tensors with no finite element or an RMS of 0 (other checks
+    cover them), roles with fewer than 8 tensors in a file, and tensors that already
+    have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
+    the outlier check is for what an absolute threshold cannot see.
+
+    Computed on the columns (:class:`~gradaudit.results.stats_table.StatsTable`): the logs with
+    ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
+    the two middle values), so the numbers are those of a loop over the tensors.
+    """
+    table = table_of(tensors)
+    magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
+    # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
+    # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
+    already = np.zeros(len(table), dtype=bool)
+    already[flagged_indices(table, findings_so_far, magnitude)] = True
+    rms = table.rms
+    with np.errstate(invalid="ignore"):
+        eligible = rms > 0  # NaN (no finite element) compares False
+    roles = table.role_codes
+    eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
+    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    # and of matrices sit decades apart in healthy models, weights do not (measured).
+    gradient = roles == ROLES.index(Role.GRADIENT)
+    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), 0)
+    indices = np.flatnonzero(eligible)
+    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
+    keys += shape_class[indices]
+    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    labels = ("all", "1-D", "2-D+")
+    findings: list[Finding] = []
+    references: list[OutlierReference] = []
+    for key_index in np.argsort(first, kind="stable").tolist():  # groups in first-seen order
+        if counts[key_index] < OUTLIER_MIN_TENSORS:
+            continue
+        members = indices[keys == unique[key_index]]
+        first_member = int(members[0])
+        source = table.sources[table.source_codes[first_member]]
+        role = ROLES[roles[first_member]]
+        shapes = labels[int(shape_class[first_member])]
+        member_rms = rms[members]
+        logs = _log10(member_rms)
+        median = _median(logs)
+        spread = 1.4826 * _median(np.abs(logs - median))
+        limit = thresholds.outlier_limit(role)
+        references.append(
+            OutlierReference(role, source, len(members), median, spread, limit, shapes)
+        )
+        distance = logs - median
+        for where in np.flatnonzero(np.abs(distance) > limit).tolist():
+            member = int(members[where])
+            if already[member]:
+                continue
+            name = table.names[member]
+            away = float(distance[where])
+            direction = "above" if away > 0 else "below"
+            message = (
+                f"RMS {float(member_rms[where]):.3g} is {abs(away):.1f} decades {direction} the "
+                f"median {10**median:.3g} of {len(members)} {role.value} tensors"
+                f"{'' if shapes == 'all' else f' ({shapes})'} (limit {limit:.1f})"
+            )
+            kind = FindingKind.OUTLIER
+            findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
+    return tuple(findings), tuple(references)
+
+
+#: Values turned into Python floats at once by :func:`_log10`.
+_LOG_CHUNK = 1 << 16
+
+
+def _log10(values: np.ndarray) -> np.ndarray:
+    """``math.log10`` of each value (libm's, as a loop over the tensors computes it; numpy's
+    own may differ in the last bit), a chunk at a time: a million values as Python floats
+    at once were 32 MB, the largest part of a big scan's peak memory."""
+    logs = np.empty(len(values), dtype=np.float64)
+    for start in range(0, len(values), _LOG_CHUNK):
+        chunk = values[start : start + _LOG_CHUNK].tolist()
+        logs[start : start + len(chunk)] = np.fromiter(
+            map(math.log10, chunk), dtype=np.float64, count=len(chunk)
+        )
+    return logs
+
+
+def _median(values: np.ndarray) -> float:
+    """:func:`statistics.median` of a float64 array: the middle value, or the mean of two."""
+    ordered = np.sort(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[middle])
+    return (float(ordered[middle - 1]) + float(ordered[middle])) / 2

@@ -1,0 +1,156 @@
+"""The per-tensor rule: one tensor's stats and the thresholds in, its findings out.
+
+:func:`evaluate` is the one rule for what a finding on a tensor is and what it says;
+:func:`judged_candidates` picks, on the columns, the tensors it may flag. Apart from
+:mod:`gradaudit.scan.judge` (roles, outliers, estimates, the summary) so that the
+:class:`~gradaudit.scan.finding_table.FindingTable`, which runs the rule to build each
+finding when it is asked for, and the judge that builds the table import in one direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from gradaudit.policy import FindingKind, Role, Thresholds
+from gradaudit.precision import FORMATS, Precision
+from gradaudit.results import Finding, TensorStats
+from gradaudit.results.stats_table import StatsTable
+
+#: The optimizer state roles: a NaN there spreads on resume.
+OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+
+def table_of(tensors: Iterable[TensorStats]) -> StatsTable:
+    """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself if one)."""
+    return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
+
+
+def tensor_indices(table: StatsTable, keys: Iterable[tuple[str | None, str]]) -> np.ndarray:
+    """Indices (ascending) of the tensors named by ``(source, name)`` pairs.
+
+    One pass over the names in C (a set lookup each) instead of a dict of every
+    tensor: a million tensors with a handful of findings build nothing per tensor.
+    """
+    wanted = set(keys)
+    if not wanted:
+        return np.zeros(0, dtype=np.int64)
+    names = {name for _, name in wanted}
+    hits = np.fromiter(map(names.__contains__, table.names), dtype=bool, count=len(table))
+    candidates = np.flatnonzero(hits)
+    sources, codes = table.sources, table.source_codes
+    keep = [
+        index
+        for index in candidates.tolist()
+        if (sources[codes[index]], table.names[index]) in wanted
+    ]
+    return np.array(keep, dtype=np.int64)
+
+
+def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
+    """The findings for one tensor, in a fixed order (NaN, Inf, exploding, vanishing).
+
+    What is checked depends on the tensor's role (``docs/roles.md``):
+
+    * ``gradient``: NaN, Inf, and the norm thresholds. Magnitude checks use the
+      norm of the finite elements and are skipped for a tensor with no finite
+      element (its NaN/Inf findings already say everything) and for an empty
+      tensor (there is nothing to vanish). An all-zero tensor has norm 0 and is
+      vanishing.
+    * ``weight``: NaN, Inf, an all-zero tensor (a warning by default), and
+      ``--cast-check``. No norm thresholds: a norm of 190 is a healthy embedding.
+    * optimizer state, buffers, unknown: NaN and Inf only (the optimizer state's
+      gradient estimates and negative second moments are judged by
+      :func:`evaluate_optimizer_state`).
+
+    A tensor matched by an ``ignore`` pattern still gets its findings, with
+    severity ``ignored``, so reports can count and show them.
+    """
+    found: list[tuple[FindingKind, str]] = []
+    where = ""
+    if stats.role in OPTIMIZER_STATE and stats.nonfinite:
+        where = " of optimizer state: resuming from this checkpoint would spread it"
+    if stats.nan:
+        found.append((FindingKind.NAN, f"{stats.nan} NaN of {stats.numel} elements{where}"))
+    if stats.pos_inf or stats.neg_inf:
+        found.append(
+            (
+                FindingKind.INF,
+                f"{stats.pos_inf} +Inf and {stats.neg_inf} -Inf of {stats.numel} elements{where}",
+            )
+        )
+    if stats.role is Role.WEIGHT:
+        found.extend(_weight_checks(stats, thresholds))
+    elif stats.role is Role.GRADIENT and stats.finite:
+        if stats.norm > thresholds.exploding:
+            found.append(
+                (
+                    FindingKind.EXPLODING,
+                    f"norm {stats.norm:.3g} > exploding threshold {thresholds.exploding:.3g}",
+                )
+            )
+        elif stats.norm < thresholds.vanishing:
+            found.append(
+                (
+                    FindingKind.VANISHING,
+                    f"norm {stats.norm:.3g} < vanishing threshold {thresholds.vanishing:.3g}",
+                )
+            )
+    if not found:  # the common case, kept cheap: it runs once per tensor
+        return ()
+    return tuple(
+        Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)
+        for kind, message in found
+    )
+
+
+def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
+    """Indices of the tensors :func:`evaluate` may flag (every one it flags is among them)."""
+    finite = table.finite > 0
+    norm = table.norm
+    gradient = table.role_mask(Role.GRADIENT) & finite
+    gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
+    weight = table.role_mask(Role.WEIGHT)
+    if thresholds.cast_check is None:
+        weight &= (table.numel > 0) & (table.zeros == table.numel)
+    mask = (table.nonfinite > 0) | gradient | weight
+    return np.flatnonzero(mask)
+
+
+def cast_limits(target: str) -> tuple[float, float]:
+    """``(overflow_from, flush_from)`` for a ``--cast-check`` target, as ``--precision`` uses.
+
+    A finite value with ``|x| >= overflow_from`` leaves the target's range (Inf, or
+    saturated to ±448 by ``fp8_e4m3fn``); a nonzero value with ``|x| < flush_from``
+    becomes zero. One table of rounding boundaries serves both checks
+    (:data:`gradaudit.precision.FORMATS`).
+    """
+    spec = FORMATS[Precision(target)]
+    return spec.overflow_from, spec.flush_from
+
+
+def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[FindingKind, str]]:
+    found: list[tuple[FindingKind, str]] = []
+    if stats.numel and stats.zeros == stats.numel:
+        found.append((FindingKind.ALL_ZERO, f"all {stats.numel} elements are zero"))
+    target = thresholds.cast_check
+    if target is not None and stats.finite:
+        overflow, underflow = cast_limits(target)
+        if stats.max_abs >= overflow:
+            found.append(
+                (
+                    FindingKind.CAST,
+                    f"max |x| {stats.max_abs:.4g} does not fit {target} "
+                    f"(values from {overflow:.4g} up overflow)",
+                )
+            )
+        elif 0 < stats.max_abs < underflow:
+            found.append(
+                (
+                    FindingKind.CAST,
+                    f"every nonzero value flushes to zero in {target} "
+                    f"(max |x| {stats.max_abs:.3g} < {underflow:.3g})",
+                )
+            )
+    return found
