@@ -313,7 +313,9 @@ def test_cli_device_index_under_torchrun_is_a_usage_error(tmp_path: Path) -> Non
     path = tmp_path / "g.safetensors"
     save_file({"w": torch.ones(3)}, str(path))
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
-    result = CliRunner().invoke(app, ["scan", str(path), "--device", "cuda:1"], env=env)
+    # --distributed: the test process's parent is no launcher, so it would scan alone.
+    command = ["scan", str(path), "--device", "cuda:1", "--distributed"]
+    result = CliRunner().invoke(app, command, env=env)
     assert result.exit_code == ExitCode.USAGE_ERROR
     assert result.stdout == ""
     assert "give no index" in result.stderr
@@ -323,7 +325,8 @@ def test_cli_incomplete_torchrun_environment_is_a_usage_error(tmp_path: Path) ->
     path = tmp_path / "g.safetensors"
     save_file({"w": torch.ones(3)}, str(path))
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
-    result = CliRunner().invoke(app, ["scan", str(path), "--device", "cpu"], env=env)
+    command = ["scan", str(path), "--device", "cpu", "--distributed"]
+    result = CliRunner().invoke(app, command, env=env)
     assert result.exit_code == ExitCode.USAGE_ERROR
     assert result.stdout == ""
     assert "cannot join the torchrun job" in result.stderr
