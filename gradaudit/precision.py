@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gradaudit.grouping import model_order
-from gradaudit.policy import fraction_exceeds
-from gradaudit.results import Report
+from gradaudit.policy import FindingKind, Thresholds, fraction_exceeds
+from gradaudit.results import Finding, Report
 
 #: Bit pattern of float32 +Inf; NaN patterns are above it.
 INF_BITS = 0x7F800000
@@ -395,6 +395,21 @@ class PrecisionReport:
     #: The whole model's histogram (what ``--plot`` draws).
     histogram: ExponentHistogram
     findings: tuple[PrecisionFinding, ...]
+
+
+def as_findings(report: PrecisionReport, thresholds: Thresholds) -> tuple[Finding, ...]:
+    """The headroom findings as ``cast`` findings of the scan (they always fail, as
+    ``--cast-check`` does; ``ignore`` patterns still apply): one verdict counts them."""
+    return tuple(
+        Finding(
+            FindingKind.CAST,
+            thresholds.severity(FindingKind.CAST, f.tensor),
+            f.tensor,
+            f"{f.precision.value} headroom: {f.message}",
+            f.source,
+        )
+        for f in report.findings
+    )
 
 
 def precision_report(

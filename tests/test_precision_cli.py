@@ -104,3 +104,20 @@ def test_library_report_layers_and_total() -> None:
     assert plain.histograms == ()
     with pytest.raises(ValueError, match="without exponent histograms"):
         precision_report(plain, Precision.FP16)
+
+
+def test_the_printed_verdict_is_the_exit_code_with_headroom_findings(
+    write_dump: WriteDump,
+) -> None:
+    """With only an overflow finding it printed "OK: no failing findings" and exited 1."""
+    path = write_dump({"w": torch.tensor([1.0, 500.0, 1e5])})
+    result = scan(str(path), "--precision", "fp16", "--exploding-threshold", "1e9")
+    assert result.exit_code == ExitCode.FINDINGS
+    assert "OK:" not in result.stdout
+    assert "FAIL: 1 failing finding (cast)" in result.stdout
+    assert "│ cast " in result.stdout  # the tensor's status in the report's table
+    ignored = scan(
+        str(path), "--precision", "fp16", "--exploding-threshold", "1e9", "--ignore", "w"
+    )
+    assert ignored.exit_code == ExitCode.OK
+    assert "OK: no failing findings" in ignored.stdout

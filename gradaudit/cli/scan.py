@@ -38,16 +38,22 @@ from gradaudit.cli.output import check_output_path, emit_report, render_options,
 from gradaudit.cli.progress import input_bytes, progress_bar, wants_progress
 from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVisuals, write_plot
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
-from gradaudit.errors import ExitCode, UsageError
+from gradaudit.errors import UsageError
 from gradaudit.policy import Thresholds
-from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision, precision_report
+from gradaudit.precision import (
+    DEFAULT_MAX_UNDERFLOW,
+    Precision,
+    PrecisionReport,
+    as_findings,
+    precision_report,
+)
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.precision_plot import precision_plot
 from gradaudit.report.precision_table import render_precision
 from gradaudit.report.text import plural
 from gradaudit.results import Report
-from gradaudit.results.verdict import exit_code, precision_exit_code
+from gradaudit.results.verdict import exit_code
 from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
 
 
@@ -241,15 +247,21 @@ def scan(
 
             with progress_bar(total, show_progress) as advance:
                 report = scan_paths(paths, progress=advance, **options)
+        headroom = None
+        if precision is not None and report.tensors:
+            # Judged before anything is printed: its findings are the report's, so the
+            # verdict line and the exit code are one (issue 26: it printed OK, exited 1).
+            from gradaudit.scan.judge import with_findings  # numpy: only once a command runs
+
+            headroom = precision_report(report, precision, max_underflow)
+            report = with_findings(report, as_findings(headroom, thresholds))
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
         verdict = emit_report(report, settings, show_all=show_all, top=top)
         if precision is None:
             visuals.write_plot(report)
-        else:
-            verdict = _emit_precision(
-                report, precision, max_underflow, visuals, verdict, show_all=show_all, top=top
-            )
+        elif headroom is not None:
+            _emit_precision(headroom, precision, visuals, show_all=show_all, top=top)
         raise typer.Exit(int(verdict))
 
 
@@ -297,22 +309,16 @@ def _check_precision_options(
 
 
 def _emit_precision(
-    report: Report,
+    headroom: PrecisionReport,
     precision: Precision,
-    max_underflow: float,
     visuals: ScanVisuals,
-    verdict: ExitCode,
     *,
     show_all: bool,
     top: int,
-) -> ExitCode:
-    """The headroom table after the report (and its figure); findings fail a passing run."""
-    if not report.tensors:
-        return verdict
-    headroom = precision_report(report, precision, max_underflow)
+) -> None:
+    """The headroom table after the report (and its figure); its findings are the report's."""
     text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
     write_stdout("\n" + text)
     if visuals.plot is not None and visuals.plot_format is not None:
         title = f"Headroom in {precision.value}: {plural(len(headroom.tensors), 'tensor')}"
         write_plot(visuals.plot, precision_plot(headroom, visuals.plot_format, title=title))
-    return precision_exit_code(verdict, headroom)

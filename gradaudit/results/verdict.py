@@ -1,5 +1,5 @@
-"""The one place a result becomes an exit code: a scan's :class:`Report`, a
-:class:`Comparison`, a :class:`TrendReport`, and ``scan --precision``'s headroom.
+"""The one place a result becomes an exit code: a scan's :class:`Report` (its findings
+include ``--precision``'s headroom findings), a :class:`Comparison`, a :class:`TrendReport`.
 
 The renderers print the verdict these functions decide (``OK`` / ``FAIL`` /
 ``INCOMPLETE``) and the CLI exits with it; neither decides one itself. Pure Python:
@@ -13,12 +13,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.precision import PrecisionReport
 from gradaudit.results import Finding, Report
 from gradaudit.results.comparison import Comparison
 from gradaudit.results.trend import TrendReport
 
-__all__ = ["comparison_exit_code", "exit_code", "precision_exit_code", "trend_exit_code"]
+__all__ = ["comparison_exit_code", "exit_code", "trend_exit_code"]
 
 
 @runtime_checkable
@@ -83,14 +82,3 @@ def trend_exit_code(report: TrendReport) -> ExitCode:
     if any(finding.failing for finding in report.findings):
         return ExitCode.FINDINGS
     return ExitCode.OK
-
-
-def precision_exit_code(verdict: ExitCode, headroom: PrecisionReport) -> ExitCode:
-    """``scan --precision``: headroom findings turn a passing scan into FINDINGS.
-
-    Moved here unchanged from ``cli/scan.py``: the report's own verdict line has already
-    printed ``OK`` when this returns FINDINGS; issue 26 changes that behaviour.
-    """
-    if headroom.findings and verdict is ExitCode.OK:
-        return ExitCode.FINDINGS
-    return verdict

@@ -11,6 +11,7 @@ No files, no terminal: plain numbers and a policy in, results out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from gradaudit.results import (
     Finding,
     GradientEstimate,
     LimitFinding,
+    Report,
     Skipped,
     Summary,
     TensorStats,
@@ -315,6 +317,24 @@ def in_tensor_order(
     sources, codes, names = table.sources, table.source_codes, table.names
     order = {(sources[codes[i]], names[i]): i for i in found}
     return tuple(sorted(findings, key=lambda f: order.get((f.source, f.tensor), len(table))))
+
+
+def with_findings(report: Report, extra: Sequence[Finding]) -> Report:
+    """``report`` with ``extra`` findings judged after the scan (``--precision``'s headroom):
+    in its findings and its summary, so the one verdict counts them."""
+    if not extra:
+        return report
+    base = report.findings
+    findings: Sequence[Finding] = (
+        base.extended(extra) if isinstance(base, FindingTable) else (*base, *extra)
+    )
+    summary = dataclasses.replace(
+        report.summary,
+        failing_findings=report.summary.failing_findings + sum(f.failing for f in extra),
+        warnings=report.summary.warnings + sum(f.severity is Severity.WARNING for f in extra),
+        ignored_findings=report.summary.ignored_findings + sum(f.ignored for f in extra),
+    )
+    return dataclasses.replace(report, findings=findings, summary=summary)
 
 
 def summarize(
