@@ -341,3 +341,29 @@ def test_an_lr_30_blow_up_warns_and_is_counted_within_one_every(tmp_path: Path) 
     assert error.value.step == 3
     assert any(kind == "exploding" for kind, _ in error.value.findings)
     assert error.value.dump == tmp_path / "dumps" / "step_00000003.safetensors"
+
+
+def test_a_clip_that_bypasses_the_accelerator_is_said_once(tmp_path: Path) -> None:
+    """A Trainer whose clip does not go through accelerator.clip_grad_norm_ (transformers'
+    mixed-mesh DTensor path, a subclass): the stats are read after it, and the callback
+    says so once."""
+    from gradaudit.integrations.hf import GradauditCallback
+
+    callback = GradauditCallback(every=1, dump_dir=None)
+    trainer = _trainer(tmp_path, callback, max_grad_norm=0.01)
+
+    def own_clip(model: Any, max_norm: float | None = None) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+
+    trainer._clip_grad_norm = own_clip
+    trainer._get_grad_norm = lambda model, grad_norm=None: grad_norm
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [
+        str(w.message) for w in caught if "without accelerator.clip_grad_norm_" in str(w.message)
+    ]
+    assert len(said) == 1
+    assert "max_grad_norm=0.01" in said[0]
+    for row in _train_logs(trainer):
+        assert row["gradaudit/global_norm"] == pytest.approx(0.01, rel=1e-4)  # after the clip
