@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
     from gradaudit.errors import (
         ExitCode,
         GradauditError,
+        GradientFindingError,
+        GradientFindingWarning,
         InputError,
         NonFiniteGradientError,
         NonFiniteGradientWarning,
@@ -81,6 +83,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
     from gradaudit.training.gradients import collect_module, named_gradients
     from gradaudit.training.locate import Location, NanLocator
     from gradaudit.training.monitor import (
+        FindingAction,
         GradientMonitor,
         LocateMode,
         MonitorRecord,
@@ -118,6 +121,8 @@ _LAZY: dict[str, str] = {
     "EngineOptions": "gradaudit.engine.options",
     "ExitCode": "gradaudit.errors",
     "GradauditError": "gradaudit.errors",
+    "GradientFindingError": "gradaudit.errors",
+    "GradientFindingWarning": "gradaudit.errors",
     "InputError": "gradaudit.errors",
     "NonFiniteGradientError": "gradaudit.errors",
     "NonFiniteGradientWarning": "gradaudit.errors",
@@ -130,6 +135,7 @@ _LAZY: dict[str, str] = {
     "LocateMode": "gradaudit.training.monitor",
     "MonitorRecord": "gradaudit.training.monitor",
     "NonFiniteAction": "gradaudit.training.monitor",
+    "FindingAction": "gradaudit.training.monitor",
     "DEFAULT_EXPLODING_THRESHOLD": "gradaudit.policy",
     "DEFAULT_FAIL_ON": "gradaudit.policy",
     "DEFAULT_VANISHING_THRESHOLD": "gradaudit.policy",
@@ -206,9 +212,12 @@ __all__ = [
     "ExitCode",
     "FileResult",
     "Finding",
+    "FindingAction",
     "FindingKind",
     "GradauditError",
     "GradientEstimate",
+    "GradientFindingError",
+    "GradientFindingWarning",
     "GradientMonitor",
     "InputError",
     "InputKind",

@@ -83,3 +83,31 @@ class NonFiniteGradientError(GradauditError):
 
 class NonFiniteGradientWarning(RuntimeWarning):
     """Issued by a :class:`~gradaudit.GradientMonitor` that found NaN or Inf gradients."""
+
+
+class GradientFindingError(GradauditError):
+    """A :class:`~gradaudit.GradientMonitor` told to raise (``on_finding="raise"``) found a
+    failing finding other than NaN/Inf (``exploding`` by default: ``Thresholds.fail_on``).
+
+    Carries the step, the findings' ``(kind, tensor)`` pairs and the dump written (or
+    ``None``), like :class:`NonFiniteGradientError`.
+    """
+
+    exit_code = ExitCode.FINDINGS
+
+    def __init__(
+        self,
+        step: int,
+        findings: tuple[tuple[str, str], ...],
+        dump: Path | None,
+        message: str,
+    ) -> None:
+        self.step = step
+        self.findings = findings
+        self.dump = dump
+        super().__init__(message)
+
+
+class GradientFindingWarning(RuntimeWarning):
+    """Issued by a :class:`~gradaudit.GradientMonitor` whose collected step has new exploding,
+    vanishing or outlier gradients (``on_finding="warn"``, the default)."""

@@ -137,3 +137,22 @@ def tiny_hf_bert() -> torch.nn.Module:
     torch.manual_seed(0)
     model: torch.nn.Module = BertForSequenceClassification(config)
     return model
+
+
+def tiny_hf_gpt2() -> torch.nn.Module:
+    """A two-layer ``transformers`` GPT-2 from a config (vocabulary 50, width 16: 28
+    parameters, ``transformer.h.1.mlp.c_fc.weight`` among them), seeded, never downloaded."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=50,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model: torch.nn.Module = GPT2LMHeadModel(config)
+    return model

@@ -243,3 +243,36 @@ def test_a_healthy_runs_lightning_checkpoints_pass_the_gate(
     assert "Lightning callback state" in reasons["callbacks"]
     assert not any(t.name.startswith("callbacks") for t in report.tensors)
     assert any(t.name.startswith("state_dict.net.") for t in report.tensors)
+
+
+def test_a_row_carries_the_stats_of_its_own_step_and_old_ones_are_not_rewritten(
+    tmp_path: Path,
+) -> None:
+    """Before: a record read one collected step late was logged, and Lightning wrote the
+    value it held again at every later logging step (stats of step 3 in the rows of 5 and 7)."""
+    from gradaudit.integrations.lightning import GradauditCallback
+
+    callback = GradauditCallback(every=3, dump_dir=None)
+    _fit(tmp_path, _automatic(), callback, max_steps=10, log_every_n_steps=2)
+    rows = [row for row in _metrics(tmp_path) if row.get("gradaudit/global_norm")]
+    assert [(int(row["step"]), float(row["gradaudit/stats_step"])) for row in rows] == [
+        (3, 3.0),
+        (9, 9.0),
+    ]
+    (monitor,) = callback.monitors.values()
+    assert [r.step for r in monitor.history] == [0, 3, 6, 9]
+
+
+def test_a_50_step_run_with_the_defaults_logs_the_stats(tmp_path: Path) -> None:
+    """Lightning logs every 50 steps by default; the callback collects those steps (and the
+    first). Before: every=100 from step 0, read one collected step late: no row at all."""
+    from gradaudit.integrations.lightning import GradauditCallback
+
+    callback = GradauditCallback(dump_dir=None)
+    module = _automatic()
+    _fit(tmp_path, module, callback, max_steps=50, log_every_n_steps=50)
+    rows = [row for row in _metrics(tmp_path) if row.get("gradaudit/global_norm")]
+    assert [int(row["step"]) for row in rows] == [49]
+    assert float(rows[0]["gradaudit/stats_step"]) == 49
+    assert float(rows[0]["gradaudit/global_norm"]) == pytest.approx(module.seen[49], rel=1e-6)
+    assert float(rows[0]["gradaudit/findings/exploding"]) == 0

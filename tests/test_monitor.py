@@ -202,3 +202,63 @@ def test_a_generator_of_parameters_is_kept() -> None:
 def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GradientMonitor(torch.nn.Linear(1, 1), **kwargs)  # type: ignore[arg-type]
+
+
+def _explode(loop: Loop, factor: float) -> None:
+    loop.backward()
+    with torch.no_grad():
+        loop.model[1].weight.grad.mul_(factor)  # type: ignore[index,union-attr]
+
+
+def test_findings_warn_rate_limited_and_are_in_the_record() -> None:
+    from gradaudit import GradientFindingWarning
+
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, sync=True, dump_dir=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(12):  # an explosion that persists: one warning, then quiet for 10
+            _explode(loop, 1e6)
+            record = monitor.step()
+            assert record is not None
+            assert [(f.kind.value, f.tensor) for f in record.findings] == [
+                ("exploding", "1.weight")
+            ]
+    messages = [str(w.message) for w in caught if w.category is GradientFindingWarning]
+    assert len(messages) == 2
+    assert messages[0].startswith("step 0: 1 gradient finding (global norm ")
+    assert "exploding 1.weight (norm " in messages[0]
+    assert messages[1].startswith("step 10: ")
+
+
+def test_on_finding_raise_dump_and_ignore(tmp_path: Path) -> None:
+    from gradaudit import GradientFindingError
+
+    loop = Loop()
+    raising = GradientMonitor(loop.model, every=1, sync=True, on_finding="raise", dump_dir=tmp_path)
+    _explode(loop, 1e6)
+    with pytest.raises(GradientFindingError) as error:
+        raising.step()
+    assert error.value.step == 0
+    assert error.value.findings == (("exploding", "1.weight"),)
+    assert error.value.dump == tmp_path / "step_00000000.safetensors"
+    with safe_open(str(error.value.dump), "pt") as dump:
+        assert dump.metadata()["finding_step"] == "0"
+
+    quiet = GradientMonitor(loop.model, every=1, sync=True, on_finding="ignore", dump_dir=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record = quiet.step()
+    assert record is not None
+    assert record.failing_findings
+    with pytest.raises(ValueError, match="on_finding must be one of"):
+        GradientMonitor(loop.model, on_finding="shout")  # type: ignore[arg-type]
+
+
+def test_collect_overrides_every() -> None:
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=100, sync=True, dump_dir=None)
+    loop.backward()
+    assert monitor.step(7, collect=True) is not None
+    loop.backward()
+    assert monitor.step(100, collect=False) is None

@@ -11,7 +11,12 @@ optimization alike (``self.optimizers().step()`` goes through it). So:
   from 0), so ``every`` means the same with one optimizer or several (a GAN's two);
 * the scalars (:mod:`gradaudit.integrations.scalars`) go through ``pl_module.log`` with
   ``on_step=True``, so every Lightning logger receives them. With several optimizers
-  the keys carry the optimizer's index: ``gradaudit/optimizer_1/global_norm``.
+  the keys carry the optimizer's index: ``gradaudit/optimizer_1/global_norm``;
+* **fresh**: a record is logged only on a step Lightning writes to its loggers, and only
+  if it is that step's own (``sync=True`` by default): a value ``pl_module.log`` holds is
+  written again at later logging steps, so an older record is never handed to it;
+* by default (``every=None``) it collects the steps Lightning logs (``log_every_n_steps``)
+  and the first; ``every=N`` collects the first step and multiples of ``N``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.training.monitor import GradientMonitor, MonitorOptions, MonitorRecord
+from gradaudit.training.monitor import AdapterOptions, GradientMonitor, MonitorRecord
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -34,8 +39,10 @@ __all__ = ["GradauditCallback"]
 class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
     """Gradient stats every ``every`` steps of each optimizer; ``options`` as the monitor's.
 
-    Every :class:`~gradaudit.training.monitor.MonitorOptions` key is passed through
-    with the monitor's defaults. ``locate`` needs the module itself, so it works
+    Every :class:`~gradaudit.training.monitor.AdapterOptions` key is passed through
+    with the monitor's defaults but ``sync=True``. ``every=None`` collects the steps
+    Lightning logs and the first; ``every=N`` the first and multiples of ``N`` (each
+    optimizer's own steps, from 0). ``locate`` needs the module itself, so it works
     with one optimizer (its monitor then watches ``pl_module``); with several it
     is refused at the first step.
 
@@ -44,9 +51,18 @@ class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
     """
 
     def __init__(
-        self, *, per_layer: bool = False, log: bool = True, **options: Unpack[MonitorOptions]
+        self,
+        *,
+        every: int | None = None,
+        per_layer: bool = False,
+        log: bool = True,
+        **options: Unpack[AdapterOptions],
     ) -> None:
         super().__init__()
+        if every is not None and every < 1:
+            raise ValueError("every must be >= 1 (or None: the steps Lightning logs)")
+        self.every = every
+        options.setdefault("sync", True)
         dump_dir = options.pop("dump_dir", "grad_dumps")
         self._options = options
         self._monitor_over(torch.nn.Module(), None)  # the monitor's own checks, now
@@ -55,6 +71,7 @@ class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
         self.log_metrics = log
         #: One monitor per optimizer, by its index in ``trainer.optimizers``.
         self.monitors: dict[int, GradientMonitor] = {}
+        self._steps: dict[int, int] = {}  # the next step of each optimizer's monitor
 
     def on_before_optimizer_step(
         self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer
@@ -65,9 +82,19 @@ class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
         if monitor is None:
             monitor = self._monitor(pl_module, optimizer, index if several else None)
             self.monitors[index] = monitor
-        record = monitor.step()
-        if record is not None and self.log_metrics:
+        step = self._steps.get(index, 0)
+        self._steps[index] = step + 1
+        logged = _lightning_logs_this_step(trainer)
+        collect = step == 0 or (logged if self.every is None else step % self.every == 0)
+        record = monitor.step(step, collect=collect)
+        if record is not None and record.step == step and logged and self.log_metrics:
             self._log(pl_module, record, f"{PREFIX}/optimizer_{index}" if several else PREFIX)
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Forget the values logged at an earlier step: Lightning would write them again."""
+        _forget_logged(trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         for monitor in self.monitors.values():
@@ -94,11 +121,37 @@ class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
     def _monitor_over(self, model: Any, dump_dir: Path | None) -> GradientMonitor:
         options = self._options.copy()
         options["dump_dir"] = dump_dir
-        return GradientMonitor(model, **options)
+        return GradientMonitor(model, every=self.every or 1, **options)
 
     def _log(self, pl_module: Any, record: MonitorRecord, prefix: str) -> None:
         for name, value in record_scalars(record, per_layer=self.per_layer, prefix=prefix).items():
             pl_module.log(name, value, on_step=True, on_epoch=False)
+
+
+def _lightning_logs_this_step(trainer: Any) -> bool:
+    """Whether Lightning writes this batch's ``on_step`` metrics to its loggers.
+
+    The logger connector's ``should_update_logs`` (``log_every_n_steps``, the last step);
+    ``True`` where a Lightning version lacks it, so nothing is lost.
+    """
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))
+
+
+def _forget_logged(trainer: Any) -> None:
+    """Reset the ``gradaudit/*`` values Lightning's result collection holds.
+
+    ``pl_module.log(on_step=True)`` values stay there and are written at every later logging
+    step until logged again; a reset one is skipped (``has_reset``). Private Lightning
+    state, read defensively: where it differs, nothing is reset.
+    """
+    results = getattr(trainer, "_results", None)
+    if not isinstance(results, dict):
+        return
+    for item in results.values():
+        name = getattr(getattr(item, "meta", None), "name", "")
+        if isinstance(name, str) and name.startswith(f"{PREFIX}/") and hasattr(item, "reset"):
+            item.reset()
 
 
 def _optimizer_index(optimizers: list[Any], optimizer: Any) -> int:

@@ -7,8 +7,11 @@ TensorBoard or W&B shows the same keys:
 * ``gradaudit/global_norm``: L2 norm over the finite elements of every gradient;
 * ``gradaudit/nonfinite_tensors``: how many gradients hold a NaN or Inf;
 * ``gradaudit/nan`` and ``gradaudit/inf``: NaN and ±Inf elements over all gradients;
-* ``gradaudit/stats_step``: the step the stats describe (one collected step behind the
-  logging step unless the monitor runs with ``sync=True``);
+* ``gradaudit/findings/exploding``, ``…/vanishing``, ``…/outlier``: how many gradients
+  have that finding (not ignored), always present so a dashboard has a steady series;
+  ``gradaudit/findings/other`` counts the rarer kinds;
+* ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
+  record only in the row of its own step, so there it equals the row's step);
 * ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on.
 
 Everything here reads the host copy the monitor already made: no device access.
@@ -16,10 +19,13 @@ Everything here reads the host copy the monitor already made: no device access.
 
 from __future__ import annotations
 
+from gradaudit.policy import FindingKind
 from gradaudit.training.monitor import MonitorRecord
 
 #: The prefix of every key.
 PREFIX = "gradaudit"
+#: Finding kinds with a key of their own; the others add up in ``findings/other``.
+FINDING_KEYS = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.OUTLIER)
 
 
 def record_scalars(
@@ -34,6 +40,15 @@ def record_scalars(
         f"{prefix}/inf": float(sum(t.pos_inf + t.neg_inf for t in tensors)),
         f"{prefix}/stats_step": float(record.step),
     }
+    counts = dict.fromkeys(FINDING_KEYS, 0)
+    other = 0
+    for finding in record.findings:
+        if finding.kind in counts:
+            counts[finding.kind] += 1
+        else:
+            other += 1
+    values.update({f"{prefix}/findings/{kind.value}": float(n) for kind, n in counts.items()})
+    values[f"{prefix}/findings/other"] = float(other)
     if per_layer:
         values.update({f"{prefix}/norm/{t.name}": t.norm for t in tensors})
     return values

@@ -29,9 +29,14 @@ import torch
 
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.stats import StatsCollector
-from gradaudit.errors import NonFiniteGradientError, NonFiniteGradientWarning
-from gradaudit.policy import Thresholds
-from gradaudit.results import Report
+from gradaudit.errors import (
+    GradientFindingError,
+    GradientFindingWarning,
+    NonFiniteGradientError,
+    NonFiniteGradientWarning,
+)
+from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.results import Finding, Report
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
 from gradaudit.training.locate import Location, NanLocator
@@ -41,31 +46,48 @@ if TYPE_CHECKING:
 
     from gradaudit.scan.pending import PendingStats
 
-__all__ = ["GradientMonitor", "MonitorOptions", "MonitorRecord", "NonFiniteAction"]
+__all__ = [
+    "AdapterOptions",
+    "FindingAction",
+    "GradientMonitor",
+    "MonitorOptions",
+    "MonitorRecord",
+    "NonFiniteAction",
+]
 
 #: What a monitor does when a collected step has NaN or Inf gradients:
 #: ``dump`` writes a dump and warns; ``raise`` writes a dump and raises
 #: :class:`~gradaudit.NonFiniteGradientError`; ``warn`` only warns; ``ignore``
 #: only records it in the history.
 NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
+#: What a monitor does about a collected step's other findings (exploding, vanishing,
+#: outlier …): ``warn`` (default) issues a :class:`~gradaudit.GradientFindingWarning`
+#: for findings new since the previous collected step; ``dump`` warns and writes a dump
+#: when a finding fails (``Thresholds.fail_on``: ``exploding`` by default); ``raise``
+#: warns, dumps and raises :class:`~gradaudit.GradientFindingError` on a failing one;
+#: ``ignore`` only records them (history, logged counts).
+FindingAction = Literal["dump", "raise", "warn", "ignore"]
+#: NaN and Inf are ``on_nonfinite``'s; every other kind is ``on_finding``'s.
+_NONFINITE_KINDS = frozenset({FindingKind.NAN, FindingKind.INF})
 #: When a monitor arms a :class:`~gradaudit.NanLocator` (see ``docs/locate.md``):
 #: never, from the first collected NaN/Inf until a step is located, or every
 #: ``locate_every`` steps.
 LocateMode = Literal["off", "on_nonfinite", "always"]
 
 
-class MonitorOptions(TypedDict, total=False):
-    """:class:`GradientMonitor`'s keyword options, for adapters that build monitors.
+class AdapterOptions(TypedDict, total=False):
+    """:class:`GradientMonitor`'s keyword options but ``every``, for adapters that build monitors.
 
     The framework callbacks (:mod:`gradaudit.integrations`) take these as
     ``**options`` and hand them to the monitors they build, so a new monitor option
     reaches every adapter without being declared again; the monitor's signature
-    holds the defaults and :class:`GradientMonitor` checks the values.
+    holds the defaults and :class:`GradientMonitor` checks the values. ``every`` is
+    each callback's own argument: by default they collect the steps their trainer logs.
     """
 
-    every: int
     dump_dir: str | Path | None
     on_nonfinite: NonFiniteAction
+    on_finding: FindingAction
     sync: bool
     history: int
     max_dumps: int
@@ -74,6 +96,14 @@ class MonitorOptions(TypedDict, total=False):
     locate_every: int
 
 
+class MonitorOptions(AdapterOptions, total=False):
+    """Every keyword option of :class:`GradientMonitor`."""
+
+    every: int
+
+
+#: A finding on one tensor warns again only after this many collected steps.
+_QUIET_RECORDS = 10
 #: Names listed in a warning or error message before "and N more".
 _NAMES_SHOWN = 5
 
@@ -110,6 +140,25 @@ class MonitorRecord:
         """Names of the gradients holding NaN or Inf."""
         return tuple(t.name for t in self.report.tensors if t.nonfinite)
 
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """The findings other than NaN/Inf (exploding, vanishing, outlier …), not ignored,
+        on gradients without NaN/Inf (``on_nonfinite`` speaks for those: the norm of
+        their finite part says nothing)."""
+        poisoned = set(self.nonfinite)
+        return tuple(
+            f
+            for f in self.report.findings
+            if f.kind not in _NONFINITE_KINDS
+            and f.severity is not Severity.IGNORED
+            and f.tensor not in poisoned
+        )
+
+    @property
+    def failing_findings(self) -> tuple[Finding, ...]:
+        """Those of :attr:`findings` the policy fails on (``Thresholds.fail_on``)."""
+        return tuple(f for f in self.findings if f.failing)
+
 
 class GradientMonitor:
     """Gradient stats every ``every`` steps, a short history, and dumps on NaN/Inf.
@@ -145,6 +194,7 @@ class GradientMonitor:
         every: int = 100,
         dump_dir: str | Path | None = "grad_dumps",
         on_nonfinite: NonFiniteAction = "dump",
+        on_finding: FindingAction = "warn",
         sync: bool = False,
         history: int = 32,
         max_dumps: int = 3,
@@ -170,6 +220,9 @@ class GradientMonitor:
         if on_nonfinite not in get_args(NonFiniteAction):
             choices = ", ".join(repr(a) for a in get_args(NonFiniteAction))
             raise ValueError(f"on_nonfinite must be one of {choices}; got {on_nonfinite!r}")
+        if on_finding not in get_args(FindingAction):
+            choices = ", ".join(repr(a) for a in get_args(FindingAction))
+            raise ValueError(f"on_finding must be one of {choices}; got {on_finding!r}")
         # A generator of parameters would be used up by the first collection.
         self._params: ParametersInput = model
         if not isinstance(model, torch.nn.Module | Mapping | list | tuple):
@@ -177,6 +230,10 @@ class GradientMonitor:
         self.every = every
         self.dump_dir = None if dump_dir is None else Path(dump_dir)
         self.on_nonfinite: NonFiniteAction = on_nonfinite
+        self.on_finding: FindingAction = on_finding
+        # The rate limit of finding warnings: (kind, tensor) -> the record that last warned.
+        self._warned_at: dict[tuple[str, str], int] = {}
+        self._acted = 0  # records acted on
         self.sync = sync
         self.max_dumps = max_dumps
         self.thresholds = thresholds or Thresholds()
@@ -217,16 +274,17 @@ class GradientMonitor:
             return [(r.step, r.global_norm) for r in self._history]
         return [(r.step, r.norms[name]) for r in self._history if name in r.norms]
 
-    def step(self, step: int | None = None) -> MonitorRecord | None:
+    def step(self, step: int | None = None, *, collect: bool | None = None) -> MonitorRecord | None:
         """Call once per optimizer step, after ``backward()``; see the class docstring.
 
         ``step`` numbers this call (e.g. your global step); by default calls are
-        numbered 0, 1, 2, ... Steps that are multiples of ``every`` are collected.
+        numbered 0, 1, 2, ... Steps that are multiples of ``every`` are collected, unless
+        ``collect`` decides (a framework adapter collecting the steps its trainer logs).
         """
         current = self._next_step if step is None else step
         self._next_step = current + 1
         record = self._complete(current)
-        if current % self.every == 0:
+        if current % self.every == 0 if collect is None else collect:
             pending = collect_gradients(
                 named_gradients(self._params, prefix=self.prefix),
                 group=self.group,
@@ -297,30 +355,61 @@ class GradientMonitor:
         """The one host read for step ``collected``; a dump holds the gradients of ``now``."""
         record = MonitorRecord(collected, pending.materialize(self.thresholds))
         if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
-            record = self._dump(record, now)
+            record = self._dump(record, now, _nonfinite_metadata(record))
+        elif record.failing_findings and self.on_finding in ("dump", "raise"):
+            record = self._dump(record, now, _finding_metadata(record))
         self._history.append(record)
         return record
 
     def _act(self, record: MonitorRecord, now: int) -> None:
-        """Warn or raise about NaN/Inf, pointing at the caller of ``step()``/``flush()``."""
-        if not record.nonfinite or self.on_nonfinite == "ignore":
-            return
-        message = _message(record, now)
-        if self.on_nonfinite == "raise":
-            raise NonFiniteGradientError(record.step, record.nonfinite, record.dump, message)
-        warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
+        """Warn or raise about NaN/Inf, then about the other findings, pointing at the
+        caller of ``step()``/``flush()``."""
+        if record.nonfinite and self.on_nonfinite != "ignore":
+            message = _message(record, now)
+            if self.on_nonfinite == "raise":
+                raise NonFiniteGradientError(record.step, record.nonfinite, record.dump, message)
+            warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
+        self._act_on_findings(record, now)
 
-    def _dump(self, record: MonitorRecord, now: int) -> MonitorRecord:
+    def _act_on_findings(self, record: MonitorRecord, now: int) -> None:
+        """Findings warn (rate-limited); failing ones raise if asked.
+
+        The rate limit: a finding on one tensor (a dead attention bias, a layer that keeps
+        exploding, an outlier that comes and goes) warns when it first appears and then at
+        most once per ``_QUIET_RECORDS`` collected steps; its count is in every record (and
+        every logged row) meanwhile.
+        """
+        self._acted += 1
+        if self.on_finding == "ignore":
+            return
+        new = []
+        for finding in record.findings:
+            pair = (finding.kind.value, finding.tensor)
+            last = self._warned_at.get(pair)
+            if last is None or self._acted - last >= _QUIET_RECORDS:
+                self._warned_at[pair] = self._acted
+                new.append(finding)
+        failing = record.failing_findings
+        if self.on_finding == "raise" and failing:
+            raise GradientFindingError(
+                record.step,
+                tuple((f.kind.value, f.tensor) for f in failing),
+                record.dump,
+                _finding_message(record, failing, now, new=False),
+            )
+        if new:
+            new.sort(key=lambda f: not f.failing)  # exploding (failing) before the warnings
+            warnings.warn(
+                _finding_message(record, new, now, new=True), GradientFindingWarning, stacklevel=4
+            )
+
+    def _dump(self, record: MonitorRecord, now: int, metadata: dict[str, str]) -> MonitorRecord:
         if self.dump_dir is None or self.dumps_written >= self.max_dumps:
             return record
         gradients = named_gradients(self._params, prefix=self.prefix)
         if not gradients:
             return MonitorRecord(record.step, record.report, None, "no gradients to dump")
         path = self.dump_dir / _dump_name(now, gathered=any(is_dtensor(g) for _, g in gradients))
-        metadata = {
-            "nonfinite_step": str(record.step),
-            "nonfinite_tensors": _names(record),
-        }
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             save_gradients(gradients, path, step=now, metadata=metadata)
@@ -341,6 +430,36 @@ def _dump_name(step: int, *, gathered: bool) -> str:
     if distributed and not gathered:
         name += f".rank{dist.get_rank():05d}"
     return name + ".safetensors"
+
+
+def _nonfinite_metadata(record: MonitorRecord) -> dict[str, str]:
+    return {"nonfinite_step": str(record.step), "nonfinite_tensors": _names(record)}
+
+
+def _finding_metadata(record: MonitorRecord) -> dict[str, str]:
+    return {"finding_step": str(record.step), "findings": _finding_names(record.failing_findings)}
+
+
+def _finding_names(findings: tuple[Finding, ...]) -> str:
+    shown = [f"{f.kind.value} {f.tensor} ({f.message})" for f in findings[:_NAMES_SHOWN]]
+    more = len(findings) - _NAMES_SHOWN
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def _finding_message(
+    record: MonitorRecord, findings: tuple[Finding, ...] | list[Finding], now: int, *, new: bool
+) -> str:
+    count = len(findings)
+    what = "gradient finding" if new else "failing gradient finding"
+    text = (
+        f"step {record.step}: {count} {what}{'s' if count != 1 else ''} "
+        f"(global norm {record.global_norm:.4g}): {_finding_names(tuple(findings))}"
+    )
+    if record.dump is not None:
+        text += f"; gradients of step {now} written to {record.dump}"
+    elif record.dump_error is not None:
+        text += f"; no dump written ({record.dump_error})"
+    return text
 
 
 def _names(record: MonitorRecord) -> str:
