@@ -367,3 +367,31 @@ def test_a_clip_that_bypasses_the_accelerator_is_said_once(tmp_path: Path) -> No
     assert "max_grad_norm=0.01" in said[0]
     for row in _train_logs(trainer):
         assert row["gradaudit/global_norm"] == pytest.approx(0.01, rel=1e-4)  # after the clip
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp16_gradients_are_read_unscaled_before_the_clip_and_unscaled_once(
+    tmp_path: Path,
+) -> None:
+    """fp16 with a GradScaler: the callback unscales before the clip and the clip's own
+    unscale is skipped (a GradScaler refuses a second unscale_ in one step); the norms
+    the Trainer logs (unscaled, before clipping) are the callback's."""
+    from gradaudit.integrations.hf import GradauditCallback
+
+    callback = GradauditCallback(every=1, on_nonfinite="ignore", on_finding="ignore")
+    trainer = _trainer(
+        tmp_path,
+        callback,
+        attach=False,
+        model=tiny_hf_gpt2(),
+        max_grad_norm=1.0,
+        fp16=True,
+        use_cpu=False,
+    )
+    assert trainer.accelerator.scaler is not None
+    trainer.train()  # a second unscale_ in one step would raise here
+    rows = [row for row in _train_logs(trainer) if math.isfinite(row.get("grad_norm", math.nan))]
+    assert rows
+    for row in rows:
+        assert row["gradaudit/global_norm"] == pytest.approx(row["grad_norm"], rel=1e-3)
