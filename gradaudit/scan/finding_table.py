@@ -27,7 +27,13 @@ from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 from gradaudit.results.column_view import ColumnView
 from gradaudit.results.stats_table import ROLES, StatsTable
-from gradaudit.scan.rules import cast_limits, evaluate, judged_candidates, tensor_indices
+from gradaudit.scan.rules import (
+    cast_limits,
+    diverged_weight_mask,
+    evaluate,
+    judged_candidates,
+    tensor_indices,
+)
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
 
@@ -60,6 +66,9 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     exploding = gradient & (norm > thresholds.exploding)
     vanishing = gradient & ~exploding & (norm < thresholds.vanishing)
     all_zero = weight & (numel > 0) & (table.zeros[rows] == numel)
+    large = weight & finite & ~all_zero
+    large[np.flatnonzero(large)] = diverged_weight_mask(table, rows[large])
+    exploding |= large  # a weight far above any initialisation: the run diverged
     cast = np.zeros(len(rows), dtype=bool)
     if thresholds.cast_check is not None:
         overflow, underflow = cast_limits(thresholds.cast_check)
