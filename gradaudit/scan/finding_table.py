@@ -65,7 +65,9 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     norm, numel = table.norm[rows], table.numel[rows]
     exploding = gradient & (norm > thresholds.exploding)
     vanishing = gradient & ~exploding & (norm < thresholds.vanishing)
-    all_zero = weight & (numel > 0) & (table.zeros[rows] == numel)
+    # A 1-D or 0-d weight at zero is an initialisation (biases, zero-init residual
+    # scales), not a dead layer: only matrices are flagged.
+    all_zero = weight & (numel > 0) & (table.zeros[rows] == numel) & (table.ranks[rows] >= 2)
     large = weight & finite & ~all_zero
     large[np.flatnonzero(large)] = diverged_weight_mask(table, rows[large])
     exploding |= large  # a weight far above any initialisation: the run diverged

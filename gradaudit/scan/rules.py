@@ -126,7 +126,8 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
       element (its NaN/Inf findings already say everything) and for an empty
       tensor (there is nothing to vanish). An all-zero tensor has norm 0 and is
       vanishing.
-    * ``weight``: NaN, Inf, an all-zero tensor (a warning by default), and
+    * ``weight``: NaN, Inf, an all-zero matrix (a warning by default; a 1-D weight at zero
+      is an initialisation), a scale far above any initialisation (:func:`diverged_weight`), and
       ``--cast-check``. No norm thresholds: a norm of 190 is a healthy embedding.
     * optimizer state, buffers, unknown: NaN and Inf only (the optimizer state's
       gradient estimates and negative second moments are judged by
@@ -181,7 +182,7 @@ def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
     gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
     weight = table.role_mask(Role.WEIGHT)
     if thresholds.cast_check is None:
-        all_zero = (table.numel > 0) & (table.zeros == table.numel)
+        all_zero = (table.numel > 0) & (table.zeros == table.numel) & (table.ranks >= 2)
         large = weight & finite & ~all_zero
         large[np.flatnonzero(large)] = diverged_weight_mask(table, np.flatnonzero(large))
         weight &= all_zero | large
@@ -203,7 +204,7 @@ def cast_limits(target: str) -> tuple[float, float]:
 
 def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[FindingKind, str]]:
     found: list[tuple[FindingKind, str]] = []
-    if stats.numel and stats.zeros == stats.numel:
+    if stats.numel and stats.zeros == stats.numel and len(stats.shape) >= 2:
         found.append((FindingKind.ALL_ZERO, f"all {stats.numel} elements are zero"))
     else:
         diverged = diverged_weight(stats)
