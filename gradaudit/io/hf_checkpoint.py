@@ -38,9 +38,12 @@ from gradaudit.io.safetensors_source import SafetensorsSource
 from gradaudit.io.sharded import ShardedSource
 from gradaudit.io.torch_pickle import TorchPickleSource
 from gradaudit.io.trainer_state import read_log_history
+from gradaudit.policy import Role
 from gradaudit.results import Skipped
+from gradaudit.results.roles import TensorHint
 
 OPTIMIZER_FILE = "optimizer.pt"
+_MODEL_EVIDENCE = "the model file of a Trainer checkpoint"
 #: The optimizer's tensors are named under this prefix.
 OPTIMIZER_PREFIX = "optimizer."
 
@@ -82,6 +85,10 @@ class TrainerCheckpointSource:
         except OSError as error:
             raise InputError(path, f"cannot list the directory: {error.strerror}") from None
         self.others = [n for n in names if is_file(os.path.join(path, n))]
+        #: What the files inside say each tensor is, under the directory's names: the model
+        #: file's tensors are weights, the optimizer's keep their optimizer-state roles and
+        #: gradient-estimate bases (filled while :meth:`items` runs, as readers do).
+        self.role_hints: dict[str, TensorHint] = {}
         #: The file readers opened so far, by file name (for :meth:`check_unchanged`).
         self._opened: list[tuple[str, SafetensorsSource | ShardedSource | TorchPickleSource]] = []
 
@@ -112,6 +119,16 @@ class TrainerCheckpointSource:
             except InputError as error:
                 raise InputError(self.path, f"{show(name)}: {error.cause}") from None
 
+    def _hint(self, source: object, name: str, prefix: str, model: bool) -> None:
+        """Carry what an inner file says of ``name`` over to the directory's name for it."""
+        inner = getattr(source, "role_hints", None)
+        hint = inner.get(name) if isinstance(inner, dict) else None
+        if hint is not None:
+            aux_for = None if hint.aux_for is None else prefix + hint.aux_for
+            self.role_hints[prefix + name] = dataclasses.replace(hint, aux_for=aux_for)
+        elif model:
+            self.role_hints[prefix + name] = TensorHint(Role.WEIGHT, _MODEL_EVIDENCE)
+
     def _file(self, name: str, prefix: str, select: Select | None) -> Iterator[SourceItem]:
         def inner(tensor_name: str) -> bool:
             return select is None or select(prefix + tensor_name)
@@ -123,14 +140,17 @@ class TrainerCheckpointSource:
                 else TorchPickleSource(os.path.join(self.path, name))
             )
             self._opened.append((name, source))
+            model = name == self.model_file
             for item in source.items(inner if select is not None else None):
                 if isinstance(item, Excluded):
                     yield Excluded(prefix + item.name)
                 elif isinstance(item, Skipped):
                     yield dataclasses.replace(item, name=prefix + item.name, source=self.path)
                 elif isinstance(item, Pieces):
+                    self._hint(source, item.name, prefix, model)
                     yield Pieces(prefix + item.name, item.shape, item.dtype, item.load)
                 else:
+                    self._hint(source, item[0], prefix, model)
                     yield prefix + item[0], item[1]
         except InputError as error:
             raise InputError(self.path, f"{show(name)}: {error.cause}") from None

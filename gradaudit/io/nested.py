@@ -85,11 +85,26 @@ def _bookkeeping(root: object) -> dict[int, str]:
     )
     if not lightning:
         return {}
-    return {
+    found = {
         id(root[key]): what
         for key, what in LIGHTNING_BOOKKEEPING.items()
-        if key in root and _is_container(root[key])
+        if key in root and _is_container(root[key]) and key != "callbacks"
     }
+    callbacks = root.get("callbacks")
+    if isinstance(callbacks, dict):
+        # A callback that holds only scalars keeps scores and counters (ModelCheckpoint's
+        # kth_value, EarlyStopping's best_score); one that holds real tensors (an EMA or
+        # weight-averaging callback's copy of the model) is model state and is walked.
+        scalar_only = {
+            key: value
+            for key, value in callbacks.items()
+            if _is_container(value) and all(t.dim() == 0 for t in iter_tensors(value))
+        }
+        if len(scalar_only) == len(callbacks):
+            found[id(callbacks)] = LIGHTNING_BOOKKEEPING["callbacks"]
+        else:
+            found.update({id(v): LIGHTNING_BOOKKEEPING["callbacks"] for v in scalar_only.values()})
+    return found
 
 
 def _is_container(value: object) -> bool:

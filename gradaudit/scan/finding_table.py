@@ -27,7 +27,13 @@ from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.results import Finding, TensorStats
 from gradaudit.results.column_view import ColumnView
 from gradaudit.results.stats_table import ROLES, StatsTable
-from gradaudit.scan.rules import cast_limits, evaluate, judged_candidates, tensor_indices
+from gradaudit.scan.rules import (
+    cast_limits,
+    diverged_weight_mask,
+    evaluate,
+    judged_candidates,
+    tensor_indices,
+)
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
 
@@ -59,7 +65,12 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     norm, numel = table.norm[rows], table.numel[rows]
     exploding = gradient & (norm > thresholds.exploding)
     vanishing = gradient & ~exploding & (norm < thresholds.vanishing)
-    all_zero = weight & (numel > 0) & (table.zeros[rows] == numel)
+    # A 1-D or 0-d weight at zero is an initialisation (biases, zero-init residual
+    # scales), not a dead layer: only matrices are flagged.
+    all_zero = weight & (numel > 0) & (table.zeros[rows] == numel) & (table.ranks[rows] >= 2)
+    large = weight & finite & ~all_zero
+    large[np.flatnonzero(large)] = diverged_weight_mask(table, rows[large])
+    exploding |= large  # a weight far above any initialisation: the run diverged
     cast = np.zeros(len(rows), dtype=bool)
     if thresholds.cast_check is not None:
         overflow, underflow = cast_limits(thresholds.cast_check)

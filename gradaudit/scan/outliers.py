@@ -65,10 +65,15 @@ def find_outliers(
         eligible = rms > 0  # NaN (no finite element) compares False
     roles = table.role_codes
     eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
+    # 1-D weights (biases, normalisation scales) are not compared at all: they start at 0
+    # and 1 by design, and a bias a few steps from its zero initialisation sat 2+ decades
+    # below the matrices in every healthy Trainer checkpoint of the corpus (corpus/).
+    weight = roles == ROLES.index(Role.WEIGHT)
+    eligible &= ~(weight & (table.ranks <= 1))
     # The group a tensor is compared within: gradients of vectors (biases, norm scales)
-    # and of matrices sit decades apart in healthy models, weights do not (measured).
+    # and of matrices sit decades apart in healthy models; weights are matrices only.
     gradient = roles == ROLES.index(Role.GRADIENT)
-    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), 0)
+    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), np.where(weight, 2, 0))
     indices = np.flatnonzero(eligible)
     keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
     keys += shape_class[indices]

@@ -9,6 +9,8 @@ finding when it is asked for, and the judge that builds the table import in one 
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -20,6 +22,72 @@ from gradaudit.results.stats_table import StatsTable
 
 #: The optimizer state roles: a NaN there spreads on resume.
 OPTIMIZER_STATE = (Role.OPTIMIZER_MOMENT, Role.OPTIMIZER_SECOND_MOMENT)
+
+#: A weight matrix (2-D and up) whose RMS times sqrt(fan-in) is above this has left any
+#: initialisation scale behind: initialisers aim at about 1 (Kaiming, Xavier: RMS about
+#: 1/sqrt(fan-in)), embeddings at up to sqrt(width) (~100). Measured on the corpus
+#: (corpus/): healthy weights at most 73 (a CREPE convolution), every weight of a run
+#: diverged by its learning rate at least 4e4.
+DIVERGED_MATRIX_SCALE = 1e4
+#: A normalisation layer's scale (LayerNorm, BatchNorm, RMSNorm weight) with an RMS above
+#: this: they start at 1 and stay near it (corpus: at most 1.3 healthy, at least 1e4 in a
+#: diverged run).
+DIVERGED_NORM_SCALE = 100.0
+_NORM_COMPONENT = re.compile(r"(?:.*norm.*|(?:ln|bn)(?:_?\w*)?|.*_(?:ln|bn)\d*)")
+_SCALE_NAMES = frozenset({"weight", "scale", "gamma", "g"})
+
+
+def is_norm_scale(name: str) -> bool:
+    """Whether ``name`` is a normalisation layer's scale: ``…LayerNorm.weight``,
+    ``ln_f.weight``, ``bn1.weight``, ``conv1_BN.weight``, ``norm.scale``."""
+    parts = re.split(r"[./]", name.lower())
+    return (
+        len(parts) >= 2
+        and parts[-1] in _SCALE_NAMES
+        and any(_NORM_COMPONENT.fullmatch(part) for part in parts[:-1])
+    )
+
+
+def fan_in(shape: Sequence[int]) -> int:
+    """Inputs per output of a weight (``(out, in, *kernel)``, as torch stores them)."""
+    return math.prod(shape[1:]) if len(shape) >= 2 else 1
+
+
+def diverged_weight(stats: TensorStats) -> str | None:
+    """Why a weight's scale says its run diverged, or None (see the two limits above)."""
+    rms = stats.rms
+    if rms is None or not stats.finite:
+        return None
+    if len(stats.shape) >= 2:
+        scale = rms * math.sqrt(fan_in(stats.shape))
+        if scale > DIVERGED_MATRIX_SCALE:
+            return (
+                f"RMS {rms:.3g} x sqrt(fan-in {fan_in(stats.shape)}) = {scale:.3g} > "
+                f"{DIVERGED_MATRIX_SCALE:.0e}: far above any initialisation; the run diverged"
+            )
+    elif len(stats.shape) == 1 and rms > DIVERGED_NORM_SCALE and is_norm_scale(stats.name):
+        return (
+            f"normalisation scale RMS {rms:.3g} > {DIVERGED_NORM_SCALE:g} (they start at 1 "
+            "and stay near it): the run diverged"
+        )
+    return None
+
+
+def diverged_weight_mask(table: StatsTable, rows: np.ndarray) -> np.ndarray:
+    """:func:`diverged_weight` on the columns for ``rows`` (weights, finite): a mask."""
+    ranks = table.ranks[rows]
+    rms = np.nan_to_num(table.rms[rows], nan=0.0)
+    numel = table.numel[rows].astype(np.float64)
+    first = np.ones(len(rows), dtype=np.float64)
+    matrix = ranks >= 2
+    first[matrix] = table.dims[table.starts[rows][matrix]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fan = np.where(matrix & (first > 0), numel / np.maximum(first, 1), 1.0)
+    mask: np.ndarray = matrix & (rms * np.sqrt(fan) > DIVERGED_MATRIX_SCALE)
+    vectors = np.flatnonzero((ranks == 1) & (rms > DIVERGED_NORM_SCALE))
+    for where in vectors.tolist():  # a handful at most: the names are read for these only
+        mask[where] = is_norm_scale(table.names[int(rows[where])])
+    return mask
 
 
 def table_of(tensors: Iterable[TensorStats]) -> StatsTable:
@@ -58,7 +126,8 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
       element (its NaN/Inf findings already say everything) and for an empty
       tensor (there is nothing to vanish). An all-zero tensor has norm 0 and is
       vanishing.
-    * ``weight``: NaN, Inf, an all-zero tensor (a warning by default), and
+    * ``weight``: NaN, Inf, an all-zero matrix (a warning by default; a 1-D weight at zero
+      is an initialisation), a scale far above any initialisation (:func:`diverged_weight`), and
       ``--cast-check``. No norm thresholds: a norm of 190 is a healthy embedding.
     * optimizer state, buffers, unknown: NaN and Inf only (the optimizer state's
       gradient estimates and negative second moments are judged by
@@ -113,7 +182,10 @@ def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
     gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
     weight = table.role_mask(Role.WEIGHT)
     if thresholds.cast_check is None:
-        weight &= (table.numel > 0) & (table.zeros == table.numel)
+        all_zero = (table.numel > 0) & (table.zeros == table.numel) & (table.ranks >= 2)
+        large = weight & finite & ~all_zero
+        large[np.flatnonzero(large)] = diverged_weight_mask(table, np.flatnonzero(large))
+        weight &= all_zero | large
     mask = (table.nonfinite > 0) | gradient | weight
     return np.flatnonzero(mask)
 
@@ -132,8 +204,12 @@ def cast_limits(target: str) -> tuple[float, float]:
 
 def _weight_checks(stats: TensorStats, thresholds: Thresholds) -> list[tuple[FindingKind, str]]:
     found: list[tuple[FindingKind, str]] = []
-    if stats.numel and stats.zeros == stats.numel:
+    if stats.numel and stats.zeros == stats.numel and len(stats.shape) >= 2:
         found.append((FindingKind.ALL_ZERO, f"all {stats.numel} elements are zero"))
+    else:
+        diverged = diverged_weight(stats)
+        if diverged is not None:
+            found.append((FindingKind.EXPLODING, diverged))
     target = thresholds.cast_check
     if target is not None and stats.finite:
         overflow, underflow = cast_limits(target)

@@ -185,3 +185,30 @@ def test_a_checkpoints_bookkeeping_files_scanned_alone_say_what_they_are(
     assert "Audited 0 tensors" not in result.stdout
     assert "health" not in result.stdout
     assert "INCOMPLETE: nothing to audit" in result.stdout
+
+
+def test_every_role_of_a_trainer_checkpoint_survives_the_directory(
+    checkpoint: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """Scanned as a directory the optimizer state was read as weights (84 wrong roles, no
+    gradient estimates, 65 outlier warnings); as optimizer.pt alone it was right."""
+    from gradaudit.policy import InputKind, Role, Thresholds
+
+    directory, _ = checkpoint
+    report = scan_paths([directory], device="cpu")
+    alone = scan_paths([directory / "optimizer.pt"], device="cpu")
+    roles = {t.name: t.role for t in report.tensors}
+    for stats in alone.tensors:
+        assert roles[f"optimizer.{stats.name}"] is stats.role
+    assert {roles[n] for n in roles if n.endswith(".exp_avg_sq")} == {Role.OPTIMIZER_SECOND_MOMENT}
+    model = {t.name for t in scan_paths([directory / "model.safetensors"], device="cpu").tensors}
+    assert {roles[n] for n in model} == {Role.WEIGHT}
+    assert len(report.estimates) == len(alone.estimates) > 0
+    assert exit_code(report) == 0
+    assert report.summary.warnings <= 3
+    # --kind says what model files hold; optimizer state keeps its role.
+    forced = scan_paths([directory], device="cpu", thresholds=Thresholds(kind=InputKind.GRADIENTS))
+    assert {t.role for t in forced.tensors if t.name in model} == {Role.GRADIENT}
+    assert {t.role for t in forced.tensors if t.name.endswith(".exp_avg")} == {
+        Role.OPTIMIZER_MOMENT
+    }

@@ -260,3 +260,19 @@ def test_a_quantized_tensor_is_judged_as_the_values_it_stands_for() -> None:
     assert items["bad"].dtype == torch.float32
     assert bool(items["bad"].isnan().all())
     assert torch.equal(items["good"], good.dequantize())
+
+
+def test_a_lightning_callback_holding_model_weights_is_walked() -> None:
+    """An EMA / weight-averaging callback keeps a copy of the model under ``callbacks``:
+    that is model state, audited; ModelCheckpoint's scalars beside it are bookkeeping."""
+    lightning = {
+        "pytorch-lightning_version": "2.6.6",
+        "state_dict": {"net.weight": torch.ones(2, 2)},
+        "callbacks": {
+            "ModelCheckpoint{'monitor': None}": {"kth_value": torch.tensor(float("inf"))},
+            "EMA": {"ema_state_dict": {"net.weight": torch.ones(2, 2)}},
+        },
+    }
+    tensors, skipped, _ = walk(lightning)
+    assert tensors == ["state_dict.net.weight", "callbacks.EMA.ema_state_dict.net.weight"]
+    assert "Lightning callback state" in skipped["callbacks.ModelCheckpoint{'monitor': None}"]
