@@ -73,6 +73,9 @@ class Outcome:
     role_errors: int = 0
     seconds: float = 0.0
     causes: list[str] = field(default_factory=list)
+    #: Warning findings by kind (outlier, all-zero, ...), and the first few in full.
+    warn_kinds: dict[str, int] = field(default_factory=dict)
+    warn_lines: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
 
     @property
@@ -124,6 +127,18 @@ def failing_texts(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def warning_texts(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kind, "name [role]: kind: message") for each warning finding."""
+    found = []
+    for section in ("tensors", "skipped"):
+        for item in doc.get(section, []):
+            for f in item.get("findings", []):
+                if f.get("severity") == "warning":
+                    name, role = str(item["name"]), item.get("role", section)
+                    found.append((f["kind"], f"{name} [{role}]: {f['kind']}: {f['message']}"))
+    return found
+
+
 def role_errors(doc: dict[str, Any], role: str) -> int:
     """Tensors read in a role their artifact and name rule out.
 
@@ -170,6 +185,9 @@ def judge(art: dict[str, Any], outdir: Path, cmd: Sequence[str], timeout: float)
         oc.read_as = ",".join(sorted({str(f.get("read_as")) for f in files}))
         oc.evidence_thin = any(bool(f.get("evidence_thin")) for f in files)
         fails = failing_texts(doc)
+        warns = warning_texts(doc)
+        oc.warn_kinds = dict(Counter(k for k, _ in warns))
+        oc.warn_lines = [t for _, t in warns[:3]]
         oc.causes = [t for _, t in fails]
         oc.causes += [f"error: {e['message']}" for e in doc.get("errors", [])]
         want_role = READ_AS.get(art["role"])
@@ -201,6 +219,9 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
     warn = [o.warnings or 0 for o in healthy]
     bad = [o for o in outcomes if o.expected == 1]
     roles_checked = [o for o in outcomes if o.role_ok is not None]
+    kinds: Counter[str] = Counter()
+    for o in healthy:
+        kinds.update(o.warn_kinds)
     totals = {
         "artifacts": len(outcomes),
         "as expected": counts["ok"],
@@ -215,6 +236,10 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
         "warnings per healthy artifact (mean)": round(sum(warn) / len(warn), 1) if warn else 0,
         "warnings per healthy artifact (max)": max(warn) if warn else 0,
         "healthy artifacts with > 3 warnings": sum(w > 3 for w in warn),
+        "warnings on healthy artifacts by kind": ", ".join(
+            f"{k} {n}" for k, n in kinds.most_common()
+        )
+        or "none",
         "broken artifacts": len(bad),
         "broken artifacts failing with the parameter/step named": sum(
             o.got == 1 and o.named is not False for o in bad
@@ -269,6 +294,13 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
             md.append("\nLast lines of the table output:\n\n```")
             md += o.tail
             md.append("```\n")
+    noisy = [o for o in healthy if (o.warnings or 0) > 3]
+    if noisy:
+        md.append("\n## Healthy artifacts with more than 3 warnings\n")
+        for o in noisy:
+            by_kind = ", ".join(f"{k} {n}" for k, n in sorted(o.warn_kinds.items()))
+            md.append(f"- `{o.path}`: {o.warnings} ({by_kind}), e.g.")
+            md += [f"  - `{md_escape(t)}`" for t in o.warn_lines]
     return text, "\n".join(md) + "\n"
 
 
@@ -295,9 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.markdown:
         args.markdown.write_text(md)
-    (outdir / "results" / "confusion.json").write_text(
-        json.dumps([o.__dict__ | {"verdict": o.verdict} for o in outcomes], indent=1) + "\n"
-    )
+    if not args.only:  # a filtered run leaves the whole table's record alone
+        (outdir / "results" / "confusion.json").write_text(
+            json.dumps([o.__dict__ | {"verdict": o.verdict} for o in outcomes], indent=1) + "\n"
+        )
     return 0 if all(o.verdict == "ok" for o in outcomes) else 1
 
 
