@@ -608,6 +608,23 @@ def make_sharded(out: Path) -> list[Artifact]:
                     names,
                 )
             )
+    target = out / "sharded" / "bert-healthy-bf16"
+    if target.exists():
+        shutil.rmtree(target)
+    with quiet():
+        model = AutoModelForMaskedLM.from_pretrained(src_healthy).to(torch.bfloat16)
+        model.save_pretrained(target)
+    arts.append(
+        Artifact(
+            rel(target / "model.safetensors", out),
+            "hf/save_pretrained-bf16",
+            "save_pretrained of the healthy tiny BERT cast to bfloat16 (how many models ship)",
+            "healthy",
+            OK,
+            "weights",
+            "healthy bf16 weights",
+        )
+    )
     return arts
 
 
@@ -621,8 +638,13 @@ def lightning_run(
     lr: float = 1e-3,
     callback: str = "default",
     steps: int = 32,
+    nan_loss_from: int | None = None,
 ) -> Path:
-    """Train the MLP with ``pl.Trainer``; ``callback`` picks the checkpointing."""
+    """Train the MLP with ``pl.Trainer``; ``callback`` picks the checkpointing.
+
+    ``nan_loss_from=k``: the loss is NaN from batch k on (it reaches every weight
+    through Adam).
+    """
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -639,6 +661,8 @@ def lightning_run(
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
             loss = nn.functional.mse_loss(self.net(x), y)
+            if nan_loss_from is not None and batch_idx >= nan_loss_from:
+                loss = loss * float("nan")
             self.log("train_loss", loss)
             return loss
 
@@ -680,31 +704,39 @@ def make_lightning(out: Path) -> list[Artifact]:
         ("monitor-healthy", 1e-3, "monitor", "healthy"),
         ("default-lr1e4", 1e4, "default", "diverged"),
         ("every-n-lr1e4", 1e4, "every_n", "diverged"),
+        ("every-n-nanloss-step20", 1e-3, "every_n", "nan"),
     ):
-        run = lightning_run(out, name, lr=lr, callback=cb)
+        nan_from = 20 if cond == "nan" else None
+        run = lightning_run(out, name, lr=lr, callback=cb, nan_loss_from=nan_from)
         for ckpt in sorted(run.rglob("*.ckpt")):
             obj = torch.load(ckpt, map_location="cpu", weights_only=False)
             state = obj["state_dict"]
             facts = tensor_facts(state)
             facts["callbacks"] = list(obj.get("callbacks", {}))
-            names = names_above(state, 1e3) if cond != "healthy" else []
+            ck_cond = diverged(facts) if cond == "diverged" else cond
+            if cond == "nan" and not facts["nonfinite_tensors"]:
+                ck_cond = "healthy"  # saved before the NaN loss
+            names = names_above(state, 1e3) if ck_cond != "healthy" else []
+            reason = {
+                "healthy": "healthy: callback bookkeeping (kth_value=inf) is not a finding",
+                "nan": "a NaN loss from batch 20 reached every weight through Adam",
+            }.get(ck_cond, "weights blown up by the learning rate")
             arts.append(
                 Artifact(
                     rel(ckpt, out),
                     f"lightning/ckpt-{cb}",
                     f"pl.Trainer, MLP+LayerNorm, Adam lr {lr:g}, 32 steps, "
+                    + ("NaN loss from batch 20, " if cond == "nan" else "")
                     + {
                         "default": "default ModelCheckpoint",
                         "every_n": "ModelCheckpoint(every_n_train_steps=16, save_top_k=-1)",
                         "monitor": "ModelCheckpoint(monitor='train_loss', save_top_k=2, "
                         "every_n_train_steps=8)",
                     }[cb],
-                    cond if cond == "healthy" else diverged(facts),
-                    FINDINGS if cond != "healthy" else OK,
+                    ck_cond,
+                    OK if ck_cond == "healthy" else FINDINGS,
                     "training checkpoint",
-                    "weights blown up by the learning rate"
-                    if names
-                    else "healthy: callback bookkeeping (kth_value=inf) is not a finding",
+                    reason,
                     names,
                     None,
                     facts,
@@ -859,7 +891,33 @@ def make_plain(out: Path) -> list[Artifact]:
                     facts,
                 )
             )
-    return arts
+    return [*arts, *make_corrupted_optimizer(out)]
+
+
+def make_corrupted_optimizer(out: Path) -> list[Artifact]:
+    """Healthy weights, but one NaN in Adam's second moment of ``norm.weight``."""
+    base = out / "plain"
+    base.mkdir(parents=True, exist_ok=True)
+    model, opt = plain_train("adam", 1e-3)
+    with torch.no_grad():
+        opt.state[model.norm.weight]["exp_avg_sq"].view(-1)[5] = float("nan")
+    path = base / "checkpoint-adam-nan-exp_avg_sq.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    return [
+        Artifact(
+            rel(path, out),
+            "plain/model+optimizer",
+            "torch.save({'model','optimizer'}) after 30 Adam steps, then one NaN written into "
+            "exp_avg_sq of norm.weight (a corrupted optimizer state)",
+            "nan",
+            FINDINGS,
+            "training checkpoint",
+            "the next step would write NaN into norm.weight: name it (via the optimizer mapping)",
+            ["norm.weight"],
+            None,
+            tensor_facts(dict(model.state_dict())),
+        )
+    ]
 
 
 def make_grads(out: Path) -> list[Artifact]:
