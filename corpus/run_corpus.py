@@ -96,12 +96,13 @@ class Outcome:
         return "mismatch"
 
 
-def run(cmd: Sequence[str], timeout: float) -> tuple[int | None, str, str, float]:
+def run(cmd: Sequence[str], cwd: Path, timeout: float) -> tuple[int | None, str, str, float]:
+    """Run in OUTDIR with the artifact's relative path: the output reads like the manifest."""
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False, cwd=cwd
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -165,12 +166,12 @@ def judge(art: dict[str, Any], outdir: Path, cmd: Sequence[str], timeout: float)
     oc = Outcome(
         art["path"], art["kind"], art["condition"], art["role"], art["expected_exit"], None
     )
-    rc, out, err, secs = run([*cmd, "scan", str(path)], timeout)
+    rc, out, err, secs = run([*cmd, "scan", art["path"]], outdir, timeout)
     oc.got, oc.seconds = rc, secs
     (results / f"{slug}.txt").write_text(f"$ exit {rc}\n{out}\n--- stderr\n{err}")
     text = out + "\n" + err
     oc.tail = [ln for ln in text.splitlines() if ln.strip()][-12:]
-    jrc, jout, _, _ = run([*cmd, "scan", str(path), "--format", "json"], timeout)
+    jrc, jout, _, _ = run([*cmd, "scan", art["path"], "--format", "json"], outdir, timeout)
     oc.json_exit = jrc
     try:
         doc = json.loads(jout)
@@ -307,7 +308,12 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", nargs="?", type=Path, default=DEFAULT_OUTDIR)
-    parser.add_argument("--gradaudit", default=DEFAULT_CMD, help="command that runs gradaudit")
+    parser.add_argument(
+        "--gradaudit",
+        default=DEFAULT_CMD,
+        help="command that runs gradaudit; it runs in OUTDIR, so give absolute paths "
+        "(e.g. 'env PYTHONPATH=/other/checkout /abs/python -m gradaudit')",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per scan")
     parser.add_argument("--jobs", type=int, default=2, help="scans run at once")
