@@ -159,9 +159,10 @@ def role_errors(doc: dict[str, Any], role: str) -> int:
     return wrong
 
 
-def judge(art: dict[str, Any], outdir: Path, cmd: Sequence[str], timeout: float) -> Outcome:
+def judge(
+    art: dict[str, Any], outdir: Path, results: Path, cmd: Sequence[str], timeout: float
+) -> Outcome:
     path = outdir / art["path"]
-    results = outdir / "results"
     slug = art["path"].replace("/", "__")
     oc = Outcome(
         art["path"], art["kind"], art["condition"], art["role"], art["expected_exit"], None
@@ -318,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per scan")
     parser.add_argument("--jobs", type=int, default=2, help="scans run at once")
     parser.add_argument("--only", default="", help="substring filter on artifact paths")
+    parser.add_argument(
+        "--results", type=Path, help="where each scan's output goes (default OUTDIR/results)"
+    )
     args = parser.parse_args(argv)
     outdir: Path = args.outdir.expanduser().resolve()
     manifest = outdir / "manifest.json"
@@ -325,16 +329,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{manifest} not found: run corpus/make_corpus.py {outdir} first")
     arts = json.loads(manifest.read_text())["artifacts"]
     arts = [a for a in arts if args.only in a["path"]]
-    (outdir / "results").mkdir(exist_ok=True)
+    results: Path = (args.results or outdir / "results").expanduser().resolve()
+    results.mkdir(parents=True, exist_ok=True)
     cmd = shlex.split(args.gradaudit)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(lambda a: judge(a, outdir, cmd, args.timeout), arts))
+        outcomes = list(pool.map(lambda a: judge(a, outdir, results, cmd, args.timeout), arts))
     text, md = render(outcomes, args.gradaudit)
     print(text)
     if args.markdown:
         args.markdown.write_text(md)
     if not args.only:  # a filtered run leaves the whole table's record alone
-        (outdir / "results" / "confusion.json").write_text(
+        (results / "confusion.json").write_text(
             json.dumps([o.__dict__ | {"verdict": o.verdict} for o in outcomes], indent=1) + "\n"
         )
     return 0 if all(o.verdict == "ok" for o in outcomes) else 1
