@@ -214,8 +214,10 @@ def md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
-    """(plain text table, Markdown document)."""
+def render(
+    outcomes: list[Outcome], cmd: str, baseline: dict[str, dict[str, Any]] | None = None
+) -> tuple[str, str]:
+    """(plain text table, Markdown document); ``baseline``: an earlier run, by path."""
     counts = Counter(o.verdict for o in outcomes)
     healthy = [o for o in outcomes if o.expected == 0]
     warn = [o.warnings or 0 for o in healthy]
@@ -267,6 +269,15 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
                 + (f" ({o.role_errors} wrong)" if o.role_errors else ""),
             ]
         )
+        if baseline is not None:
+            before = baseline.get(o.path)
+            rows[-1].append(
+                "-"
+                if before is None
+                else f"{before['got']} {before['verdict']}, {before['warnings']} warn"
+            )
+    if baseline is not None:
+        head = [*head, "baseline"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
@@ -296,6 +307,20 @@ def render(outcomes: list[Outcome], cmd: str) -> tuple[str, str]:
             md.append("\nLast lines of the table output:\n\n```")
             md += o.tail
             md.append("```\n")
+    if baseline is not None:
+        changed = [
+            (o, baseline[o.path])
+            for o in outcomes
+            if o.path in baseline
+            and (o.got, o.verdict, o.warnings)
+            != (baseline[o.path]["got"], baseline[o.path]["verdict"], baseline[o.path]["warnings"])
+        ]
+        md.append(f"\n## Changed since the baseline ({len(changed)})\n")
+        md += [
+            f"- `{o.path}`: exit {b['got']} -> {o.got}, {b['verdict']} -> {o.verdict}, "
+            f"warnings {b['warnings']} -> {o.warnings}"
+            for o, b in changed
+        ]
     noisy = [o for o in healthy if (o.warnings or 0) > 3]
     if noisy:
         md.append("\n## Healthy artifacts with more than 3 warnings\n")
@@ -320,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="scans run at once")
     parser.add_argument("--only", default="", help="substring filter on artifact paths")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="confusion.json of an earlier run: adds its verdict per artifact and what changed",
+    )
+    parser.add_argument(
         "--results", type=Path, help="where each scan's output goes (default OUTDIR/results)"
     )
     args = parser.parse_args(argv)
@@ -334,7 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = shlex.split(args.gradaudit)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         outcomes = list(pool.map(lambda a: judge(a, outdir, results, cmd, args.timeout), arts))
-    text, md = render(outcomes, args.gradaudit)
+    baseline = None
+    if args.baseline:
+        baseline = {b["path"]: b for b in json.loads(args.baseline.read_text())}
+    text, md = render(outcomes, args.gradaudit, baseline)
     print(text)
     if args.markdown:
         args.markdown.write_text(md)
