@@ -73,6 +73,7 @@ class Outcome:
     role_errors: int = 0
     seconds: float = 0.0
     causes: list[str] = field(default_factory=list)
+    fail_kinds: list[str] = field(default_factory=list)
     #: Warning findings by kind (outlier, all-zero, ...), and the first few in full.
     warn_kinds: dict[str, int] = field(default_factory=dict)
     warn_lines: list[str] = field(default_factory=list)
@@ -84,7 +85,11 @@ class Outcome:
         if self.got is None:
             return "timeout"
         if self.expected == self.got:
-            if self.got == 1 and (self.named is False or self.role_ok is False):
+            # NaN and Inf fail in any role; every other check depends on the role read.
+            role_dependent = bool(set(self.fail_kinds) - {"nan", "inf"})
+            if self.got == 1 and (
+                self.named is False or (self.role_ok is False and role_dependent)
+            ):
                 return "wrong reason"
             return "ok"
         if self.expected == 0 and self.got == 1:
@@ -110,20 +115,22 @@ def run(cmd: Sequence[str], cwd: Path, timeout: float) -> tuple[int | None, str,
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0
 
 
-def failing_texts(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, "name [role]: kind: message") for each finding that fails the run, and each limit."""
-    found: list[tuple[str, str]] = []
-    for section, key in (
-        ("tensors", "name"),
-        ("skipped", "name"),
-        ("gradient_estimates", "tensor"),
-    ):
+def failing_texts(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, kind, "name [role]: kind: message") of each finding that fails the run.
+
+    Exceeded run-level limits count too, under their file's name.
+    """
+    found = [
+        (str(lim["file"]), str(lim["kind"]), f"{lim['file']} [limit]: {lim['message']}")
+        for lim in doc.get("limits", [])
+    ]
+    for section in ("tensors", "skipped"):
         for item in doc.get(section, []):
             for f in item.get("findings", []):
                 if f.get("severity") == "error":
-                    role = item.get("role", section)
+                    name, role = str(item["name"]), item.get("role", section)
                     found.append(
-                        (str(item[key]), f"{item[key]} [{role}]: {f['kind']}: {f['message']}")
+                        (name, str(f["kind"]), f"{name} [{role}]: {f['kind']}: {f['message']}")
                     )
     return found
 
@@ -159,27 +166,58 @@ def role_errors(doc: dict[str, Any], role: str) -> int:
     return wrong
 
 
-def judge(
+def scan_both(
     art: dict[str, Any], outdir: Path, results: Path, cmd: Sequence[str], timeout: float
+) -> tuple[int | None, str, int | None, str, float]:
+    """(exit, table output, JSON exit, JSON text, seconds); kept under ``results``."""
+    slug = art["path"].replace("/", "__")
+    rc, out, err, secs = run([*cmd, "scan", art["path"]], outdir, timeout)
+    text = f"{out}\n--- stderr\n{err}"
+    (results / f"{slug}.txt").write_text(f"$ exit {rc}\n{text}")
+    jrc, jout, _, _ = run([*cmd, "scan", art["path"], "--format", "json"], outdir, timeout)
+    (results / f"{slug}.json").write_text(jout)
+    return rc, text, jrc, jout, secs
+
+
+def reuse_both(
+    art: dict[str, Any], results: Path
+) -> tuple[int | None, str, int | None, str, float]:
+    """The same from an earlier run's files (``--reuse``): judge again without scanning."""
+    slug = art["path"].replace("/", "__")
+    first, _, text = (results / f"{slug}.txt").read_text().partition("\n")
+    code = first.removeprefix("$ exit ")
+    rc = None if code == "None" else int(code)
+    jout = (results / f"{slug}.json").read_text()
+    try:
+        jrc: int | None = int(json.loads(jout)["exit_code"])
+    except (ValueError, KeyError):
+        jrc = None
+    return rc, text, jrc, jout, 0.0
+
+
+def judge(
+    art: dict[str, Any],
+    outdir: Path,
+    results: Path,
+    cmd: Sequence[str],
+    timeout: float,
+    reuse: bool = False,
 ) -> Outcome:
     path = outdir / art["path"]
-    slug = art["path"].replace("/", "__")
     oc = Outcome(
         art["path"], art["kind"], art["condition"], art["role"], art["expected_exit"], None
     )
-    rc, out, err, secs = run([*cmd, "scan", art["path"]], outdir, timeout)
-    oc.got, oc.seconds = rc, secs
-    (results / f"{slug}.txt").write_text(f"$ exit {rc}\n{out}\n--- stderr\n{err}")
-    text = out + "\n" + err
+    if reuse:
+        rc, text, jrc, jout, secs = reuse_both(art, results)
+    else:
+        rc, text, jrc, jout, secs = scan_both(art, outdir, results, cmd, timeout)
+    oc.got, oc.seconds, oc.json_exit = rc, secs, jrc
     oc.tail = [ln for ln in text.splitlines() if ln.strip()][-12:]
-    jrc, jout, _, _ = run([*cmd, "scan", art["path"], "--format", "json"], outdir, timeout)
-    oc.json_exit = jrc
     try:
         doc = json.loads(jout)
     except ValueError:
         doc = None
     if doc is not None:
-        (results / f"{slug}.json").write_text(jout)
         summary = doc.get("summary", {})
         oc.warnings = summary.get("warnings")
         oc.failing = summary.get("failing_findings")
@@ -187,10 +225,11 @@ def judge(
         oc.read_as = ",".join(sorted({str(f.get("read_as")) for f in files}))
         oc.evidence_thin = any(bool(f.get("evidence_thin")) for f in files)
         fails = failing_texts(doc)
+        oc.fail_kinds = sorted({kind for _, kind, _ in fails})
         warns = warning_texts(doc)
         oc.warn_kinds = dict(Counter(k for k, _ in warns))
         oc.warn_lines = [t for _, t in warns[:3]]
-        oc.causes = [t for _, t in fails]
+        oc.causes = [t for _, _, t in fails]
         oc.causes += [f"error: {e['message']}" for e in doc.get("errors", [])]
         want_role = READ_AS.get(art["role"])
         if want_role is not None and files:
@@ -202,10 +241,10 @@ def judge(
         if art["expected_exit"] == 1:
             names = art.get("expected_names") or []
             step = art.get("expected_step")
-            hit = any(n in name for n in names for name, _ in fails)
+            hit = any(n in name for n in names for name, _, _ in fails)
             if step is not None:
                 pattern = re.compile(rf"step\D{{0,3}}{step}\b", re.IGNORECASE)
-                hit = hit or any(pattern.search(t) for _, t in fails)
+                hit = hit or any(pattern.search(t) for _, _, t in fails)
             oc.named = hit if (names or step is not None) else None
     return oc
 
@@ -345,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="scans run at once")
     parser.add_argument("--only", default="", help="substring filter on artifact paths")
     parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="judge the outputs an earlier run left in --results again, without scanning",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         help="confusion.json of an earlier run: adds its verdict per artifact and what changed",
@@ -363,7 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     cmd = shlex.split(args.gradaudit)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(lambda a: judge(a, outdir, results, cmd, args.timeout), arts))
+        outcomes = list(
+            pool.map(lambda a: judge(a, outdir, results, cmd, args.timeout, args.reuse), arts)
+        )
     baseline = None
     if args.baseline:
         baseline = {b["path"]: b for b in json.loads(args.baseline.read_text())}
