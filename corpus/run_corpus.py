@@ -132,6 +132,14 @@ def failing_texts(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                     found.append(
                         (name, str(f["kind"]), f"{name} [{role}]: {f['kind']}: {f['message']}")
                     )
+    # A logged training history (trainer_state.json), where the report has one.
+    for item in doc.get("history", []):
+        for f in item.get("findings", []):
+            if f.get("severity") == "error":
+                name = str(f.get("name", item.get("file")))
+                found.append(
+                    (name, str(f["kind"]), f"{name} [history]: {f['kind']}: {f['message']}")
+                )
     return found
 
 

@@ -42,6 +42,10 @@ def failing_names(doc: dict[str, Any]) -> list[str]:
             for f in item["findings"]:
                 if f["severity"] == "error":
                     names.append(f"{item['name']}: {f['message']}")
+    for item in doc.get("history", []):  # a logged training history, where judged
+        names += [
+            f"{f['name']}: {f['message']}" for f in item["findings"] if f["severity"] == "error"
+        ]
     return names
 
 
