@@ -87,7 +87,6 @@ def issue26(reason: str) -> pytest.MarkDecorator:
             ExitCode.FINDINGS,
             "weight",
             id="diverged-model-safetensors",
-            marks=issue26("weights blown up by lr 1e4 (finite, |w| ~ 1e5) pass as healthy"),
         ),
         pytest.param("trainer-history", ExitCode.OK, None, id="trainer-state-healthy"),
         pytest.param(
@@ -116,7 +115,6 @@ def test_verdict(
         pytest.param(
             "trainer-dir",
             id="trainer-dir",
-            marks=issue26("a healthy Trainer checkpoint dir gives ~70 outlier warnings"),
         ),
     ],
 )
@@ -125,7 +123,6 @@ def test_quiet_on_healthy(corpus: dict[str, Path], artifact: str) -> None:
     assert doc["summary"]["warnings"] <= 3
 
 
-@issue26("in a Trainer dir the Adam moments of optimizer.pt are read as weights")
 def test_trainer_dir_roles(corpus: dict[str, Path]) -> None:
     _, doc = scan_json(corpus["trainer-dir"])
     moments = [t for t in doc["tensors"] if ".exp_avg" in t["name"]]
