@@ -276,3 +276,23 @@ def test_table_marks_ignored_tensors() -> None:
     row = next(line for line in text.splitlines() if "key.bias" in line)
     assert "vanishing (ignored)" in row
     assert "ignored findings 1" in text
+
+
+def test_every_format_says_when_a_file_was_read_on_thin_evidence(tmp_path: Path) -> None:
+    """The table printed "read as gradients (thin evidence) … --kind weights"; github,
+    markdown and junit dropped it, so CI showed bare "exploding" errors (issue 26)."""
+    from safetensors.torch import save_file
+    from typer.testing import CliRunner
+
+    from gradaudit.cli import app
+
+    path = tmp_path / "flat.safetensors"
+    save_file({"w": torch.full((4, 4), 500.0)}, str(path))
+    for fmt in ("table", "markdown", "github", "junit"):
+        result = CliRunner().invoke(
+            app, ["scan", str(path), "--format", fmt, "--no-config"], env={"COLUMNS": "200"}
+        )
+        assert "(thin evidence)" in result.stdout, fmt
+        assert "--kind weights" in result.stdout, fmt
+    github = CliRunner().invoke(app, ["scan", str(path), "--format", "github", "--no-config"])
+    assert github.stdout.startswith("::notice file=")

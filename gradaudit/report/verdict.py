@@ -349,6 +349,22 @@ def flagged_line(report: Report) -> str:
     )
 
 
+def thin_readings(report: Report) -> dict[str, str]:
+    """Per input read on thin evidence, the line that says how and how to say otherwise.
+
+    Every format carries it (issue 26): CI that shows a bare "exploding" error on a file
+    of published weights read as gradients gives no way to see why, or what to pass.
+    """
+    return {
+        result.path: (
+            f"Read {printable(result.path)} as {result.read_as} (thin evidence): "
+            f"{printable(result.read_as_evidence)}"
+        )
+        for result in report.files
+        if result.tensors and result.evidence_thin
+    }
+
+
 def reading_lines(report: Report) -> list[str]:
     """What each file was read as and why, when that is not plainly a gradient dump.
 

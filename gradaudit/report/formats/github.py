@@ -34,7 +34,13 @@ from gradaudit.report.compare_text import verdict_line as compare_verdict_line
 from gradaudit.report.text import layer_label, printable
 from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
-from gradaudit.report.verdict import audited_line, nothing_to_audit, some_findings, verdict_line
+from gradaudit.report.verdict import (
+    audited_line,
+    nothing_to_audit,
+    some_findings,
+    thin_readings,
+    verdict_line,
+)
 from gradaudit.results import Finding, InputProblem, Report
 from gradaudit.results.comparison import CompareFinding, Comparison
 from gradaudit.results.trend import TrendReport
@@ -94,6 +100,9 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
         yield _input_error(problem, title) + "\n"
     if not report.errors and report.audited_nothing:
         yield command("error", nothing_to_audit(report), title="gradaudit: nothing to audit") + "\n"
+    for path, line in thin_readings(report).items():
+        title = "gradaudit: read on thin evidence"
+        yield command("notice", line, file=printable(path), title=title) + "\n"
     for limit in report.limit_findings:
         source = None if limit.source is None else printable(limit.source)
         title = f"gradaudit: {limit.kind.value} limit exceeded"

@@ -41,7 +41,7 @@ from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, mo
 from gradaudit.report.compare_text import ab_mode, finding_subjects, ratio_sentence, side_input
 from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.report.trend_text import audited
-from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings
+from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings, thin_readings
 from gradaudit.results import Finding, LimitFinding, Report
 from gradaudit.results.comparison import CompareFindingKind, Comparison, SideStats
 from gradaudit.results.trend import TrendKind, TrendReport
@@ -127,8 +127,11 @@ def check_cases(report: Report, source: str | None) -> list[Case]:
     return cases
 
 
-def add_suite(parent: ET.Element, name: str, cases: list[Case]) -> None:
-    """Append a ``<testsuite>`` of ``cases`` to ``parent``, with its counts."""
+def add_suite(
+    parent: ET.Element, name: str, cases: list[Case], properties: dict[str, str] | None = None
+) -> None:
+    """Append a ``<testsuite>`` of ``cases`` to ``parent``, with its counts (and
+    ``<properties>``: how the file was read, where that rests on thin evidence)."""
     failures = sum(1 for c in cases if c.failures)
     errors = sum(1 for c in cases if c.error is not None)
     skipped = sum(1 for c in cases if c.skipped is not None)
@@ -141,6 +144,10 @@ def add_suite(parent: ET.Element, name: str, cases: list[Case]) -> None:
         errors=str(errors),
         skipped=str(skipped),
     )
+    if properties:
+        listed = ET.SubElement(suite, "properties")
+        for key, value in properties.items():
+            ET.SubElement(listed, "property", name=key, value=value)
     for case in cases:
         element = ET.SubElement(suite, "testcase", classname=name, name=case.name)
         if case.error is not None:
@@ -180,6 +187,7 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
     """One suite per input file, one case per check; an unreadable file is one ``read`` error."""
     root = ET.Element("testsuites", name="gradaudit", time=f"{report.elapsed_s:.3f}")
     errors = {problem.path: problem.message for problem in report.errors}
+    thin = thin_readings(report)
     sources: list[str | None] = [f.path for f in report.files] or ([None] if report.tensors else [])
     for source in sources:
         name = IN_MEMORY_SUITE if source is None else printable(source)
@@ -187,7 +195,8 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
             cases = [Case("read", error=printable(errors[source]))]
         else:
             cases = check_cases(report, source)
-        add_suite(root, name, cases)
+        reading = None if source is None else thin.get(source)
+        add_suite(root, name, cases, None if reading is None else {"gradaudit.read_as": reading})
     if exit_code(report) is ExitCode.INPUT_ERROR and not report.errors:
         message = nothing_to_audit(report)
         add_suite(root, IN_MEMORY_SUITE, [Case("audit", error=message)])

@@ -73,6 +73,7 @@ from gradaudit.report.verdict import (
     flagged_tensors,
     history_lines,
     several_files,
+    thin_readings,
     unaudited,
     verdict_line,
 )
@@ -168,7 +169,8 @@ def _limit(finding: LimitFinding) -> str:
 
 
 def _problems(report: Report) -> list[str]:
-    lines = [_limit(f) for f in report.limit_findings]
+    lines = [f"- ℹ️ {escape(line)}" for line in thin_readings(report).values()]
+    lines += [_limit(f) for f in report.limit_findings]
     lines += [
         f"- {'ℹ️' if severity is None else MARK[severity]} {escape(line)}"
         for line, severity in history_lines(report)
