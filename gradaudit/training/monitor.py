@@ -455,11 +455,16 @@ def _finding_message(
         f"step {record.step}: {count} {what}{'s' if count != 1 else ''} "
         f"(global norm {record.global_norm:.4g}): {_finding_names(tuple(findings))}"
     )
+    return text + _dump_note(record, now)
+
+
+def _dump_note(record: MonitorRecord, now: int) -> str:
+    """Where the step's gradients were written, or why they were not (empty: no dump)."""
     if record.dump is not None:
-        text += f"; gradients of step {now} written to {record.dump}"
-    elif record.dump_error is not None:
-        text += f"; no dump written ({record.dump_error})"
-    return text
+        return f"; gradients of step {now} written to {record.dump}"
+    if record.dump_error is not None:
+        return f"; no dump written ({record.dump_error})"
+    return ""
 
 
 def _names(record: MonitorRecord) -> str:
@@ -483,8 +488,4 @@ def _message(record: MonitorRecord, now: int) -> str:
         f"step {record.step}: NaN/Inf gradients in {count} tensor"
         f"{'s' if count != 1 else ''}: {_names(record)}"
     )
-    if record.dump is not None:
-        text += f"; gradients of step {now} written to {record.dump}"
-    elif record.dump_error is not None:
-        text += f"; no dump written ({record.dump_error})"
-    return text
+    return text + _dump_note(record, now)
