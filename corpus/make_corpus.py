@@ -146,6 +146,34 @@ def diverged(facts: dict[str, Any]) -> str:
     return "diverged-nan" if facts.get("nonfinite_tensors") else "diverged"
 
 
+def run_artifact(
+    path: str,
+    kind: str,
+    made_by: str,
+    cond: str,
+    state: dict[str, torch.Tensor],
+    role: str,
+    blown_up: str = "weights blown up by the learning rate",
+    healthy: str = "healthy",
+) -> Artifact:
+    """An artifact of a run that was healthy or trained at a diverging learning rate: the
+    expected verdict and the parameters a failing scan must name follow from its weights."""
+    names = names_above(state, 1e3) if cond != "healthy" else []
+    facts = tensor_facts(state)
+    return Artifact(
+        path,
+        kind,
+        made_by,
+        cond if cond == "healthy" else diverged(facts),
+        FINDINGS if cond != "healthy" else OK,
+        role,
+        blown_up if names else healthy,
+        names,
+        None,
+        facts,
+    )
+
+
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -578,20 +606,16 @@ def make_sharded(out: Path) -> list[Artifact]:
             model = AutoModelForMaskedLM.from_pretrained(src)
             model.save_pretrained(target, max_shard_size="20KB")
         state = {k: v for k, v in model.state_dict().items()}
-        names = names_above(state, 1e3) if cond != "healthy" else []
-        facts = tensor_facts(state)
         arts.append(
-            Artifact(
+            run_artifact(
                 rel(target, out),
                 "hf/save_pretrained-sharded-dir",
                 f"save_pretrained(max_shard_size='20KB') of the {cond} tiny BERT",
-                cond if cond == "healthy" else diverged(facts),
-                FINDINGS if cond != "healthy" else OK,
+                cond,
+                state,
                 "weights",
-                "sharded weights of a blown-up run" if names else "healthy weights",
-                names,
-                None,
-                facts,
+                blown_up="sharded weights of a blown-up run",
+                healthy="healthy weights",
             )
         )
         index = target / "model.safetensors.index.json"
@@ -601,11 +625,11 @@ def make_sharded(out: Path) -> list[Artifact]:
                     rel(index, out),
                     "hf/safetensors-index",
                     f"the index of the sharded {cond} tiny BERT",
-                    cond if cond == "healthy" else diverged(facts),
-                    FINDINGS if cond != "healthy" else OK,
+                    arts[-1].condition,
+                    arts[-1].expected_exit,
                     "weights",
                     arts[-1].expected_reason,
-                    names,
+                    arts[-1].expected_names,
                 )
             )
     target = out / "sharded" / "bert-healthy-bf16"
@@ -771,20 +795,14 @@ def make_accelerate(out: Path) -> list[Artifact]:
                 opt.zero_grad()
             acc.save_state(str(target))
         state = dict(acc.unwrap_model(model).state_dict())
-        names = names_above(state, 1e3) if cond != "healthy" else []
-        facts = tensor_facts(state)
         arts.append(
-            Artifact(
+            run_artifact(
                 rel(target, out),
                 "accelerate/save_state-dir",
                 f"Accelerator(cpu=True).save_state after 30 AdamW steps at lr {lr:g}",
-                cond if cond == "healthy" else diverged(facts),
-                FINDINGS if cond != "healthy" else OK,
+                cond,
+                state,
                 "training checkpoint",
-                "weights blown up by the learning rate" if names else "healthy",
-                names,
-                None,
-                facts,
             )
         )
         arts.append(
@@ -796,7 +814,7 @@ def make_accelerate(out: Path) -> list[Artifact]:
                 arts[-1].expected_exit,
                 "weights",
                 arts[-1].expected_reason,
-                names,
+                arts[-1].expected_names,
             )
         )
         optim = torch.load(target / "optimizer.bin", map_location="cpu", weights_only=True)
@@ -874,21 +892,15 @@ def make_plain(out: Path) -> list[Artifact]:
             path = base / f"checkpoint-{opt_name}-{cond}.pt"
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
             state = dict(model.state_dict())
-            names = names_above(state, 1e3) if cond != "healthy" else []
-            facts = tensor_facts(state)
             arts.append(
-                Artifact(
+                run_artifact(
                     rel(path, out),
                     "plain/model+optimizer",
                     f"torch.save({{'model','optimizer'}}) after 30 {opt_name} steps at lr "
                     f"{lr * (10 if opt_name == 'sgd-momentum' else 1):g}",
-                    cond if cond == "healthy" else diverged(facts),
-                    FINDINGS if cond != "healthy" else OK,
+                    cond,
+                    state,
                     "training checkpoint",
-                    "weights blown up by the learning rate" if cond != "healthy" else "healthy",
-                    names,
-                    None,
-                    facts,
                 )
             )
     return [*arts, *make_corrupted_optimizer(out)]
@@ -1021,20 +1033,14 @@ def make_dcp(out: Path) -> list[Artifact]:
         with quiet():
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(target))
         state = dict(model.state_dict())
-        names = names_above(state, 1e3) if cond != "healthy" else []
-        facts = tensor_facts(state)
         arts.append(
-            Artifact(
+            run_artifact(
                 rel(target, out),
                 "dcp/dir",
                 f"torch.distributed.checkpoint.save (one process) of model+Adam at lr {lr:g}",
-                cond if cond == "healthy" else diverged(facts),
-                FINDINGS if cond != "healthy" else OK,
+                cond,
+                state,
                 "training checkpoint",
-                "weights blown up by the learning rate" if names else "healthy",
-                names,
-                None,
-                facts,
             )
         )
     return arts
