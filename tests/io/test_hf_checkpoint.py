@@ -90,6 +90,16 @@ def test_logged_grad_norms_are_judged_beside_the_report(
     alone = scan_paths([directory / "trainer_state.json"], device="cpu")
     assert exit_code(alone) == 0  # a log judged is something audited, not "nothing to audit"
     assert [h.rows for h in alone.histories] == [3]
+    from typer.testing import CliRunner
+
+    from gradaudit.cli import app
+
+    both = CliRunner().invoke(
+        app,
+        ["scan", str(directory / "trainer_state.json"), str(directory / "model.safetensors")],
+        env={"COLUMNS": "200"},
+    )
+    assert "nothing to audit" not in both.stdout  # the files table: the log was judged
 
 
 def _train(out: Path, learning_rate: float, steps: int) -> Path:

@@ -304,7 +304,7 @@ def _file_verdict(report: Report, result: FileResult) -> Text:
     failing, warnings = file_findings(report, result.path)
     if failing:
         return Text(f"FAIL ({', '.join(failing)})", style="bold red")
-    if not result.tensors:
+    if not result.tensors and result.path not in {h.file for h in report.histories}:
         return Text("nothing to audit", style="yellow")
     return Text("ok" + (f" ({plural(warnings, 'warning')})" if warnings else ""), style="green")
 
