@@ -156,3 +156,15 @@ def open_checked(path: str) -> tuple[BinaryIO, int]:
     except OSError as error:
         os.close(fd)
         raise InputError(path, describe_os_error(error)) from None
+
+
+def plain_number(value: object) -> float | None:
+    """``value`` as a float when a file stores a plain number there, else ``None``: a
+    ``bool`` is no number, and an integer too large for a float (``10**400``) is none
+    either, rather than an OverflowError that would end the run."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None

@@ -44,7 +44,7 @@ import torch
 
 from gradaudit.engine.dtypes import hides_values
 from gradaudit.io.base import Excluded, Select, SourceItem
-from gradaudit.io.files import show
+from gradaudit.io.files import plain_number, show
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
 from gradaudit.results.roles import EstimateBasis, TensorHint
@@ -343,12 +343,6 @@ def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
     return _Optimizers(frozenset(entry_ids), params, entries)
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _estimate_basis(
     key: str, tensor: torch.Tensor, group: dict[object, object], entry: dict[object, object]
 ) -> EstimateBasis | None:
@@ -359,22 +353,22 @@ def _estimate_basis(
     whose value travels with the one host read.
     """
     step_value = entry.get("step")
-    step = _number(step_value)
+    step = plain_number(step_value)
     step_tensor = (
         step_value if isinstance(step_value, torch.Tensor) and step_value.numel() == 1 else None
     )
     betas = group.get("betas")
     beta1 = beta2 = None
     if isinstance(betas, list | tuple) and len(betas) == 2:
-        beta1, beta2 = _number(betas[0]), _number(betas[1])
+        beta1, beta2 = plain_number(betas[0]), plain_number(betas[1])
     if key == "exp_avg_sq" and beta2 is not None:
         return EstimateBasis("ema_sq", decay=beta2, step=step, step_tensor=step_tensor)
     if key == "square_avg":
-        decay = _number(group.get("alpha", group.get("rho")))
+        decay = plain_number(group.get("alpha", group.get("rho")))
         if decay is not None:
             return EstimateBasis("ema_sq", decay=decay, step=step, step_tensor=step_tensor)
     if key == "sum":
-        initial = _number(group.get("initial_accumulator_value")) or 0.0
+        initial = plain_number(group.get("initial_accumulator_value")) or 0.0
         return EstimateBasis(
             "sum_sq",
             initial=initial,
@@ -393,9 +387,9 @@ def _estimate_basis(
     if key == "exp_avg" and beta1 is not None:
         return EstimateBasis("ema", decay=beta1, step=step, step_tensor=step_tensor)
     if key == "momentum_buffer" and "alpha" not in group:
-        momentum = _number(group.get("momentum"))
+        momentum = plain_number(group.get("momentum"))
         if momentum:
-            dampening = _number(group.get("dampening")) or 0.0
+            dampening = plain_number(group.get("dampening")) or 0.0
             return EstimateBasis(
                 "momentum", decay=momentum, dampening=dampening, step=step, step_tensor=step_tensor
             )

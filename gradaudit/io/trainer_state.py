@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gradaudit.errors import InputError
-from gradaudit.io.files import open_checked
+from gradaudit.io.files import open_checked, plain_number
 from gradaudit.io.layouts import TRAINER_STATE
 
 if TYPE_CHECKING:  # the scan's torch-free host side imports LoggedStep from here
@@ -64,7 +64,7 @@ def logged_steps(history: Iterable[object]) -> tuple[LoggedStep, ...]:
         step = row.get("step")
         if type(step) is not int:
             continue
-        loss, norm = _number(row.get("loss")), _number(row.get("grad_norm"))
+        loss, norm = plain_number(row.get("loss")), plain_number(row.get("grad_norm"))
         if loss is None and norm is None:
             continue
         rows.append(LoggedStep(step, loss, norm))
@@ -86,15 +86,6 @@ def describe_history(rows: tuple[LoggedStep, ...]) -> str:
     if norms:
         text += "; grad_norm is the trainer's, before clipping"
     return text
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        return float(value)
-    except OverflowError:  # a 400-digit integer
-        return None
 
 
 class TrainerStateSource:

@@ -16,7 +16,16 @@ from gradaudit.errors import ExitCode
 from gradaudit.io.discover import COMPANION_REASON
 from gradaudit.policy import FindingKind, Role, Severity
 from gradaudit.report.text import count, number, plural, printable
-from gradaudit.results import HISTORY_KEYS, HISTORY_NAME, Finding, Report, Skipped, TensorStats
+from gradaudit.results import (
+    HISTORY_KEYS,
+    HISTORY_NAME,
+    FileResult,
+    Finding,
+    LoggedHistory,
+    Report,
+    Skipped,
+    TensorStats,
+)
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.results.verdict import exit_code
 from gradaudit.scan.finding_table import KINDS, SEVERITIES, FindingTable
@@ -235,12 +244,18 @@ def history_lines(report: Report) -> list[tuple[str, Severity | None]]:
     lines: list[tuple[str, Severity | None]] = []
     for history in report.histories:
         lines.append((f"Logged history of {printable(history.file)}: {history.note}", None))
-        keys = {(history.file, f"{HISTORY_NAME}.{key}") for key in HISTORY_KEYS}
-        for found in findings_by_tensor(report, only=keys).values():
-            lines += [
-                (f"{f.kind.value} {f.tensor}: {printable(f.message)}", f.severity) for f in found
-            ]
+        lines += [
+            (f"{f.kind.value} {f.tensor}: {printable(f.message)}", f.severity)
+            for f in history_findings(report, history)
+        ]
     return lines
+
+
+def history_findings(report: Report, history: LoggedHistory) -> list[Finding]:
+    """The findings on one judged log (``log_history.loss``, then ``.grad_norm``)."""
+    keys = {(history.file, f"{HISTORY_NAME}.{key}") for key in HISTORY_KEYS}
+    found = findings_by_tensor(report, only=keys)
+    return [f for key in sorted(found) for f in found[key]]
 
 
 def failing_kinds(report: Report) -> list[str]:
@@ -356,13 +371,19 @@ def thin_readings(report: Report) -> dict[str, str]:
     of published weights read as gradients gives no way to see why, or what to pass.
     """
     return {
-        result.path: (
-            f"Read {printable(result.path)} as {result.read_as} (thin evidence): "
-            f"{printable(result.read_as_evidence)}"
-        )
+        result.path: _reading_line(result)
         for result in report.files
         if result.tensors and result.evidence_thin
     }
+
+
+def _reading_line(result: FileResult) -> str:
+    """``Read PATH as weights (thin evidence): why``."""
+    thin = " (thin evidence)" if result.evidence_thin else ""
+    return (
+        f"Read {printable(result.path)} as {result.read_as}{thin}: "
+        f"{printable(result.read_as_evidence)}"
+    )
 
 
 def reading_lines(report: Report) -> list[str]:
@@ -380,11 +401,7 @@ def reading_lines(report: Report) -> list[str]:
         plain = result.read_as == "gradients" and not result.evidence_thin
         if plain:
             continue
-        thin = " (thin evidence)" if result.evidence_thin else ""
-        lines.append(
-            f"Read {printable(result.path)} as {result.read_as}{thin}: "
-            f"{printable(result.read_as_evidence)}"
-        )
+        lines.append(_reading_line(result))
     several = len(report.files) > 1
     for ref in report.outlier_references:
         where = f" in {printable(ref.source)}" if several and ref.source else ""

@@ -328,11 +328,14 @@ def with_findings(report: Report, extra: Sequence[Finding]) -> Report:
     findings: Sequence[Finding] = (
         base.extended(extra) if isinstance(base, FindingTable) else (*base, *extra)
     )
-    summary = dataclasses.replace(
-        report.summary,
-        failing_findings=report.summary.failing_findings + sum(f.failing for f in extra),
-        warnings=report.summary.warnings + sum(f.severity is Severity.WARNING for f in extra),
-        ignored_findings=report.summary.ignored_findings + sum(f.ignored for f in extra),
+    s = report.summary
+    summary = summarize(
+        table_of(report.tensors),
+        findings,
+        report.limit_findings,
+        s.skipped,
+        s.global_norm,
+        s.excluded,
     )
     return dataclasses.replace(report, findings=findings, summary=summary)
 

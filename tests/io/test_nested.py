@@ -276,3 +276,17 @@ def test_a_lightning_callback_holding_model_weights_is_walked() -> None:
     tensors, skipped, _ = walk(lightning)
     assert tensors == ["state_dict.net.weight", "callbacks.EMA.ema_state_dict.net.weight"]
     assert "Lightning callback state" in skipped["callbacks.ModelCheckpoint{'monitor': None}"]
+
+
+def test_an_optimizer_step_too_large_for_a_float_is_not_read_as_a_number() -> None:
+    """``step=10**400`` in an optimizer state ended the whole run in exit 4 (OverflowError)."""
+    model, optimizer = trained()
+    state = optimizer.state_dict()
+    state["state"][0]["step"] = 10**400
+    hints: dict[str, Any] = {}
+    items = list(
+        walk_checkpoint({"model": model.state_dict(), "optimizer": state}, "c", None, hints)
+    )
+    assert any(
+        isinstance(item, tuple) and item[0].startswith("optimizer.state.0.") for item in items
+    )

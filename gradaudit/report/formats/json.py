@@ -38,10 +38,13 @@ from gradaudit.report.compare_text import (
     side_of,
     warning_count,
 )
-from gradaudit.report.verdict import any_finite, findings_by_tensor, tensor_findings
+from gradaudit.report.verdict import (
+    any_finite,
+    findings_by_tensor,
+    history_findings,
+    tensor_findings,
+)
 from gradaudit.results import (
-    HISTORY_KEYS,
-    HISTORY_NAME,
     Finding,
     GradientEstimate,
     LimitFinding,
@@ -118,15 +121,11 @@ def _finding(finding: Finding) -> dict[str, Any]:
 
 
 def _history(report: Report, history: LoggedHistory) -> dict[str, Any]:
-    keys = {(history.file, f"{HISTORY_NAME}.{key}") for key in HISTORY_KEYS}
-    found = findings_by_tensor(report, only=keys)
     return {
         "file": history.file,
         "steps": history.rows,
         "note": history.note,
-        "findings": [
-            {"name": f.tensor, **_finding(f)} for key in sorted(found) for f in found[key]
-        ],
+        "findings": [{"name": f.tensor, **_finding(f)} for f in history_findings(report, history)],
     }
 
 
