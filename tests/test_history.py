@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from gradaudit.io.trainer_state import LoggedStep, logged_steps
 from gradaudit.policy import FindingKind, Severity, Thresholds
@@ -91,3 +92,12 @@ def test_log_rows_are_read_defensively() -> None:
     assert [r.step for r in rows] == [1, 7]
     assert rows[1].loss is not None
     assert math.isnan(rows[1].loss)
+
+
+def test_a_trainer_state_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Some editors save JSON with a UTF-8 BOM; it was refused as "not valid JSON"."""
+    from gradaudit.io.trainer_state import read_log_history
+
+    path = tmp_path / "trainer_state.json"
+    path.write_bytes(b'\xef\xbb\xbf{"log_history": [{"step": 1, "loss": 2.5}]}')
+    assert read_log_history(str(path)) == (LoggedStep(1, 2.5, None),)

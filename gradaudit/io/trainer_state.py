@@ -41,7 +41,7 @@ def read_log_history(path: str) -> tuple[LoggedStep, ...]:
             raise InputError(path, f"{TRAINER_STATE} is {size} bytes, absurdly large")
         raw = handle.read(MAX_STATE_BYTES + 1)
     try:
-        state = json.loads(raw.decode("utf-8"))
+        state = json.loads(raw.decode("utf-8-sig"))  # a BOM some editors write is no error
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise InputError(path, f"{TRAINER_STATE} is not valid JSON") from None
     history = state.get("log_history") if isinstance(state, dict) else None
