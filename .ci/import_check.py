@@ -28,7 +28,7 @@ HEAVY = {
 }
 #: Modules that must import without torch: what ``import gradaudit.cli`` loads, so
 #: ``gradaudit --help``, ``--version`` and shell completion start without torch
-#: (tests/test_startup.py checks the same on the CI's Python). A module added to
+#: (tests/cli/test_startup.py checks the same on the CI's Python). A module added to
 #: the CLI's start-up path belongs here; one that needs torch belongs in a command.
 PURE = {
     "gradaudit",

@@ -8,10 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from typer.testing import CliRunner
 
 from gradaudit import __version__
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+#: The one Click runner every CLI test invokes: stdout and stderr are kept apart, so a
+#: test asserts each on its own (habit 10). Stateless between invocations.
+runner = CliRunner()
+
+#: The one skip for tests that need a GPU (marker ``cuda`` selects or deselects them).
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 WriteDump = Callable[..., Path]
 

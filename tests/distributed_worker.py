@@ -1,7 +1,7 @@
 """One rank of the 2-process gloo tests: ``python -m tests.distributed_worker RANK WORLD DIR``.
 
 Every case collects on shards across the ranks and writes what it got to
-``DIR/rank{RANK}.json``; ``tests/test_distributed.py`` compares that with
+``DIR/rank{RANK}.json``; ``tests/scan/test_distributed.py`` compares that with
 single-process stats of the whole tensors (built by :func:`whole_tensors`, the
 same function on both sides) and with the float64 reference. Assertions live in
 the tests, so a failure names the case; this process only has to finish.

@@ -1,6 +1,6 @@
 """Scan each file named in a manifest with the CLI, in one process, one JSON line per file.
 
-Run by ``tests/test_fuzz.py`` as ``python -m tests.fuzz_worker MANIFEST``: a separate
+Run by ``tests/io/test_fuzz.py`` as ``python -m tests.fuzz_worker MANIFEST``: a separate
 process, so that a signal (SIGSEGV, SIGBUS) that kills it is seen by the test as a
 failure of the case in flight rather than taking pytest down, and one process for all
 cases, so that torch is imported once. Before each case it prints ``start NAME``; a

@@ -1,7 +1,7 @@
 """A generator of hostile, broken and mislabelled inputs, built in a test's ``tmp_path``.
 
 Each :class:`Case` builds one bad input and names the words its one-line error must
-contain. ``tests/test_hostile_inputs.py`` runs every case through the CLI next to a good
+contain. ``tests/io/test_hostile_inputs.py`` runs every case through the CLI next to a good
 file; the reader tests reuse the builders. Nothing is ever written outside the directory
 handed in, and the pickles that "run code" only ever try to create a marker file there.
 """

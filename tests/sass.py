@@ -1,7 +1,7 @@
 """Compile the Triton kernels for real GPU targets without a GPU, and read the machine code.
 
 Run as ``python -m tests.sass [cc ...]``: prints one JSON object per kernel
-variant and target with what ``tests/test_gpu_budget.py`` checks. It runs in
+variant and target with what ``tests/engine/test_gpu_budget.py`` checks. It runs in
 a process of its own because the test suite turns on Triton's interpreter
 (``TRITON_INTERPRET=1``), under which ``triton.jit`` gives interpreted
 functions that cannot be compiled.

@@ -9,6 +9,9 @@ import pytest
 from benchmarks import bench_gpu
 from gradaudit.engine import native
 
+#: Slow (not in the quick loop): every benchmark script run end to end at smoke size.
+pytestmark = pytest.mark.slow
+
 
 def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     bench_gpu.main(

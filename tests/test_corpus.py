@@ -16,15 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from corpus import make_corpus as mc
 from gradaudit import ExitCode
 from gradaudit.cli import app
+from tests.conftest import runner
 
 pytestmark = pytest.mark.slow
-
-runner = CliRunner()
 
 
 def scan_json(path: Path) -> tuple[int, dict[str, Any]]:

@@ -9,7 +9,7 @@ the native kernel in the same batches as the torch path (:class:`NativeBatch`, w
 torch's thread count), and judges the rows with the same code
 (:class:`~gradaudit.scan.collected.Collected`). It is the same engine without torch, not a
 second one: the rows, the merge rule, the judging and the renderers are shared, and
-``tests/test_torch_free.py`` checks that both paths give identical reports.
+``tests/scan/test_torch_free.py`` checks that both paths give identical reports.
 
 When it applies (:func:`applies`, then :func:`takes`) is decided conservatively; anything
 else takes the torch path unchanged. A file holding a dtype this path cannot report as

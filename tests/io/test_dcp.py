@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from gradaudit import ExitCode, scan_paths
 from gradaudit.cli import app
@@ -28,10 +27,11 @@ from gradaudit.io import open_source
 from gradaudit.io.base import Pieces
 from gradaudit.io.dcp import DcpSource
 from gradaudit.results import Report, TensorStats
+from tests.conftest import runner
 from tests.dcp_worker import planted
 from tests.hostile import OpenMarker, marker
 from tests.reference import reference_stats
-from tests.test_distributed import clean_env
+from tests.scan.test_distributed import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -179,7 +179,7 @@ def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> No
 
 
 def test_the_cli_scans_a_dcp_directory_and_flags_its_nan(sharded: tuple[Path, Path]) -> None:
-    result = CliRunner().invoke(app, ["scan", str(sharded[0]), "--format", "json"])
+    result = runner.invoke(app, ["scan", str(sharded[0]), "--format", "json"])
     assert result.exit_code == ExitCode.FINDINGS, result.stderr
     assert '"extra.specials"' in result.stdout
 
@@ -253,7 +253,7 @@ def test_a_truncated_data_file_is_an_input_error_in_the_cli(
     data.write_bytes(data.read_bytes()[:100])
     good = tmp_path / "good.pt"
     torch.save({"w": torch.ones(3)}, good)
-    result = CliRunner().invoke(app, ["scan", str(directory), str(good), "--format", "json"])
+    result = runner.invoke(app, ["scan", str(directory), str(good), "--format", "json"])
     assert result.exit_code == ExitCode.INPUT_ERROR
     assert "truncated?" in result.stderr
     assert "Traceback" not in result.stderr

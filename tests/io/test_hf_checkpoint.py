@@ -12,6 +12,7 @@ import torch
 from gradaudit import scan_paths
 from gradaudit.io.hf_checkpoint import trainer_grad_norms
 from gradaudit.results.verdict import exit_code
+from tests.conftest import runner
 from tests.hostile import OpenMarker, marker
 from tests.models import tiny_hf_bert
 
@@ -90,11 +91,10 @@ def test_logged_grad_norms_are_judged_beside_the_report(
     alone = scan_paths([directory / "trainer_state.json"], device="cpu")
     assert exit_code(alone) == 0  # a log judged is something audited, not "nothing to audit"
     assert [h.rows for h in alone.histories] == [3]
-    from typer.testing import CliRunner
 
     from gradaudit.cli import app
 
-    both = CliRunner().invoke(
+    both = runner.invoke(
         app,
         ["scan", str(directory / "trainer_state.json"), str(directory / "model.safetensors")],
         env={"COLUMNS": "200"},
@@ -175,12 +175,10 @@ def test_a_checkpoints_bookkeeping_files_scanned_alone_say_what_they_are(
 ) -> None:
     """rng_state.pth was "refused as unsafe" and scheduler.pt printed "Audited 0 tensors …
     health 0.000" before INCOMPLETE: scary or empty words for files every Trainer writes."""
-    from typer.testing import CliRunner
 
     from gradaudit.cli import app
 
     directory, _ = checkpoint
-    runner = CliRunner()
     for name, what in (
         ("rng_state.pth", "random-number-generator state"),
         ("training_args.bin", "TrainingArguments"),

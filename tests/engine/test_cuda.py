@@ -1,0 +1,293 @@
+"""CUDA-only checks; every test here is skipped cleanly on a machine without CUDA."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import gradaudit
+from gradaudit import audit, collect_async
+from gradaudit.engine import staging, triton_kernel
+from gradaudit.engine.dtypes import AUDITED_DTYPES
+from gradaudit.scan.paths import scan_paths
+from gradaudit.scan.pending import PendingStats
+from tests.conftest import requires_cuda
+from tests.reference import reference_stats
+
+pytestmark = [
+    pytest.mark.cuda,
+    requires_cuda,
+]
+
+
+@pytest.fixture
+def sync_debug_error() -> Iterator[None]:
+    """Make any implicit device->host synchronisation raise."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", sorted(AUDITED_DTYPES, key=str))
+def test_collection_does_not_sync(dtype: torch.dtype, sync_debug_error: None) -> None:
+    tensors = {
+        "big": torch.randn(3000, 7, device="cuda").to(dtype),
+        "odd": torch.randn(5, 9, device="cuda").to(dtype).t(),
+        "scalar": torch.ones((), device="cuda").to(dtype),
+        "empty": torch.empty(0, device="cuda", dtype=dtype),
+        "int": torch.ones(4, device="cuda", dtype=torch.int32),
+    }
+    pending = collect_async(tensors, chunk_elements=1000)
+    assert len(pending) == 4
+
+
+def test_cuda_results_match_the_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    host = torch.randn(100_003, generator=gen) * 1e19
+    host[17] = math.nan
+    host[99] = -math.inf
+    report = audit({"w": host.cuda()}, chunk_elements=4096)
+    (stats,) = report.tensors
+    ref = reference_stats(host)
+    assert (stats.nan, stats.neg_inf, stats.zeros) == (ref.nan, ref.neg_inf, ref.zeros)
+    assert stats.max_abs == ref.max_abs
+    assert stats.norm == pytest.approx(ref.norm, rel=1e-6)
+    assert report.device.startswith("cuda")
+
+
+def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    from gradaudit import compare
+    from tests.grafted import grafted_model
+
+    model = grafted_model()
+    on_cpu = compare(model.host, model.seed)
+    model.cuda()
+    engine = importlib.import_module("gradaudit.scan.pending")
+    calls: list[int] = []
+    real = engine.read_blocks
+
+    def counting(blocks: list[torch.Tensor], *settled: object) -> list[torch.Tensor]:
+        calls.append(sum(block.shape[0] for block in blocks))
+        return real(blocks, *settled)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "read_blocks", counting)
+    on_cuda = compare(model.host, model.seed)
+    # One host read for both sides. It holds the 39 tensors' rows and, on the Triton path, a
+    # sentinel row per dtype group plus one last row (41 on an H200): a floor, not an equality.
+    assert len(calls) == 1
+    assert calls[0] >= 39
+    assert on_cuda.report.device.startswith("cuda")
+    assert on_cuda.dual.normalized_ratio == pytest.approx(on_cpu.dual.normalized_ratio, rel=1e-6)
+
+
+def test_prefetched_rows_are_read_without_a_sync(sync_debug_error: None) -> None:
+    """A monitor's default mode: collect + prefetch, then read, all without a stream sync."""
+    from gradaudit import GradientMonitor
+
+    model = torch.nn.Linear(64, 32, device="cuda")
+    monitor = GradientMonitor(model, every=1, dump_dir=None)
+    records = []
+    for _ in range(3):
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        records.append(monitor.step())
+    assert records[0] is None
+    assert [r.step for r in records[1:] if r is not None] == [0, 1]
+
+
+def test_rows_added_after_a_prefetch_are_read_too() -> None:
+    pending = collect_async({"a": torch.ones(3, device="cuda")})
+    pending.prefetch()
+    pending.add("b", torch.full((2,), math.nan, device="cuda"))
+    report = pending.materialize()
+    assert [t.name for t in report.tensors] == ["a", "b"]
+    assert report.tensors[1].nan == 2
+    assert report.tensors[0].norm == pytest.approx(math.sqrt(3))
+
+
+def test_a_file_streams_to_cuda_through_the_staging_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_debug_error: None
+) -> None:
+    """Pinned buffers smaller than the tensors: pieces, refills, no sync, the CPU's numbers."""
+    monkeypatch.setattr(staging, "BUFFER_BYTES", 64 * 1024)
+    gen = torch.Generator().manual_seed(5)
+    tensors = {
+        "big": torch.randn(300_001, generator=gen),
+        "half": torch.randn(70_000, generator=gen).half(),
+        "small": torch.tensor([math.nan, 0.0, 3.0]),
+        "double": torch.randn(1000, generator=gen, dtype=torch.float64) * 1e200,
+    }
+    path = tmp_path / "grads.safetensors"
+    save_file(tensors, str(path))
+    pending = PendingStats(device="cuda")
+    pending.add_path(str(path))
+    assert pending._uploads is not None
+    assert pending._uploads.refills > 0
+    torch.cuda.set_sync_debug_mode("default")
+    on_cuda = pending.materialize()
+    on_cpu = scan_paths([str(path)], device="cpu")
+    for got, want in zip(on_cuda.tensors, on_cpu.tensors, strict=True):
+        ref = reference_stats(tensors[got.name])
+        assert (got.name, got.nan, got.zeros, got.max_abs) == (
+            want.name,
+            want.nan,
+            want.zeros,
+            want.max_abs,
+        )
+        assert got.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-9)
+
+
+def test_cpu_tensors_for_cuda_are_taken_before_add_returns() -> None:
+    pending = PendingStats(device="cuda")
+    tensor = torch.ones(5_000_000)
+    pending.add("w", tensor)
+    tensor.fill_(math.nan)  # the copy may still be in flight; its source was the staging buffer
+    (stats,) = pending.materialize().tensors
+    assert stats.nan == 0
+    assert stats.norm == pytest.approx(math.sqrt(5_000_000))
+
+
+@pytest.mark.parametrize("nbytes", [0, 4, 1000, 64 * 1024, 64 * 1024 + 4, 1 << 22])
+def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
+    ring = staging.HostToDevice(staging.CudaChannel(torch.device("cuda")), buffer_bytes=64 * 1024)
+    sources = [torch.randint(0, 255, (nbytes,), dtype=torch.uint8) for _ in range(5)]
+    copies = [ring.copy(source) for source in sources]
+    for copy, source in zip(copies, sources, strict=True):
+        assert copy.device.type == "cuda"
+        assert torch.equal(copy.cpu(), source)
+
+
+def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a compile is worth it (here: as if 1 GiB had gone through eager already)."""
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", triton_kernel.COMPILE_AFTER_BYTES)
+    report = audit({"w": torch.randn(100_000, device="cuda")})
+    assert report.engine == ("triton" if triton_kernel.installed() else "eager")
+
+
+def test_auto_reduces_a_small_scan_with_eager_while_cold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    triton_kernel._marker.cache_clear()
+    report = audit({"w": torch.randn(100_000, device="cuda")})
+    triton_kernel._marker.cache_clear()
+    assert report.engine == "eager"
+    assert triton_kernel._deferred_bytes == 400_000
+
+
+def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_gpu
+
+    bench_gpu.main(["--gib", "0.01", "--repeats", "1", "--tiny", "20", "--warm-cache"])
+    out = capsys.readouterr().out
+    assert "pinned H2D GB/s" in out
+    assert "transformer-float32 |" in out
+
+
+needs_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
+)
+
+
+def _planted(device: torch.device | str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(9)
+    tensors = {
+        "w": torch.randn(300_001, generator=gen),
+        "h": torch.randn(5000, generator=gen).half(),
+        "b": torch.randn(17, generator=gen).bfloat16(),
+    }
+    tensors["w"][5] = math.nan
+    tensors["h"][7] = -math.inf
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def _assert_matches_host(report: gradaudit.Report, tensors: dict[str, torch.Tensor]) -> None:
+    for got in report.tensors:
+        ref = reference_stats(tensors[got.name].cpu())
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+        )
+        assert got.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-9)
+
+
+@needs_two_gpus
+def test_prefetch_of_a_model_on_a_non_current_gpu() -> None:
+    """Rows on cuda:1 while cuda:0 is current: copied on cuda:1 after its settle event."""
+    tensors = _planted("cuda:1")
+    with torch.cuda.device(0):
+        torch.cuda._sleep(50_000_000)  # a busy cuda:0 must not matter
+        pending = collect_async(tensors)
+        pending.prefetch()
+        assert pending._prefetched is not None
+        assert set(pending._prefetched[1]) == {torch.device("cuda", 1)}
+        _assert_matches_host(pending.materialize(), tensors)
+
+
+@needs_two_gpus
+def test_prefetch_with_rows_on_two_gpus() -> None:
+    """One copy per device, both queued without a sync; the read waits for both."""
+    on_0 = _planted("cuda:0")
+    on_1 = {f"{name}.1": t.to("cuda:1") for name, t in on_0.items()}
+    for device in (0, 1):
+        torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = collect_async({**on_0, **on_1})
+        pending.prefetch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert pending._prefetched is not None
+    assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    _assert_matches_host(pending.materialize(), {**on_0, **on_1})
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_collected_on_a_side_stream_read_on_the_default_one(prefetch: bool) -> None:
+    """The kernels run late on the side stream; the read on the default stream waits for them."""
+    tensors = _planted("cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: the rows are written long after this returns
+        pending = collect_async(tensors)
+    if prefetch:
+        pending.prefetch()
+    _assert_matches_host(pending.materialize(), tensors)
+
+
+def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values() -> None:
+    """``record_stream``: memory freed by zero_grad(set_to_none=True) is not reused early."""
+    gen = torch.Generator().manual_seed(1)
+    host = torch.randn(1 << 22, generator=gen)
+    grad = host.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        pending = collect_async({"g": grad})
+    del grad  # freed on the default stream while the side stream has not read it
+    reuse = torch.full((1 << 22,), math.nan, device="cuda")  # same size: the freed block
+    (stats,) = pending.materialize().tensors
+    assert reuse.isnan().all()
+    assert stats.nan == 0
+    assert stats.norm == pytest.approx(reference_stats(host).norm, rel=1e-9)

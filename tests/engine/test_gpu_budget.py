@@ -1,0 +1,165 @@
+"""Budgets of the compiled Triton kernels, checked on real GPU targets without a GPU.
+
+Every kernel variant (three dtypes of ``table_rows``, and ``merge_partials``)
+is compiled for sm_80 (A100), sm_90 (H100) and the newest target the bundled
+``ptxas`` knows, and the float32-sum variant (float16, bfloat16) for sm_86
+(A10) and the newest target, by ``tests/sass.py`` in a subprocess (once per
+test session, about 15-40 s: sixteen compilations). What the machine code
+must show:
+
+* no spills and no stack (local memory is where spills go);
+* at most 64 registers on sm_90: a program is 128 threads, so at 64
+  registers 8 programs fit in an SM's 64 K registers (at the 86 the kernel
+  took before, 5): more loads in flight per SM;
+* the inner loop's global loads are all 128-bit (``LDG.E.128``);
+* the inner loop's SASS instructions per element within the issue budget that
+  keeps up with the GPU's HBM (``tests/sass.py`` derives it; ``docs/gpu.md``
+  states the model and what it predicts).
+
+This is a model of the kernel's speed, not a measurement: ``benchmarks/bench_gpu.py``
+measures on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradaudit.engine import triton_kernel
+from tests.sass import BUDGET, budget
+
+pytestmark = [
+    # Slow (every variant compiled for three targets with ptxas): not in the quick loop.
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not triton_kernel.installed(), reason="Triton is not installed on this platform"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: RTX 5090 (sm_120, the fastest memory of the 12.x family): 170 SMs, 2.41 GHz, 1.79 TB/s.
+RTX_5090 = {"sms": 170, "clock_hz": 2.41e9, "bandwidth": 1.792e12}
+#: A100 80 GB (sm_80): 108 SMs, 1.41 GHz, 2.04 TB/s.
+A100 = {"sms": 108, "clock_hz": 1.41e9, "bandwidth": 2.039e12}
+#: A10 (sm_86, the float32-sum variant's slowest issue rate per byte): 72 SMs, 1.695 GHz, 600 GB/s.
+A10 = {"sms": 72, "clock_hz": 1.695e9, "bandwidth": 600e9}
+FP32_SUMS = ", fp32 sums]"
+
+
+@functools.cache
+def compiled() -> tuple[dict[str, Any], ...]:
+    """Every variant for every target, compiled once per session in a clean process."""
+    # Without TRITON_INTERPRET (set by the interpreter tests in this process):
+    # Triton reads it once, at import, and an interpreting Triton cannot compile.
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.sass"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tuple(json.loads(line) for line in done.stdout.splitlines())
+
+
+def inner_loop(result: dict[str, Any]) -> dict[str, Any]:
+    """The loop that reads the tensors: the one with 128-bit loads (there must be one)."""
+    loops = [loop for loop in result["loops"] if "LDG.E.128" in loop["global_loads"]]
+    assert len(loops) == 1, result["loops"]
+    return loops[0]
+
+
+def targets() -> list[int]:
+    """The three targets every kernel is compiled for (not sm_86's extra variant)."""
+    return sorted({result["cc"] for result in compiled() if result["kernel"] == "merge_partials"})
+
+
+def test_every_variant_compiles_for_three_targets() -> None:
+    cc = targets()
+    assert cc[:2] == [80, 90]
+    assert len(cc) == 3
+    assert cc[2] >= 100
+    names = {(r["kernel"], r["cc"]) for r in compiled()}
+    kernels = {"table_rows[float32]", "table_rows[bfloat16]", "table_rows[float16]"}
+    fp32_sums = {"table_rows[bfloat16, fp32 sums]", "table_rows[float16, fp32 sums]"}
+    assert names == {(k, c) for k in {*kernels, "merge_partials"} for c in cc} | {
+        (k, c) for k in fp32_sums for c in (86, cc[2])
+    }
+
+
+def test_no_variant_spills() -> None:
+    for result in compiled():
+        assert (result["kernel"], result["cc"], result["local_bytes"], result["stack_bytes"]) == (
+            result["kernel"],
+            result["cc"],
+            0,
+            0,
+        )
+
+
+def test_at_most_64_registers_on_sm90() -> None:
+    on_sm90 = {r["kernel"]: r["registers"] for r in compiled() if r["cc"] == 90}
+    assert len(on_sm90) == 4
+    assert max(on_sm90.values()) <= 64, on_sm90
+
+
+def test_the_inner_loop_loads_128_bits_at_a_time() -> None:
+    for result in compiled():
+        if result["kernel"].startswith("table_rows"):
+            loads = inner_loop(result)["global_loads"]
+            assert set(loads) == {"LDG.E.128"}, (result["kernel"], result["cc"], loads)
+            # float32: 8 elements per thread per step are two 16-byte loads; 2-byte: one.
+            assert len(loads) == (2 if result["itemsize"] == 4 else 1)
+
+
+@pytest.mark.parametrize(
+    ("cc", "gpu"), [(80, A100), (90, None), ("newest", RTX_5090)], ids=["sm80", "sm90", "newest"]
+)
+def test_inner_loop_instructions_per_element_keep_up_with_hbm(
+    cc: int | str, gpu: dict[str, float] | None
+) -> None:
+    """Issue slots per element within ``4 * SMs * clock * itemsize / bandwidth``."""
+    target = targets()[-1] if cc == "newest" else cc
+    for result in compiled():
+        if result["cc"] != target or not result["kernel"].startswith("table_rows"):
+            continue
+        if result["kernel"].endswith(FP32_SUMS):
+            continue  # the next test's
+        per_warp = result["block"] // result["warps"]
+        per_element = inner_loop(result)["instructions"] / per_warp
+        allowed = BUDGET[result["itemsize"]] if gpu is None else budget(result["itemsize"], gpu)
+        assert per_element <= allowed, (result["kernel"], target, per_element, allowed)
+
+
+@pytest.mark.parametrize(("cc", "gpu"), [(86, A10), ("newest", RTX_5090)], ids=["sm86", "newest"])
+def test_float32_sums_keep_up_where_float64_is_slow(cc: int | str, gpu: dict[str, float]) -> None:
+    """The variant for GPUs with 2 float64 operations per clock per SM: no float64 in the loop."""
+    target = targets()[-1] if cc == "newest" else cc
+    checked = 0
+    for result in compiled():
+        if result["cc"] == target and result["kernel"].endswith(FP32_SUMS):
+            loop = inner_loop(result)
+            per_element = loop["instructions"] / (result["block"] // result["warps"])
+            allowed = budget(result["itemsize"], gpu)
+            assert per_element <= allowed, (result["kernel"], target, per_element, allowed)
+            checked += 1
+    assert checked == 2
+
+
+def test_the_budgets_are_the_model_in_the_docs() -> None:
+    """H100: 4 issue slots × 132 SMs × 1.755 GHz × itemsize / 3.35 TB/s."""
+    assert BUDGET[4] == pytest.approx(1.106, abs=1e-3)
+    assert BUDGET[2] == pytest.approx(0.553, abs=1e-3)
+    text = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+    assert "1.106" in text
+    assert "0.553" in text

@@ -1,0 +1,393 @@
+"""The Triton single-pass kernel against the float64 reference.
+
+On a machine with CUDA the kernel is compiled and runs on the GPU; without
+CUDA (CI) it runs through Triton's interpreter on CPU tensors
+(``TRITON_INTERPRET=1``, set here before the kernel is first built), which
+executes the same kernel source with the same integer and float semantics.
+What the interpreter cannot tell is speed: that is ``benchmarks/bench_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from gradaudit import audit
+from gradaudit.engine import triton_kernel
+from gradaudit.engine.kernels import Engine
+from gradaudit.engine.stats import HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit.scan.pending import PendingStats
+from tests.engine.test_native import flat_tensors
+from tests.engine.test_stats import assert_matches_reference
+from tests.reference import reference_stats
+
+#: Slow (not in the quick loop): the Triton kernel through its interpreter on the CPU.
+pytestmark = pytest.mark.slow
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TRITON_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+needs_triton = pytest.mark.skipif(
+    not triton_kernel.installed(), reason="Triton is not installed on this platform"
+)
+
+
+def test_triton_is_installed_where_the_test_install_provides_it() -> None:
+    """The dev extra installs Triton on Linux x86-64 (CI): missing there must fail, not skip."""
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        assert triton_kernel.installed()
+        assert triton_kernel.runs_on(DEVICE)
+
+
+def triton_rows(block: torch.Tensor) -> list[HostRow]:
+    rows = triton_kernel.TritonKernel()(block.to(DEVICE))
+    return [HostRow.from_values(row) for row in rows.cpu().tolist()]
+
+
+def triton_inputs() -> st.SearchStrategy[torch.Tensor]:
+    """Lengths around the kernel's 1024-element steps and 16384-element spans."""
+    return flat_tensors(
+        TRITON_DTYPES, boundaries=(1023, 1024, 1025, 16383, 16384, 16385, 33_000), longest=40_000
+    )
+
+
+@needs_triton
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(tensor=triton_inputs())
+def test_triton_matches_float64_reference(tensor: torch.Tensor) -> None:
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+
+
+@needs_triton
+def test_every_float16_and_bfloat16_bit_pattern() -> None:
+    """All 65,536 patterns: NaN payloads, both infinities, subnormals, both zeros."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    for dtype in (torch.float16, torch.bfloat16):
+        tensor = bits.view(dtype)
+        (row,) = triton_rows(tensor.reshape(1, -1))
+        assert_matches_reference(tensor, row)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "values",
+    [
+        [3.0e38, -3.0e38, 1.0],  # squares far past float32's range
+        [1e-45, -1e-45, 1.2e-38],  # float32 subnormals: kept, never flushed
+        [0.0, -0.0, 0.0],
+        [math.nan, math.inf, -math.inf],  # no finite element: max 0, norm 0
+    ],
+)
+def test_float32_range_extremes(values: list[float]) -> None:
+    tensor = torch.tensor(values, dtype=torch.float32)
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+
+
+@needs_triton
+@pytest.mark.parametrize("length", [64, 1000, 16384, 40_000])
+def test_bucket_rows_are_reduced_one_by_one(length: int) -> None:
+    """A block of many rows (a bucket, or rows longer than one program's span)."""
+    gen = torch.Generator().manual_seed(length)
+    block = torch.randn((5, length), generator=gen)
+    block[1, -1] = math.nan
+    block[2, 0] = -math.inf
+    block[3] = 0.0
+    block[4, length // 2] = 7e37
+    for row, got in zip(block, triton_rows(block), strict=True):
+        assert_matches_reference(row, got)
+
+
+@needs_triton
+def test_collector_sends_what_triton_takes_and_the_rest_to_eager() -> None:
+    """float32/16/bf16 on Triton (whole, bucketed, strided); float64 and fp8 on eager."""
+    gen = torch.Generator().manual_seed(3)
+    big = torch.randn(70_000, generator=gen)
+    big[[5, 40_000]] = torch.tensor([math.nan, math.inf])
+    tensors = {
+        "big": big,
+        "half": torch.randn(3000, generator=gen).half(),
+        "bf16": (torch.randn(300, 17, generator=gen) * 1e30).bfloat16(),
+        "strided": torch.randn(400, 90, generator=gen).t(),
+        "tiny": torch.tensor([0.0, -2.0]),
+        "double": torch.tensor([1e300, -1e300, 3.0], dtype=torch.float64),
+        "fp8": torch.tensor([1.0, -448.0, 0.0]).to(torch.float8_e4m3fn),
+    }
+    collector = StatsCollector(engine="triton")
+    rows = [collector.row(t.to(DEVICE)) for t in tensors.values()]
+    for tensor, values in zip(tensors.values(), read_rows(rows).tolist(), strict=True):
+        assert_matches_reference(tensor, HostRow.from_values(values))
+    assert collector.engine_used == "triton+eager"
+
+    only_triton = StatsCollector(engine="triton")
+    only_triton.row(big.to(DEVICE))
+    assert only_triton.engine_used == "triton"
+
+
+@needs_triton
+def test_audit_with_triton_equals_eager_and_the_reference() -> None:
+    gen = torch.Generator().manual_seed(11)
+    tensors = {f"layer{i}.weight": torch.randn(i * 997 + 1, generator=gen) for i in range(40)}
+    tensors["layer3.weight"][17] = math.nan
+    tensors["layer7.weight"][0] = -math.inf
+    with_triton = audit(tensors, engine="triton", device=DEVICE)
+    eager = audit(tensors, engine="eager", device=DEVICE)
+    assert with_triton.engine == "triton"
+    assert [f.tensor for f in with_triton.findings] == [f.tensor for f in eager.findings]
+    assert with_triton.findings
+    for got, want in zip(with_triton.tensors, eager.tensors, strict=True):
+        ref = reference_stats(tensors[got.name])
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros) == (
+            want.nan,
+            want.pos_inf,
+            want.neg_inf,
+            want.zeros,
+        )
+        assert got.max_abs == want.max_abs == ref.max_abs
+        assert got.norm == pytest.approx(ref.norm, rel=1e-12)
+    assert with_triton.summary.global_norm == pytest.approx(eager.summary.global_norm, rel=1e-12)
+
+
+def test_auto_uses_triton_for_cuda_tensors_only() -> None:
+    """``auto`` never sends CPU tensors to Triton's interpreter: they are native's."""
+    assert uses_triton(Engine.AUTO) == triton_kernel.installed()
+    assert uses_triton(Engine.TRITON)
+    assert not uses_triton(Engine.EAGER)
+    collector = StatsCollector(engine="auto")
+    collector.row(torch.randn(20_000))
+    assert "triton" not in collector.engine_used
+
+
+def test_triton_engine_without_triton_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gradaudit.engine.stats import EngineUnavailable
+
+    monkeypatch.setattr(triton_kernel, "installed", lambda: False)
+    assert not uses_triton(Engine.AUTO)
+    with pytest.raises(EngineUnavailable, match="Triton is not installed"):
+        StatsCollector(engine="triton")
+
+
+def _broken_kernel() -> object:
+    raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
+
+@pytest.fixture(autouse=True)
+def _no_recorded_failure() -> Iterator[None]:
+    """A compile failure is remembered per process: each test starts and ends without one."""
+    triton_kernel.reset_failure()
+    yield
+    triton_kernel.reset_failure()
+
+
+@needs_triton
+def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No C compiler for Triton's launcher, say: auto's numbers come from eager instead,
+    and the failure is remembered for the process: the next collector does not try again."""
+    monkeypatch.setattr("gradaudit.engine.native_rows._module", None)  # auto -> eager on the CPU
+    tries: list[int] = []
+
+    def broken() -> object:
+        tries.append(1)
+        return _broken_kernel()
+
+    monkeypatch.setattr(triton_kernel, "_kernels", broken)
+    gen = torch.Generator().manual_seed(2)
+    tensor = torch.randn(50_000, generator=gen).half()
+    tensor[[3, 40_000]] = torch.tensor([math.nan, -math.inf], dtype=torch.half)
+    pieces = {"whole": tensor, "head": tensor[:100], "tail": tensor[1:], "big": tensor.repeat(2)}
+    for _ in range(2):
+        collector = StatsCollector(engine="auto", chunk_elements=4096)
+        collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+        collector._triton_off_cuda = True
+        pending = PendingStats(collector=collector)
+        pending.add_all({name: piece.to(DEVICE) for name, piece in pieces.items()})
+        rows = [collector.row(tensor.to(DEVICE)), *pending.rows]
+        for got, values in zip((tensor, *pieces.values()), read_rows(rows).tolist(), strict=True):
+            assert_matches_reference(got, HostRow.from_values(values))
+        assert collector.engine_used == "eager"
+    assert len(tries) == 1
+    assert triton_kernel.failure() == (
+        "RuntimeError: Failed to find C compiler. Please specify via CC environment variable."
+    )
+
+
+@needs_triton
+def test_triton_by_name_that_cannot_compile_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gradaudit.engine.stats import EngineUnavailable
+
+    monkeypatch.setattr(triton_kernel, "_kernels", _broken_kernel)
+    collector = StatsCollector(engine="triton")
+    with pytest.raises(EngineUnavailable, match=r"could not run \(RuntimeError: Failed to find C"):
+        collector.row(torch.ones(10, device=DEVICE))
+    # Remembered: asking again fails at once, without compiling.
+    with pytest.raises(EngineUnavailable, match="could not run"):
+        StatsCollector(engine="triton")
+
+
+def test_cuda_tensors_never_go_to_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``TRITON_INTERPRET=1`` CUDA tensors go to eager; without it, to the compiled kernel.
+
+    Pure logic on ``torch.device`` objects: checkable without a GPU.
+    """
+    cuda, cpu = torch.device("cuda", 1), torch.device("cpu")
+    monkeypatch.setattr(triton_kernel, "installed", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not triton_kernel.runs_on(cuda)
+    assert triton_kernel.runs_on(cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_kernel.runs_on(cuda)
+    assert not triton_kernel.runs_on(cpu)
+    monkeypatch.setattr(triton_kernel, "installed", lambda: False)
+    assert not triton_kernel.runs_on(cuda)
+
+
+@pytest.mark.parametrize("numel", [1, 1000, 1 << 20, 3 << 24, 1 << 34])
+@pytest.mark.parametrize("sms", [1, 108, 132])
+def test_spans_are_whole_steps_sized_to_the_tensor(numel: int, sms: int) -> None:
+    span = triton_kernel.span_for(numel, sms)
+    assert span % triton_kernel.BLOCK == 0
+    assert triton_kernel.MIN_SPAN <= span <= triton_kernel.MAX_SPAN
+    programs = -(-numel // span)
+    # Four programs per SM whenever the tensor has the work for them, none wasted.
+    assert programs >= min(4 * sms, -(-numel // triton_kernel.MAX_SPAN), -(-numel // 1024))
+    assert span == triton_kernel.MIN_SPAN or programs <= 4 * sms or span == triton_kernel.MAX_SPAN
+
+
+class _CountingKernels:
+    """The real kernels, with their launches counted."""
+
+    def __init__(self, kernels: tuple[object, object]) -> None:
+        self.kernels = kernels
+        self.launches: list[str] = []
+
+    def __call__(self) -> tuple[object, object]:
+        rows, merge = self.kernels
+        return self._counted(rows, "rows"), self._counted(merge, "merge")
+
+    def _counted(self, kernel: object, name: str) -> object:
+        outer = self
+
+        class Launcher:
+            def __getitem__(self, grid: object) -> object:
+                launch = kernel[grid]  # type: ignore[index]
+
+                def run(*args: object, **kwargs: object) -> object:
+                    outer.launches.append(name)
+                    return launch(*args, **kwargs)
+
+                return run
+
+        return Launcher()
+
+
+@needs_triton
+def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixed dtypes and sizes, views at unaligned offsets, tensors far apart in memory:
+    every row right, from one launch per dtype plus one merge."""
+    counting = _CountingKernels(triton_kernel._kernels())
+    monkeypatch.setattr(triton_kernel, "_kernels", counting)
+    gen = torch.Generator().manual_seed(4)
+    tensors = [
+        torch.randn(n, generator=gen).to(dtype)
+        for n, dtype in [
+            (5, torch.float32),
+            (40_000, torch.float32),
+            (1025, torch.bfloat16),
+            (3, torch.float16),
+            (70_000, torch.float32),
+            (17, torch.bfloat16),
+            (2048, torch.float16),
+        ]
+    ]
+    tensors[1][7] = math.nan
+    tensors[4][-1] = -math.inf
+    tensors[2][0] = 0.0
+    tensors[6][5:9] = torch.tensor([math.inf, -math.inf, math.nan, 0.0], dtype=torch.float16)
+    parent = torch.randn(4099, generator=gen)
+    tensors += [parent[1:], parent[3:4002], parent[2:][::1]]  # 4-, 12- and 8-byte offsets
+    pending = PendingStats(engine="triton")
+    pending.add_all((str(i), t.to(DEVICE)) for i, t in enumerate(tensors))
+    rows = pending.rows
+    assert counting.launches == ["rows", "rows", "rows", "merge"]
+    assert pending._collector.engine_used == "triton"
+    for tensor, values in zip(tensors, read_rows(list(rows)).tolist(), strict=True):
+        assert_matches_reference(tensor, HostRow.from_values(values))
+
+
+@needs_triton
+def test_byte_counters_do_not_carry_at_the_longest_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One SM: spans grow to MAX_SPAN; every element NaN (or zero) fills each lane's byte
+    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact."""
+    monkeypatch.setattr(triton_kernel, "DEFAULT_SMS", 1)
+    length = 4 * triton_kernel.MAX_SPAN + 3
+    assert triton_kernel.span_for(length, 1) == triton_kernel.MAX_SPAN
+    nan = torch.full((length + 1,), math.nan, dtype=torch.bfloat16, device=DEVICE)[1:]  # both edges
+    zeros = torch.zeros(length, dtype=torch.float16, device=DEVICE)
+    # An aligned first tensor: the group's base.
+    anchor = torch.ones(8, dtype=torch.bfloat16, device=DEVICE)
+    pending = PendingStats(engine="triton")
+    pending.add_all({"anchor": anchor, "nan": nan, "zeros": zeros})
+    assert pending._collector.engine_used == "triton"
+    rows = read_rows(list(pending.rows)).tolist()
+    got_nan, got_zeros = (HostRow.from_values(v) for v in rows[1:])
+    assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
+    assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
+
+
+@pytest.fixture
+def float32_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variant GPUs with slow float64 run (A10, RTX 4090, ...), through the interpreter."""
+    monkeypatch.setattr(triton_kernel, "FP32_ACCUMULATE", True)
+
+
+@needs_triton
+def test_float32_sums_every_float16_and_bfloat16_bit_pattern(float32_sums: None) -> None:
+    """Both zeros, subnormals (scaled up), the largest bfloat16 (scaled down), NaN, ±Inf."""
+    test_every_float16_and_bfloat16_bit_pattern()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-38, 1e-20, 1.0, 1e18, 1e37])
+def test_float32_sums_across_the_range(
+    dtype: torch.dtype, scale: float, float32_sums: None
+) -> None:
+    """Each magnitude class alone and mixed: the compensated float32 sums match float64."""
+    gen = torch.Generator().manual_seed(int(math.log10(scale)) + 50)
+    values = torch.randn(70_001, generator=gen, dtype=torch.float64) * scale
+    values[::7] *= 1e30 if dtype == torch.bfloat16 else 1.0
+    tensor = values.to(dtype)
+    (row,) = triton_rows(tensor.reshape(1, -1))
+    assert_matches_reference(tensor, row)
+    ref = reference_stats(tensor)
+    assert row.norm == pytest.approx(ref.norm, rel=1e-12)
+
+
+def test_float32_sums_are_chosen_where_float64_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute capability 8.6, 8.7, 8.9 and 12.x: 2 float64 operations per clock per SM."""
+    cases = {(8, 0): False, (8, 6): True, (8, 7): True, (8, 9): True, (9, 0): False}
+    cases |= {(10, 0): False, (12, 0): True, (12, 1): True}
+    for capability, expected in cases.items():
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        triton_kernel._slow_fp64.cache_clear()
+        assert triton_kernel.fp32_accumulate(torch.device("cuda", 0)) is expected, capability
+    triton_kernel._slow_fp64.cache_clear()
+    assert not triton_kernel.fp32_accumulate(torch.device("cpu"))
