@@ -24,13 +24,25 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 WriteDump = Callable[..., Path]
 
 
+#: The metadata a dump by ``gradaudit.save_gradients`` carries that says what it holds: a
+#: file written with it is read as gradients on firm evidence, so the gradient checks gate.
+#: Without it a flat file is read as gradients on thin evidence, where a role-dependent
+#: finding (exploding, vanishing) only warns (docs/roles.md).
+GRADIENT_DUMP = {"gradaudit_content": "gradients"}
+
+
 @pytest.fixture
 def write_dump(tmp_path: Path) -> WriteDump:
-    """Write a safetensors dump of the given tensors and return its path."""
+    """Write a safetensors dump of the given tensors and return its path (no metadata
+    unless given: ``metadata=GRADIENT_DUMP`` for a dump that says it holds gradients)."""
 
-    def write(tensors: dict[str, torch.Tensor], name: str = "grads.safetensors") -> Path:
+    def write(
+        tensors: dict[str, torch.Tensor],
+        name: str = "grads.safetensors",
+        metadata: dict[str, str] | None = None,
+    ) -> Path:
         path = tmp_path / name
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
         return path
 
     return write

@@ -58,6 +58,7 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
             "model.1.weight": torch.tensor([1.0, math.nan, 2.0, 3.0]),
         },
         str(directory / "step1.safetensors"),
+        metadata={"gradaudit_content": "gradients"},  # as gradaudit.save_gradients writes
     )
     save_file(
         {
@@ -66,6 +67,7 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
             "model.1.weight": torch.ones(4),
         },
         str(directory / "step2.safetensors"),
+        metadata={"gradaudit_content": "gradients"},
     )
     (directory / "broken.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     report = scan_paths(

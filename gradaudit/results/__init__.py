@@ -24,7 +24,9 @@ class TensorStats:
     ``norm`` and ``max_abs`` cover the finite elements only, so one NaN does not
     hide the magnitude of the rest; ``rms`` is ``None`` when no element is finite.
     ``role`` is what the tensor was read as (it decides the checks) and
-    ``role_evidence`` why (see :mod:`gradaudit.roles`).
+    ``role_evidence`` why (see :mod:`gradaudit.roles`); ``role_thin`` when a default or a
+    guess from the values decided it: then no check that depends on the role fails the
+    tensor by itself (:func:`gradaudit.scan.rules.thin_reading_holds`).
     """
 
     name: str
@@ -41,6 +43,7 @@ class TensorStats:
     source: str | None = None
     role: Role = Role.GRADIENT
     role_evidence: str = ""
+    role_thin: bool = False
 
     def __init__(
         self,
@@ -58,6 +61,7 @@ class TensorStats:
         source: str | None = None,
         role: Role = Role.GRADIENT,
         role_evidence: str = "",
+        role_thin: bool = False,
     ) -> None:
         # One is made per tensor; a frozen dataclass's generated __init__ sets
         # each field through object.__setattr__, 2.4x slower than filling the
@@ -77,6 +81,7 @@ class TensorStats:
             source=source,
             role=role,
             role_evidence=role_evidence,
+            role_thin=role_thin,
         )
 
     @property

@@ -131,7 +131,8 @@ class StatsTable(ColumnView[TensorStats]):
     Columns (numpy, one entry per tensor): ``numel``, ``nan``, ``pos_inf``,
     ``neg_inf``, ``zeros`` (int64), ``max_abs``, ``norm`` (float64); codes into
     small tuples for ``dtype``, ``source``, ``role`` (:data:`ROLES`) and
-    ``role_evidence``; shapes as ``dims``/``starts``. ``names`` is a list.
+    ``role_evidence`` (with ``evidence_thin``: whether each evidence is thin); shapes as
+    ``dims``/``starts``. ``names`` is a list.
     """
 
     item_noun = "tensor"
@@ -140,6 +141,7 @@ class StatsTable(ColumnView[TensorStats]):
         "dtype_codes",
         "dtypes",
         "evidence_codes",
+        "evidence_thin",
         "evidences",
         "max_abs",
         "names",
@@ -190,6 +192,7 @@ class StatsTable(ColumnView[TensorStats]):
         self.role_codes = np.full(len(names), _ROLE_CODES[Role.GRADIENT], dtype=np.int8)
         self.evidence_codes = np.zeros(len(names), dtype=np.int32)
         self.evidences: tuple[str, ...] = ("",)
+        self.evidence_thin: tuple[bool, ...] = (False,)
 
     @classmethod
     def from_rows(
@@ -243,6 +246,7 @@ class StatsTable(ColumnView[TensorStats]):
         dtypes = tuple(dict.fromkeys(t.dtype for t in items))
         sources = tuple(dict.fromkeys(t.source for t in items))
         evidences = tuple(dict.fromkeys(["", *(t.role_evidence for t in items)]))
+        thin = {t.role_evidence for t in items if t.role_thin}
         dtype_of = {d: i for i, d in enumerate(dtypes)}
         source_of = {s: i for i, s in enumerate(sources)}
         evidence_of = {e: i for i, e in enumerate(evidences)}
@@ -273,6 +277,7 @@ class StatsTable(ColumnView[TensorStats]):
             column([_ROLE_CODES[t.role] for t in items], np.int8),
             column([evidence_of[t.role_evidence] for t in items], np.int32),
             evidences,
+            tuple(e in thin for e in evidences),
         )
         return table
 
@@ -297,12 +302,25 @@ class StatsTable(ColumnView[TensorStats]):
         return mask
 
     def with_roles(
-        self, role_codes: np.ndarray, evidence_codes: np.ndarray, evidences: tuple[str, ...]
+        self,
+        role_codes: np.ndarray,
+        evidence_codes: np.ndarray,
+        evidences: tuple[str, ...],
+        evidence_thin: tuple[bool, ...] | None = None,
     ) -> None:
-        """Set every tensor's role and evidence (codes into :data:`ROLES` and ``evidences``)."""
+        """Set every tensor's role and evidence (codes into :data:`ROLES` and ``evidences``;
+        ``evidence_thin[code]``: that evidence is a default or a guess, none by default)."""
         self.role_codes = role_codes
         self.evidence_codes = evidence_codes
         self.evidences = evidences
+        self.evidence_thin = evidence_thin or (False,) * len(evidences)
+
+    def thin_mask(self) -> np.ndarray:
+        """A mask of the tensors whose role a default or a guess decided (``role_thin``)."""
+        if not any(self.evidence_thin):
+            return np.zeros(len(self.names), dtype=bool)
+        mask: np.ndarray = np.asarray(self.evidence_thin, dtype=bool)[self.evidence_codes]
+        return mask
 
     def source_indices(self, source: str | None) -> np.ndarray:
         """Indices of the tensors read from ``source``."""
@@ -324,6 +342,7 @@ class StatsTable(ColumnView[TensorStats]):
     ) -> Iterator[TensorStats]:
         """TensorStats of the tensors ``where`` selects, from lists of each column's values."""
         dtypes, sources, evidences = self.dtypes, self.sources, self.evidences
+        thin = self.evidence_thin
         names = (
             self.names[where]
             if isinstance(where, slice)
@@ -363,6 +382,7 @@ class StatsTable(ColumnView[TensorStats]):
                 sources[source],
                 ROLES[role],
                 evidences[evidence],
+                thin[evidence],
             )
 
     def __iter__(self) -> Iterator[TensorStats]:
@@ -410,7 +430,9 @@ class StatsTable(ColumnView[TensorStats]):
             self.norm[chosen],
             self.rms[chosen],
         )
-        table.with_roles(self.role_codes[chosen], self.evidence_codes[chosen], self.evidences)
+        table.with_roles(
+            self.role_codes[chosen], self.evidence_codes[chosen], self.evidences, self.evidence_thin
+        )
         return table
 
     def _take(self, indices: range) -> Iterator[TensorStats]:

@@ -33,6 +33,7 @@ from gradaudit.scan.rules import (
     evaluate,
     judged_candidates,
     tensor_indices,
+    thin_demoted,
 )
 
 __all__ = ["KINDS", "SEVERITIES", "FindingTable"]
@@ -152,6 +153,10 @@ class FindingTable(ColumnView[Finding]):
             [_SEVERITY_CODES[thresholds.severity(kind)] for kind in KINDS], dtype=np.int8
         )
         severities = by_kind[kinds] if len(kinds) else np.zeros(0, dtype=np.int8)
+        if len(rows) and any(table.evidence_thin):
+            error = severities == _SEVERITY_CODES[Severity.ERROR]
+            demoted = error & thin_demoted(table, rows, kinds, thresholds)
+            severities[demoted] = _SEVERITY_CODES[Severity.WARNING]
         if thresholds.ignore and len(rows):
             flagged = np.unique(rows)
             names = table.names

@@ -245,6 +245,7 @@ def with_roles(
 
     optimizer = [ROLES.index(role) for role in OPTIMIZER_STATE]
     readings: dict[str | None, tuple[str, str, bool]] = {}
+    thin_evidences: list[FileEvidence] = []  # a default or guess is thin wherever it decided
     for source_code, source in enumerate(table.sources):
         indices = np.flatnonzero(table.source_codes == source_code)
         if not len(indices):
@@ -255,6 +256,7 @@ def with_roles(
             file_role = file_evidence.get(source) or stats_evidence(
                 table, None if len(indices) == count else indices
             )
+            thin_evidences.append(file_role)
         if kind is InputKind.GRADIENTS:
             default = Role.GRADIENT, "--kind gradients"
         elif kind is InputKind.WEIGHTS:
@@ -297,7 +299,13 @@ def with_roles(
             file_evidence_text(rest_counts, len(rest) < len(indices), file_role),
             thin,
         )
-    table.with_roles(role_codes, evidence_codes, tuple(evidences))
+    thin_texts = {evidence.evidence for evidence in thin_evidences if evidence.thin}
+    table.with_roles(
+        role_codes,
+        evidence_codes,
+        tuple(evidences),
+        tuple(text in thin_texts for text in evidences),
+    )
     return readings
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from gradaudit.policy import FindingKind, Role, Thresholds
+from gradaudit.policy import FindingKind, Role, Severity, Thresholds
 from gradaudit.precision import FORMATS, Precision
 from gradaudit.results import Finding, TensorStats
 from gradaudit.results.stats_table import StatsTable
@@ -87,6 +87,77 @@ def diverged_weight_mask(table: StatsTable, rows: np.ndarray) -> np.ndarray:
     vectors = np.flatnonzero((ranks == 1) & (rms > DIVERGED_NORM_SCALE))
     for where in vectors.tolist():  # a handful at most: the names are read for these only
         mask[where] = is_norm_scale(table.names[int(rows[where])])
+    return mask
+
+
+#: The checks that depend on what a tensor is: on a role read from thin evidence (a
+#: default or a guess from the values), one of these fails the tensor only when the
+#: other reading would fail it too (:func:`thin_reading_holds`).
+ROLE_DEPENDENT = frozenset({FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO})
+
+#: Appended to a finding that a thin reading made a warning.
+THIN_NOTE = {
+    Role.GRADIENT: "; a warning: read as a gradient on thin evidence (--kind gradients gates it)",
+    Role.WEIGHT: "; a warning: read as a weight on thin evidence (--kind weights gates it)",
+}
+
+
+def thin_reading_holds(kind: FindingKind, stats: TensorStats, thresholds: Thresholds) -> bool:
+    """Whether a ``kind`` finding on a tensor read thinly would also fail under the other
+    reading (gradient <-> weight), so that it may fail the file by itself.
+
+    Nothing in a flat file without metadata says whether a norm of 111 is an exploding
+    gradient or a healthy convolution (a published VAD model's STFT basis): what fails
+    under one reading and passes under the other is a warning. A gradient large enough
+    to be a diverged weight (:func:`diverged_weight`) fails either way, as does a diverged
+    weight above the exploding threshold, and an all-zero matrix where both an all-zero
+    weight and a vanishing gradient fail.
+    """
+    if kind is FindingKind.EXPLODING:
+        if stats.role is Role.GRADIENT:
+            return diverged_weight(stats) is not None
+        return stats.norm > thresholds.exploding
+    zero_matrix = stats.numel > 0 and stats.zeros == stats.numel and len(stats.shape) >= 2
+    if kind is FindingKind.VANISHING:
+        return zero_matrix and thresholds.severity(FindingKind.ALL_ZERO) is Severity.ERROR
+    if kind is FindingKind.ALL_ZERO:
+        return thresholds.severity(FindingKind.VANISHING) is Severity.ERROR
+    return True
+
+
+def thin_demoted(
+    table: StatsTable, rows: np.ndarray, kinds: np.ndarray, thresholds: Thresholds
+) -> np.ndarray:
+    """:func:`thin_reading_holds` on the columns: a mask over the findings ``(rows[i],
+    kinds[i])`` (kind codes into ``tuple(FindingKind)``) that a thin reading makes
+    warnings: thin, role-dependent, and not failing under the other reading."""
+    every = tuple(FindingKind)
+    thin = table.thin_mask()[rows]
+    at_rows = table.numel[rows]
+    zero_matrix = (at_rows > 0) & (table.zeros[rows] == at_rows) & (table.ranks[rows] >= 2)
+    exploding = thin & (kinds == every.index(FindingKind.EXPLODING))
+    holds = np.ones(len(rows), dtype=bool)
+    if exploding.any():
+        at = rows[exploding]
+        holds[exploding] = np.where(
+            table.role_mask(Role.GRADIENT)[at],
+            _diverged_any_role(table, at),
+            table.norm[at] > thresholds.exploding,
+        )
+    vanishing = thin & (kinds == every.index(FindingKind.VANISHING))
+    zero_fails = thresholds.severity(FindingKind.ALL_ZERO) is Severity.ERROR
+    holds[vanishing] = zero_matrix[vanishing] & zero_fails
+    all_zero = thin & (kinds == every.index(FindingKind.ALL_ZERO))
+    holds[all_zero] = thresholds.severity(FindingKind.VANISHING) is Severity.ERROR
+    demoted: np.ndarray = (exploding | vanishing | all_zero) & ~holds
+    return demoted
+
+
+def _diverged_any_role(table: StatsTable, rows: np.ndarray) -> np.ndarray:
+    """:func:`diverged_weight` for ``rows`` whatever their role (finite ones only)."""
+    mask = np.zeros(len(rows), dtype=bool)
+    finite = table.finite[rows] > 0
+    mask[finite] = diverged_weight_mask(table, rows[finite])
     return mask
 
 
@@ -168,10 +239,18 @@ def evaluate(stats: TensorStats, thresholds: Thresholds) -> tuple[Finding, ...]:
             )
     if not found:  # the common case, kept cheap: it runs once per tensor
         return ()
-    return tuple(
-        Finding(kind, thresholds.severity(kind, stats.name), stats.name, message, stats.source)
-        for kind, message in found
-    )
+    out = []
+    for kind, message in found:
+        severity = thresholds.severity(kind, stats.name)
+        if (
+            stats.role_thin
+            and severity is Severity.ERROR
+            and kind in ROLE_DEPENDENT
+            and not thin_reading_holds(kind, stats, thresholds)
+        ):
+            severity, message = Severity.WARNING, message + THIN_NOTE[stats.role]
+        out.append(Finding(kind, severity, stats.name, message, stats.source))
+    return tuple(out)
 
 
 def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:

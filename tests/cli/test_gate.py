@@ -18,7 +18,7 @@ import torch
 from gradaudit import ExitCode
 from gradaudit.cli import app
 from gradaudit.cli.app import output_width, use_color
-from tests.conftest import WriteDump, runner
+from tests.conftest import GRADIENT_DUMP, WriteDump, runner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,10 +35,10 @@ def configure(project: Path, table: str) -> None:
 
 @pytest.fixture
 def vanishing_dump(write_dump: WriteDump) -> Path:
-    """One dead layer of four: vanishing, which warns by default."""
+    """One dead layer of four in a gradient dump: vanishing, which warns by default."""
     grads = {f"l{i}.weight": torch.ones(4) for i in range(3)}
     grads["dead.weight"] = torch.zeros(4)
-    return write_dump(grads, "vanishing.safetensors")
+    return write_dump(grads, "vanishing.safetensors", GRADIENT_DUMP)
 
 
 # --- policy flags ---------------------------------------------------------------------

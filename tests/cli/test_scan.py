@@ -14,7 +14,7 @@ import torch
 from gradaudit import ExitCode
 from gradaudit.cli import app
 from gradaudit.engine import native
-from tests.conftest import FIXTURES, WriteDump, runner
+from tests.conftest import FIXTURES, GRADIENT_DUMP, WriteDump, runner
 
 
 def scan(*args: str) -> Any:
@@ -124,11 +124,11 @@ def test_json_encodes_non_finite_numbers_as_strings(write_dump: WriteDump) -> No
 
 
 def test_thresholds_and_fail_on_change_the_verdict(write_dump: WriteDump) -> None:
-    path = write_dump({"w": torch.full((4,), 1e-9)})
+    path = write_dump({"w": torch.full((4,), 1e-9)}, metadata=GRADIENT_DUMP)
     assert scan(str(path)).exit_code == ExitCode.OK
     assert scan(str(path), "--fail-on", "vanishing").exit_code == ExitCode.FINDINGS
     assert scan(str(path), "--vanishing-threshold", "1e-12").exit_code == ExitCode.OK
-    loud = write_dump({"w": torch.full((4,), 10.0)}, "loud.safetensors")
+    loud = write_dump({"w": torch.full((4,), 10.0)}, "loud.safetensors", GRADIENT_DUMP)
     assert scan(str(loud)).exit_code == ExitCode.OK
     assert scan(str(loud), "--exploding-threshold", "5").exit_code == ExitCode.FINDINGS
     assert scan(str(loud), "--exploding-threshold", "5", "--fail-on", "none").exit_code == 0

@@ -16,7 +16,7 @@ import torch
 
 from gradaudit import ExitCode
 from gradaudit.cli import app
-from tests.conftest import WriteDump, runner
+from tests.conftest import GRADIENT_DUMP, WriteDump, runner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,7 @@ def grafted(write_dump: WriteDump) -> Path:
             "seed.attn.k.bias": torch.zeros(4),
         },
         "grafted.safetensors",
+        GRADIENT_DUMP,
     )
 
 
@@ -181,9 +182,9 @@ def test_bad_flags_are_one_line_usage_errors_naming_the_flag(
 
 
 def test_fail_on_nonfinite_and_limits(write_dump: WriteDump, project: Path) -> None:
-    host = write_dump({"w": torch.ones(4)}, "host.safetensors")
-    loud = write_dump({"w": torch.full((4,), 1e3)}, "loud.safetensors")
-    inf = write_dump({"w": torch.tensor([1.0, math.inf])}, "inf.safetensors")
+    host = write_dump({"w": torch.ones(4)}, "host.safetensors", GRADIENT_DUMP)
+    loud = write_dump({"w": torch.full((4,), 1e3)}, "loud.safetensors", GRADIENT_DUMP)
+    inf = write_dump({"w": torch.tensor([1.0, math.inf])}, "inf.safetensors", GRADIENT_DUMP)
     assert compare(str(host), str(loud)).exit_code == ExitCode.FINDINGS  # exploding
     relaxed = compare(str(host), str(loud), "--fail-on", "nonfinite")
     assert relaxed.exit_code == ExitCode.OK

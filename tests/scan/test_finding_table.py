@@ -61,9 +61,13 @@ def tensors(draw: st.DrawFn) -> list[TensorStats]:
         zeros = draw(st.sampled_from([0, 0, finite]))
         # The policies' thresholds themselves among the norms: the comparisons' edges.
         norm = 0.0 if zeros == finite else draw(st.sampled_from(NORMS))
+        # Some roles read on thin evidence (a default or a guess): their role-dependent
+        # findings warn unless the other reading fails too; a norm scale's name counts there.
+        thin = draw(st.booleans())
+        name = draw(st.sampled_from([f"layer.{i % 5}.w{i}", f"layer.{i % 5}.norm{i}.weight"]))
         out.append(
             TensorStats(
-                f"layer.{i % 5}.w{i}",
+                name,
                 shape,
                 "float32",
                 numel,
@@ -76,7 +80,8 @@ def tensors(draw: st.DrawFn) -> list[TensorStats]:
                 (norm / math.sqrt(finite)) if finite else None,
                 draw(st.sampled_from(["a", "b"])),
                 draw(st.sampled_from(list(Role))),
-                "",
+                "guessed" if thin else "",
+                thin,
             )
         )
     return out
