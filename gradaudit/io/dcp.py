@@ -48,6 +48,7 @@ from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
 from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
 from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
+from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.results import Skipped
 
 #: A ``.metadata`` larger than this is refused (a 400B-parameter model's is a few MB).
@@ -151,12 +152,20 @@ def read_metadata(directory: str) -> Any:
             raw = handle.read(MAX_METADATA_BYTES + 1)
         except OSError as error:
             raise _refuse(directory, f"{METADATA_NAME}: {describe_os_error(error)}") from None
+    problem = budget_problem(raw)
+    if problem is not None:
+        raise _refuse(directory, f"{METADATA_NAME}: {problem}")
     try:
         metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as error:
         raise _refuse(directory, f"{METADATA_NAME} refused as unsafe or corrupt: {error}") from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, RecursionError):
-        raise _refuse(directory, f"{METADATA_NAME} is truncated or corrupt") from None
+    except MemoryError:
+        raise _refuse(directory, f"{METADATA_NAME}: not enough memory to unpickle it") from None
+    except Exception as error:  # noqa: BLE001 - hostile bytes: whatever the unpickler raises
+        detail = " ".join(str(error).split())[:120]
+        raise _refuse(
+            directory, f"{METADATA_NAME} is truncated or corrupt ({type(error).__name__}: {detail})"
+        ) from None
     if type(metadata).__name__ != "Metadata" or not isinstance(metadata, _Record):
         raise _refuse(directory, f"{METADATA_NAME} does not hold DCP checkpoint metadata")
     return metadata
