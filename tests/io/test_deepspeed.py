@@ -189,5 +189,5 @@ def test_a_zero_stage_that_is_not_an_integer_is_the_inputs_error(tmp_path: Path)
         state = torch.load(path, weights_only=True)
         state["optimizer_state_dict"]["zero_stage"] = [2]
         torch.save(state, path)
-    with pytest.raises(InputError, match="zero_stage is .* not an integer"):
+    with pytest.raises(InputError, match=r"zero_stage is .* not an integer"):
         list(open_source(tmp_path / "ckpt").items())
