@@ -57,6 +57,47 @@ class InputError(GradauditError):
         super().__init__(cause if self.path is None else f"{self.path}: {cause}")
 
 
+#: Exceptions that say gradaudit's own code cannot run, whatever the bytes it reads: an
+#: assertion of its own, a name or import that does not resolve, a branch left unwritten.
+#: Met while reading an input, they are still a defect (exit 4), never the file's fault.
+CODE_DEFECTS: tuple[type[Exception], ...] = (
+    AssertionError,
+    NameError,
+    ImportError,
+    NotImplementedError,
+    SyntaxError,
+    SystemError,
+)
+
+
+class MalformedInput(InputError):
+    """A reader met an exception it does not check for by name while turning an input's
+    data into tensors (``'int' object is not iterable`` from a field that should hold a
+    list): the input's error, exit code 3, never the run's.
+
+    Readers validate what they know a file declares; this is the boundary behind them, so
+    that a value nobody thought of costs that input, not the report of the others.
+    """
+
+    def __init__(self, path: str | Path | None, error: BaseException) -> None:
+        if isinstance(error, MemoryError):
+            cause = "not enough memory to read it"
+        else:
+            detail = " ".join(str(error).split())[:160]
+            cause = (
+                f"malformed: reading it raised {type(error).__name__}"
+                f"{': ' + detail if detail else ''} (a value gradaudit does not check for; "
+                "--debug shows where)"
+            )
+        super().__init__(path, cause)
+        self.error = error
+
+
+def is_code_defect(error: BaseException) -> bool:
+    """Whether ``error`` is gradaudit's own defect wherever it was raised (see CODE_DEFECTS)."""
+    return isinstance(error, CODE_DEFECTS) and not isinstance(error, GradauditError)
+
+
 class OutputError(GradauditError):
     """The report could not be written where it was going (stdout closed or full)."""
 

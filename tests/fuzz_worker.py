@@ -1,6 +1,7 @@
 """Scan each file named in a manifest with the CLI, in one process, one JSON line per file.
 
-Run by ``tests/io/test_fuzz.py`` as ``python -m tests.fuzz_worker MANIFEST``: a separate
+Run by ``tests/io/test_fuzz.py`` as ``python -m tests.fuzz_worker MANIFEST`` (and by
+``tests/io/test_object_fuzz.py`` with a healthy file to scan beside each case): a separate
 process, so that a signal (SIGSEGV, SIGBUS) that kills it is seen by the test as a
 failure of the case in flight rather than taking pytest down, and one process for all
 cases, so that torch is imported once. Before each case it prints ``start NAME``; a
@@ -23,7 +24,7 @@ from gradaudit.cli import app
 PER_CASE_SECONDS = 20
 
 
-class Hang(Exception):
+class Hang(BaseException):  # not an Exception: the per-input boundary must not catch it
     pass
 
 
@@ -31,7 +32,8 @@ def _alarm(signum: int, frame: FrameType | None) -> None:
     raise Hang
 
 
-def main(manifest: Path) -> None:
+def main(manifest: Path, healthy: str | None = None) -> None:
+    """Scan each file of ``manifest``; with ``healthy``, each next to that file (first)."""
     runner = CliRunner()
     signal.signal(signal.SIGALRM, _alarm)
     for line in manifest.read_text(encoding="utf-8").splitlines():
@@ -39,7 +41,9 @@ def main(manifest: Path) -> None:
         signal.alarm(PER_CASE_SECONDS)
         try:
             result = runner.invoke(
-                app, ["scan", line, "--format", "json", "--no-config"], env={"COLUMNS": "120"}
+                app,
+                ["scan", *([healthy] if healthy else []), line, "--format", "json", "--no-config"],
+                env={"COLUMNS": "120"},
             )
             outcome = {
                 "path": line,
@@ -59,4 +63,4 @@ def main(manifest: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

@@ -160,4 +160,6 @@ def compare(
                 engine=settings.engine or Engine.AUTO,
             ),
         )
-        raise typer.Exit(int(emit_comparison(comparison, settings, show_all=show_all, top=top)))
+        raise typer.Exit(
+            int(emit_comparison(comparison, settings, show_all=show_all, top=top, debug=debug))
+        )

@@ -22,7 +22,7 @@ from gradaudit.errors import ExitCode, OutputError, UsageError
 from gradaudit.report.base import DEFAULT_TOP_ROWS, RenderOptions
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.text import printable
-from gradaudit.results import Report
+from gradaudit.results import InputProblem, Report
 from gradaudit.results.comparison import Comparison
 from gradaudit.results.trend import TrendReport
 from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exit_code
@@ -177,10 +177,20 @@ def write_stdout(text: str | Iterable[str]) -> None:
         raise OutputError(f"cannot write the report to stdout: {cause}") from None
 
 
-def announce_problems(report: Report) -> None:
+def announce_errors(errors: Iterable[InputProblem], debug: bool = False) -> None:
+    """One stderr line per input that could not be audited (``internal error:`` when a
+    defect in gradaudit cost it); with ``debug``, the traceback of an unexpected one."""
+    for problem in errors:
+        label = "internal error" if problem.internal else "error"
+        say(f"{label}: {printable(problem.path)}: {printable(problem.message)}")
+        if debug and problem.traceback:
+            with suppress(OSError, AttributeError):  # --debug's extra: best effort
+                sys.stderr.write(problem.traceback)
+
+
+def announce_problems(report: Report, debug: bool = False) -> None:
     """One stderr line per input that could not be audited, or for an empty audit."""
-    for problem in report.errors:
-        say(f"error: {printable(problem.path)}: {printable(problem.message)}")
+    announce_errors(report.errors, debug)
     if not report.errors and report.audited_nothing:
         from gradaudit.report.verdict import nothing_to_audit  # renderers: not at start-up
 
@@ -224,10 +234,15 @@ def _emit(
 
 
 def emit_report(
-    report: Report, settings: Settings, *, show_all: bool = False, top: int = DEFAULT_TOP_ROWS
+    report: Report,
+    settings: Settings,
+    *,
+    show_all: bool = False,
+    top: int = DEFAULT_TOP_ROWS,
+    debug: bool = False,
 ) -> ExitCode:
     """Announce problems, render ``report`` in the chosen format, send it; return the verdict."""
-    announce_problems(report)
+    announce_problems(report, debug)
     _emit(report, settings, render_options(settings, show_all=show_all, top=top), "report")
     return exit_code(report)
 
@@ -238,18 +253,20 @@ def emit_comparison(
     *,
     show_all: bool = False,
     top: int = DEFAULT_TOP_ROWS,
+    debug: bool = False,
 ) -> ExitCode:
     """:func:`emit_report` for ``compare``: the same stderr lines, formats and destinations."""
-    announce_problems(comparison.report)
+    announce_problems(comparison.report, debug)
     options = render_options(settings, show_all=show_all, top=top)
     _emit(comparison, settings, options, "comparison")
     return comparison_exit_code(comparison)
 
 
-def emit_trend(report: TrendReport, settings: Settings, *, show_all: bool = False) -> ExitCode:
+def emit_trend(
+    report: TrendReport, settings: Settings, *, show_all: bool = False, debug: bool = False
+) -> ExitCode:
     """:func:`emit_report` for ``trend``: one stderr line per dump that could not be audited."""
-    for problem in report.errors:
-        say(f"error: {printable(problem.path)}: {printable(problem.message)}")
+    announce_errors(report.errors, debug)
     if not report.errors and not any(step.tensors for step in report.steps):
         say("error: nothing to audit: no floating-point tensor in the dumps")
     _emit(report, settings, render_options(settings, show_all=show_all), "trend")

@@ -257,7 +257,7 @@ def scan(
             report = with_findings(report, as_findings(headroom, thresholds))
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
-        verdict = emit_report(report, settings, show_all=show_all, top=top)
+        verdict = emit_report(report, settings, show_all=show_all, top=top, debug=debug)
         if precision is None:
             visuals.write_plot(report)
         elif headroom is not None:

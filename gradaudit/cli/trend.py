@@ -153,7 +153,7 @@ def trend(
             precision=precision,
             recursive=recursive,
         )
-        verdict = emit_trend(report, settings, show_all=show_all)
+        verdict = emit_trend(report, settings, show_all=show_all, debug=debug)
         if precision is not None and report.headroom:
             write_stdout("\n" + render_headroom_trend(report.headroom, precision))
         write_trend_plot(plot, plot_format, report)

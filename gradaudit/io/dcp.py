@@ -48,28 +48,39 @@ from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
 from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
 from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
+from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.results import Skipped
 
 #: A ``.metadata`` larger than this is refused (a 400B-parameter model's is a few MB).
 MAX_METADATA_BYTES = 512 << 20
+
+#: No tensor holds this many elements (torch's sizes are signed 64-bit).
+_MAX_ELEMENTS = 2**63
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 _DCP_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
 
 
 class _Record:
-    """An inert stand-in for a pickled DCP dataclass: its fields land in ``__dict__``."""
+    """An inert stand-in for a pickled DCP dataclass.
+
+    Its fields are kept in a dict of their own, never in ``__dict__``: a pickled state
+    holding a key ``get`` must not replace the method that reads the fields.
+    """
+
+    _fields: dict[object, object]
 
     def __setstate__(self, state: object) -> None:
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict | None):
             state = {**(state[0] or {}), **(state[1] or {})}
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-        else:
-            self.__dict__["_state"] = state
+        fields = dict(state) if isinstance(state, dict) else {"_state": state}
+        object.__setattr__(self, "_fields", fields)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("DCP metadata records are read-only")
 
     def get(self, field: str, default: object = None) -> Any:
-        return self.__dict__.get(field, default)
+        return vars(self).get("_fields", {}).get(field, default)
 
 
 def _record_class(name: str) -> type[_Record]:
@@ -151,12 +162,20 @@ def read_metadata(directory: str) -> Any:
             raw = handle.read(MAX_METADATA_BYTES + 1)
         except OSError as error:
             raise _refuse(directory, f"{METADATA_NAME}: {describe_os_error(error)}") from None
+    problem = budget_problem(raw)
+    if problem is not None:
+        raise _refuse(directory, f"{METADATA_NAME}: {problem}")
     try:
         metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as error:
         raise _refuse(directory, f"{METADATA_NAME} refused as unsafe or corrupt: {error}") from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, RecursionError):
-        raise _refuse(directory, f"{METADATA_NAME} is truncated or corrupt") from None
+    except MemoryError:
+        raise _refuse(directory, f"{METADATA_NAME}: not enough memory to unpickle it") from None
+    except Exception as error:  # noqa: BLE001 - hostile bytes: whatever the unpickler raises
+        detail = " ".join(str(error).split())[:120]
+        raise _refuse(
+            directory, f"{METADATA_NAME} is truncated or corrupt ({type(error).__name__}: {detail})"
+        ) from None
     if type(metadata).__name__ != "Metadata" or not isinstance(metadata, _Record):
         raise _refuse(directory, f"{METADATA_NAME} does not hold DCP checkpoint metadata")
     return metadata
@@ -261,9 +280,13 @@ def _storage_map(directory: str, metadata: Any) -> dict[tuple[str, tuple[int, ..
                 f"{show(name)}, which has {sizes[name]} bytes (truncated?)",
             )
         transforms = info.get("transform_descriptors") or ()
-        found[(fqn, key_offset)] = Chunk(
-            (), (), name, start, length, tuple(str(t) for t in transforms)
-        )
+        if not isinstance(transforms, list | tuple) or not all(
+            isinstance(t, str) for t in transforms
+        ):
+            raise _refuse(
+                directory, f"metadata gives {show(fqn)} transform_descriptors that are not names"
+            )
+        found[(fqn, key_offset)] = Chunk((), (), name, start, length, tuple(transforms))
     return found
 
 
@@ -324,6 +347,12 @@ def _tensor(
     raw_chunks = entry.get("chunks")
     if not isinstance(dtype, torch.dtype) or shape is None or not isinstance(raw_chunks, list):
         raise _refuse(directory, f"metadata entry {show(fqn)} is malformed")
+    if any(not 0 <= n < _MAX_ELEMENTS for n in shape) or math.prod(shape) >= _MAX_ELEMENTS:
+        raise _refuse(
+            directory,
+            f"metadata gives {show(fqn)} the shape {show(str(list(shape)), limit=60)}: "
+            "dimensions must be >= 0 and hold fewer than 2**63 elements",
+        )
     chunks = []
     for raw in raw_chunks:
         offsets = _ints(raw.get("offsets")) if isinstance(raw, _Record) else None

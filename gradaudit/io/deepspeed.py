@@ -95,7 +95,12 @@ class DeepSpeedSource:
         if isinstance(module, dict):
             yield from walk_checkpoint({"module": module}, self.path, select)
         optims = [self._optimizer(name, rank) for rank, name in self.files]
-        stage = {o.get("zero_stage") for o in optims}
+        stages = [o.get("zero_stage") for o in optims]
+        if not all(type(s) is int for s in stages):
+            raise InputError(
+                self.path, f"zero_stage is {show(repr(stages), limit=60)}, not an integer"
+            )
+        stage = set(stages)
         if stage - {1, 2}:
             raise InputError(
                 self.path, f"ZeRO stage {sorted(map(str, stage))} is not read (stages 1 and 2 are)"

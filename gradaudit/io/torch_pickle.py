@@ -38,6 +38,7 @@ from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, sh
 from gradaudit.io.layouts import PICKLE_EXTENSIONS as PICKLE_EXTENSIONS
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
+from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
 from gradaudit.io.sniff import Sniffed, sniff
 from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
@@ -47,7 +48,8 @@ from gradaudit.results.roles import TensorHint
 
 #: At most this much of a pickle is re-read to name the globals in a refusal.
 _SCAN_BYTES = 64 << 20
-#: A legacy file is a row of pickles: magic number, protocol, system info, the object.
+#: A legacy file is a row of pickles: magic number, protocol, system info, the object
+#: (then the storage keys, and the storages' raw bytes).
 _LEGACY_PICKLES = 4
 
 
@@ -143,6 +145,7 @@ class TorchPickleSource:
         except OSError:
             self._identity = None  # sniff() says why it cannot be read
         self._guard: MapGuard | None = None
+        self._budget_checked = False
         sniffed = sniff(path)
         self.archive: TorchZip | None = None
         #: What the checkpoint's structure says about each tensor (filled by :meth:`items`).
@@ -204,6 +207,9 @@ class TorchPickleSource:
         returns None and the check is skipped; the real load reports its own errors.
         """
         memory_map = self.archive is not None and map_location != "meta"
+        if not self._budget_checked:
+            self._check_budget()
+            self._budget_checked = True
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -216,6 +222,23 @@ class TorchPickleSource:
             if map_location == "meta":
                 return None
             raise InputError(self.path, _load_failure(error)) from None
+
+    def _check_budget(self) -> None:
+        """Refuse a pickle that would build more objects than a checkpoint needs, before
+        torch unpickles it (:mod:`gradaudit.io.pickle_budget`): ``data.pkl`` of a zip
+        checkpoint, or the pickles at the head of a legacy file (its storages follow)."""
+        if self.archive is not None:
+            member = self.archive.records["data.pkl"]
+            data = _read_prefix(self.path, member.offset, member.size)
+            problem = budget_problem(data)
+        else:
+            with open_checked(self.path)[0] as handle:
+                try:
+                    problem = budget_problem(handle, _LEGACY_PICKLES + 1)
+                except OSError as error:
+                    raise InputError(self.path, describe_os_error(error)) from None
+        if problem is not None:
+            raise InputError(self.path, problem)
 
     def _refusal(self, message: str) -> str:
         trainer_file = trainer_bookkeeping(self.path)

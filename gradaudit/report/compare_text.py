@@ -15,7 +15,7 @@ import numpy as np
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.text import count, internal_note, number, plural, printable
 from gradaudit.report.verdict import failing_kinds as report_failing_kinds
 from gradaudit.report.verdict import finding_columns
 from gradaudit.results import Finding
@@ -367,9 +367,9 @@ def failing_kinds(comparison: Comparison) -> list[str]:
 def verdict_line(comparison: Comparison) -> str:
     """``OK: …`` / ``FAIL: …`` / ``INCOMPLETE: …``, matching :func:`comparison_exit_code`."""
     code = comparison_exit_code(comparison)
-    if code is ExitCode.INPUT_ERROR:
+    if code in (ExitCode.INPUT_ERROR, ExitCode.INTERNAL_ERROR):
         what = plural(len(comparison.errors), "input problem")
-        return f"INCOMPLETE: {what}; nothing is compared"
+        return f"INCOMPLETE: {what}{internal_note(comparison.errors)}; nothing is compared"
     if code is ExitCode.FINDINGS:
         failing = plural(failing_count(comparison), "failing finding")
         return f"FAIL: {failing} ({', '.join(failing_kinds(comparison))})"

@@ -23,4 +23,5 @@ VERDICT_STYLE: dict[ExitCode, str] = {
     ExitCode.OK: "bold green",
     ExitCode.FINDINGS: "bold red",
     ExitCode.INPUT_ERROR: "bold red",
+    ExitCode.INTERNAL_ERROR: "bold red",
 }

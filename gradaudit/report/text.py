@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Iterable
+
+from gradaudit.results import InputProblem
 
 # Categories that can move the cursor, hide text or reorder it on a terminal:
 # control characters, format characters (bidi overrides, zero-width), separators.
@@ -62,3 +65,9 @@ def layer_label(name: str) -> str:
     """
     shown = printable(name)
     return shown if any(c.isalpha() for c in name) else f"'{shown}'"
+
+
+def internal_note(errors: Iterable[InputProblem]) -> str:
+    """`` (1 by an internal error: a bug in gradaudit)`` when a defect cost an input."""
+    internal = sum(1 for problem in errors if problem.internal)
+    return f" ({internal} by an internal error: a bug in gradaudit)" if internal else ""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import Severity
-from gradaudit.report.text import number, plural
+from gradaudit.report.text import internal_note, number, plural
 from gradaudit.results.trend import LayerTrend, TrendKind, TrendReport
 from gradaudit.results.verdict import trend_exit_code
 
@@ -135,13 +135,13 @@ def findings_line(report: TrendReport) -> str:
 def verdict_line(report: TrendReport) -> str:
     """``OK: no failing findings``, ``FAIL: 2 failing findings (spike)`` or ``INCOMPLETE: …``."""
     code = trend_exit_code(report)
-    if code is ExitCode.INPUT_ERROR:
+    if code in (ExitCode.INPUT_ERROR, ExitCode.INTERNAL_ERROR):
         what = (
             plural(len(report.errors), "input") + " could not be audited"
             if report.errors
             else "nothing to audit: no floating-point tensor in any dump"
         )
-        return f"INCOMPLETE: {what}"
+        return f"INCOMPLETE: {what}{internal_note(report.errors)}"
     if code is ExitCode.FINDINGS:
         failing = [f for f in report.findings if f.failing]
         kinds = sorted({f.kind.value for f in failing})

@@ -15,7 +15,7 @@ import numpy as np
 from gradaudit.errors import ExitCode
 from gradaudit.io.discover import COMPANION_REASON
 from gradaudit.policy import FindingKind, Role, Severity
-from gradaudit.report.text import count, number, plural, printable
+from gradaudit.report.text import count, internal_note, number, plural, printable
 from gradaudit.results import (
     HISTORY_KEYS,
     HISTORY_NAME,
@@ -418,13 +418,13 @@ def verdict_line(report: Report) -> str:
     """``OK: …`` / ``FAIL: …`` / ``INCOMPLETE: …``, matching :func:`exit_code`."""
     s = report.summary
     code = exit_code(report)
-    if code is ExitCode.INPUT_ERROR:
+    if code in (ExitCode.INPUT_ERROR, ExitCode.INTERNAL_ERROR):
         what = (
             plural(len(report.errors), "input") + " could not be audited"
             if report.errors
             else nothing_to_audit(report)
         )
-        return f"INCOMPLETE: {what}"
+        return f"INCOMPLETE: {what}{internal_note(report.errors)}"
     if code is ExitCode.FINDINGS:
         return (
             f"FAIL: {plural(s.failing_findings, 'failing finding')} "

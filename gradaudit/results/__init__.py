@@ -209,10 +209,17 @@ class Skipped:
 
 @dataclass(frozen=True)
 class InputProblem:
-    """An input that could not be audited; the rest of the run still was."""
+    """An input that could not be audited; the rest of the run still was.
+
+    ``internal`` marks a defect in gradaudit met while auditing this input (exit code 4),
+    not a problem of the file (exit code 3); ``traceback`` keeps where it happened, for
+    ``--debug`` and for a bug report. Neither is part of the problem's identity.
+    """
 
     path: str
     message: str
+    internal: bool = False
+    traceback: str = field(default="", compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,20 @@ class SeverityColumns(Protocol):
 def exit_code(report: Report) -> ExitCode:
     """The exit policy, in order of precedence.
 
-    1. An input could not be audited, or nothing at all was audited (no tensor and no
+    1. A defect in gradaudit met while auditing an input (an :class:`InputProblem` with
+       ``internal``) -> INTERNAL_ERROR: the other inputs are reported, but a bug beats
+       every verdict, as it would have had it ended the run.
+    2. An input could not be audited, or nothing at all was audited (no tensor and no
        logged training history) -> INPUT_ERROR.
        Errors beat findings: an incomplete audit never passes.
-    2. A finding the policy fails on, or an exceeded limit -> FINDINGS.
-    3. Otherwise OK (warnings and ignored findings do not fail).
+    3. A finding the policy fails on, or an exceeded limit -> FINDINGS.
+    4. Otherwise OK (warnings and ignored findings do not fail).
 
-    USAGE_ERROR and INTERNAL_ERROR never reach a report: they are raised.
+    USAGE_ERROR never reaches a report, nor does a defect outside any one input's audit:
+    they are raised.
     """
+    if any(problem.internal for problem in report.errors):
+        return ExitCode.INTERNAL_ERROR
     if report.errors or report.audited_nothing:
         return ExitCode.INPUT_ERROR
     if report.limit_findings or _any_failing(report.findings):
@@ -77,6 +83,8 @@ def trend_exit_code(report: TrendReport) -> ExitCode:
     A dump that could not be audited, or a series with no audited tensor at all,
     is INPUT_ERROR: a trend with holes never passes.
     """
+    if any(problem.internal for problem in report.errors):
+        return ExitCode.INTERNAL_ERROR
     if report.errors or not any(step.tensors for step in report.steps):
         return ExitCode.INPUT_ERROR
     if any(finding.failing for finding in report.findings):

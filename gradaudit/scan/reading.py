@@ -16,10 +16,11 @@ import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from gradaudit.errors import InputError
+from gradaudit.errors import OutputError, UsageError
 from gradaudit.io import Excluded, open_source
 from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
 from gradaudit.results import InputProblem, Skipped
+from gradaudit.scan.boundary import guarded, problem_of, reading
 
 if TYPE_CHECKING:  # PendingStats calls read_file: its type only, no import cycle
     from gradaudit.scan.pending import PendingStats
@@ -60,16 +61,17 @@ def read_file(
     """
     part = pending.child()
     try:
-        source = open_source(path)
-        for label in (path,) if routing is None else routing.labels:
-            hints = part.read_hints(source, label)
+        with reading(path):  # the reader's calls: see gradaudit.scan.boundary
+            source = open_source(path)
+            for label in (path,) if routing is None else routing.labels:
+                hints = part.read_hints(source, label)
+            stream: Iterator[RunItem] = (
+                source.runs()
+                if select is None and not hints and isinstance(source, RunSource)
+                else source.items(select)
+            )
         whole = path if routing is None else routing.whole
-        stream: Iterator[RunItem] = (
-            source.runs()
-            if select is None and not hints and isinstance(source, RunSource)
-            else source.items(select)
-        )
-        for item in stream:
+        for item in guarded(path, stream):
             if isinstance(item, TensorRun):
                 if whole is not None:
                     part.queue_run(item, whole)
@@ -92,8 +94,15 @@ def read_file(
             elif isinstance(item, Skipped):
                 part.skip(dataclasses.replace(item, source=label))
             elif isinstance(item, Pieces):
+                with reading(path):
+                    pieces = item.load()
                 part.add_pieces(
-                    item.name, item.shape, item.dtype, item.load(), label, hints.get(item.name)
+                    item.name,
+                    item.shape,
+                    item.dtype,
+                    guarded(path, pieces),
+                    label,
+                    hints.get(item.name),
                 )
                 if progress is not None:
                     progress(math.prod(item.shape) * item.dtype.itemsize)
@@ -104,9 +113,12 @@ def read_file(
                     progress(tensor.numel() * tensor.element_size())
         part.settle()
         # Only now has every byte been read: a file that changed meanwhile is an error.
-        source.check_unchanged()
-    except InputError as error:
-        return InputProblem(path, error.cause)
+        with reading(path):
+            source.check_unchanged()
+    except (UsageError, OutputError):
+        raise  # the run's, not this input's (an unavailable device, a closed stream)
+    except Exception as error:  # noqa: BLE001 - the per-input boundary (scan.boundary)
+        return problem_of(path, error)
     pending.absorb(part)
     return None
 

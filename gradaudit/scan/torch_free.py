@@ -30,7 +30,7 @@ import numpy as np
 from gradaudit.engine import native_rows
 from gradaudit.engine.native_rows import NativeBatch
 from gradaudit.engine.options import Engine
-from gradaudit.errors import InputError
+from gradaudit.errors import OutputError, UsageError
 from gradaudit.io.discover import Expanded, FileInput, input_kind
 from gradaudit.io.files import check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
@@ -40,6 +40,7 @@ from gradaudit.io.sharded import in_shard, validated_shards
 from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.row import ROW_WIDTH, skip_reason
+from gradaudit.scan.boundary import problem_of, reading
 from gradaudit.scan.collected import Collected
 from gradaudit.selection import NameFilter
 
@@ -203,29 +204,33 @@ class NativeScan(Collected):
         """Collect one safetensors file or index, all or nothing (as the torch path does)."""
         part = self.child()
         try:
-            check_regular_file(path)
-            if input_kind(path) == "index":
-                shards: list[tuple[str | None, MappedSafetensors]] = [
-                    (shard, MappedSafetensors(shard_path, header))
-                    for shard, shard_path, header in validated_shards(path)
-                ]
-                metadata = shards[0][1].metadata if shards else {}
-            else:
-                shards = [(None, MappedSafetensors(path))]
-                metadata = shards[0][1].metadata
+            with reading(path):  # the reader's calls: see gradaudit.scan.boundary
+                check_regular_file(path)
+                if input_kind(path) == "index":
+                    shards: list[tuple[str | None, MappedSafetensors]] = [
+                        (shard, MappedSafetensors(shard_path, header))
+                        for shard, shard_path, header in validated_shards(path)
+                    ]
+                    metadata = shards[0][1].metadata if shards else {}
+                else:
+                    shards = [(None, MappedSafetensors(path))]
+                    metadata = shards[0][1].metadata
+                part.read_hints(SimpleNamespace(metadata=metadata), path)
             for _, source in shards:
                 self._check_dtypes(source)
-            part.read_hints(SimpleNamespace(metadata=metadata), path)
             for shard, source in shards:
                 with _in_shard(path, shard):
                     part._read(source, path, select, progress)
             part._rows.settle()
             # Only now has every byte been read: a file that changed meanwhile is an error.
-            for shard, source in shards:
-                with _in_shard(path, shard):
-                    source.check_unchanged()
-        except InputError as error:
-            return InputProblem(path, error.cause)
+            with reading(path):
+                for shard, source in shards:
+                    with _in_shard(path, shard):
+                        source.check_unchanged()
+        except (NeedsTorch, UsageError, OutputError):
+            raise  # the run's, not this input's: the caller scans again with torch
+        except Exception as error:  # noqa: BLE001 - the per-input boundary (scan.boundary)
+            return problem_of(path, error)
         self.absorb(part)
         return None
 

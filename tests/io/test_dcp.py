@@ -313,3 +313,65 @@ def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_proces
             assert mine[key] == theirs[key], (mine["name"], key)
         assert mine["norm"] == pytest.approx(theirs["norm"], rel=1e-12), mine["name"]
     assert [s["name"] for s in got["skipped"]] == [s["name"] for s in single["skipped"]]
+
+
+# -- hostile-but-loadable metadata (issue 29 item 4): the input's error, the good file reported
+
+
+def _scan_beside_good(directory: Path, tmp_path: Path) -> Any:
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(3)}, good)
+    result = runner.invoke(
+        app, ["scan", str(directory), str(good), "--format", "json", "--no-config"]
+    )
+    assert "Traceback" not in result.stdout + result.stderr
+    assert [t["name"] for t in json.loads(result.stdout)["tensors"]][-1] == "w"
+    return result
+
+
+def test_a_field_named_get_does_not_shadow_the_reader(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    metadata.get = 5  # lands in the pickled state next to the real fields
+    _rewrite(directory, metadata)
+    result = _scan_beside_good(directory, tmp_path)
+    assert result.exit_code in (ExitCode.OK, ExitCode.FINDINGS), result.stderr
+    assert result.stderr == ""
+
+
+def test_transform_descriptors_that_are_not_names_are_refused(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    for info in metadata.storage_data.values():
+        info.transform_descriptors = 7
+    _rewrite(directory, metadata)
+    result = _scan_beside_good(directory, tmp_path)
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert "transform_descriptors that are not names" in result.stderr
+
+
+def test_a_dimension_past_int64_is_refused_by_the_metadata_check(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    metadata = _real_metadata(directory)
+    name = next(k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks"))
+    metadata.state_dict_metadata[name].size = (0, 2**64)
+    _rewrite(directory, metadata)
+    result = _scan_beside_good(directory, tmp_path)
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert "fewer than 2**63 elements" in result.stderr
+
+
+def test_a_pickled_float_too_large_for_a_float_is_the_inputs_error(
+    plain: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory = _copy(plain[0], tmp_path / "ckpt")
+    (directory / ".metadata").write_bytes(b"(F1e99999\nl.")  # OverflowError in _pickle
+    result = _scan_beside_good(directory, tmp_path)
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert ".metadata is truncated or corrupt (OverflowError" in result.stderr

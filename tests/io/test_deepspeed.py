@@ -180,3 +180,14 @@ def test_a_hostile_dimension_in_param_shapes_is_an_input_error(
     (problem,) = report.errors
     assert "dimensions must be integers >= 0" in problem.message
     assert not report.tensors
+
+
+def test_a_zero_stage_that_is_not_an_integer_is_the_inputs_error(tmp_path: Path) -> None:
+    """``zero_stage=[2]`` raised TypeError (unhashable) and ended the run (issue 29 item 4)."""
+    write_zero2(tmp_path / "ckpt")
+    for path in (tmp_path / "ckpt").glob("*optim_states.pt"):
+        state = torch.load(path, weights_only=True)
+        state["optimizer_state_dict"]["zero_stage"] = [2]
+        torch.save(state, path)
+    with pytest.raises(InputError, match=r"zero_stage is .* not an integer"):
+        list(open_source(tmp_path / "ckpt").items())

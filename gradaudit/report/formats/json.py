@@ -47,6 +47,7 @@ from gradaudit.report.verdict import (
 from gradaudit.results import (
     Finding,
     GradientEstimate,
+    InputProblem,
     LimitFinding,
     LoggedHistory,
     OutlierReference,
@@ -74,6 +75,15 @@ COMPARISON_SCHEMA_VERSION = 1
 TREND_SCHEMA_VERSION = 1
 
 Document = Literal["report", "comparison", "trend"]
+
+
+def _error(problem: InputProblem) -> dict[str, Any]:
+    """An input that could not be audited; ``internal`` only when a defect in gradaudit
+    cost it (exit code 4), so documents of ordinary runs are unchanged."""
+    entry: dict[str, Any] = {"file": problem.path, "message": problem.message}
+    if problem.internal:
+        entry["internal"] = True
+    return entry
 
 
 def json_schema(document: Document = "report") -> dict[str, Any]:
@@ -245,7 +255,7 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             }
             for s in report.skipped
         ],
-        "errors": [{"file": e.path, "message": e.message} for e in report.errors],
+        "errors": [_error(e) for e in report.errors],
         "history": [_history(report, h) for h in report.histories],
         "summary": {
             "tensors": summary.tensors,
@@ -464,7 +474,7 @@ def to_comparison_document(comparison: Comparison, *, stream: bool = False) -> d
         ),
         "limits": [_side_limit(comparison, f) for f in report.limit_findings],
         "skipped": [{"side": s.source, "name": s.name, "reason": s.reason} for s in report.skipped],
-        "errors": [{"file": e.path, "message": e.message} for e in comparison.errors],
+        "errors": [_error(e) for e in comparison.errors],
         "summary": {
             "failing_findings": failing_count(comparison),
             "warnings": warning_count(comparison),
@@ -576,7 +586,7 @@ def trend_document(report: TrendReport) -> dict[str, Any]:
             }
             for f in report.findings
         ],
-        "errors": [{"file": e.path, "message": e.message} for e in report.errors],
+        "errors": [_error(e) for e in report.errors],
         "summary": {
             "dumps": len(report.steps),
             "layers": len(report.layers),

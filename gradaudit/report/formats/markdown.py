@@ -91,7 +91,12 @@ from gradaudit.results.verdict import comparison_exit_code, exit_code, trend_exi
 
 #: The mark before a finding, and before the verdict heading.
 MARK = {Severity.ERROR: "❌", Severity.WARNING: "⚠️", Severity.IGNORED: ""}
-VERDICT_MARK = {ExitCode.OK: "✅", ExitCode.FINDINGS: "❌", ExitCode.INPUT_ERROR: "❌"}
+VERDICT_MARK = {
+    ExitCode.OK: "✅",
+    ExitCode.FINDINGS: "❌",
+    ExitCode.INPUT_ERROR: "❌",
+    ExitCode.INTERNAL_ERROR: "❌",
+}
 _SPECIAL = re.compile(r"([\\`*_\[\]<|~])")
 #: The scan's flagged-tensor table: its numbers, in the order ``--format table`` shows them.
 TENSOR_FIELDS = (TENSOR_NORM, TENSOR_MAX_ABS, TENSOR_ZERO, TENSOR_NAN, TENSOR_INF)
