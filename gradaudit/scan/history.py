@@ -10,7 +10,12 @@ step:
 * a non-finite ``loss`` or ``grad_norm`` (the first step it happened at): ``nan`` / ``inf``;
 * a loss that rose to more than :data:`LOSS_BLOWUP` times the first one logged
   (training lowers the loss; a hundredfold rise is a run that diverged): ``exploding``;
-* a gradient norm more than :data:`GRAD_NORM_BLOWUP` times the run's median: ``exploding``.
+* a gradient norm more than :data:`GRAD_NORM_BLOWUP` times the run's median: ``exploding``;
+* a gradient norm above :data:`GRAD_NORM_LIMIT_FACTOR` times the exploding threshold (1e4 by
+  default): ``exploding`` even when every logged row is that large, as in a run that blew
+  up before its first log (learning rate 1e4: grad_norm 4e4-3e5 at every logged step, no
+  baseline to rise from). The limit is the per-tensor threshold scaled up a hundredfold
+  because the logged norm is the whole model's: healthy runs in the corpus log 0.9-1.4.
 
 Healthy runs have loss bumps and gradient-norm spikes of a few times to tens of times
 their typical size (the first steps of a transformer's run are often 10-50x the later
@@ -30,6 +35,9 @@ from gradaudit.results import HISTORY_NAME, Finding
 LOSS_BLOWUP = 100.0
 #: A logged gradient norm above this many times the run's median marks a blow-up.
 GRAD_NORM_BLOWUP = 1e4
+#: A logged (whole-model) gradient norm above this many times the exploding threshold is a
+#: blow-up whatever the rest of the run logged.
+GRAD_NORM_LIMIT_FACTOR = 100.0
 
 
 def _nonfinite(rows: Sequence[LoggedStep], key: str) -> list[tuple[FindingKind, str]]:
@@ -88,6 +96,29 @@ def _grad_norm_blowup(rows: Sequence[LoggedStep]) -> list[tuple[FindingKind, str
     ]
 
 
+def _grad_norm_above_limit(
+    rows: Sequence[LoggedStep], thresholds: Thresholds
+) -> list[tuple[FindingKind, str]]:
+    limit = GRAD_NORM_LIMIT_FACTOR * thresholds.exploding
+    norms = [
+        (row.step, row.grad_norm)
+        for row in rows
+        if row.grad_norm is not None and math.isfinite(row.grad_norm)
+    ]
+    above = [(step, norm) for step, norm in norms if norm > limit]
+    if not above:
+        return []
+    step, norm = above[0]
+    return [
+        (
+            FindingKind.EXPLODING,
+            f"the trainer logged grad_norm {norm:.4g} at step {step} > {limit:.3g} "
+            f"({GRAD_NORM_LIMIT_FACTOR:g}x the exploding threshold; {len(above)} of "
+            f"{len(norms)} logged steps above it): the run diverged",
+        )
+    ]
+
+
 def evaluate_history(
     histories: Mapping[str, Sequence[LoggedStep]], thresholds: Thresholds
 ) -> tuple[Finding, ...]:
@@ -100,7 +131,12 @@ def evaluate_history(
     for source, rows in histories.items():
         for key, found in (
             ("loss", _nonfinite(rows, "loss") or _loss_blowup(rows)),
-            ("grad_norm", _nonfinite(rows, "grad_norm") or _grad_norm_blowup(rows)),
+            (
+                "grad_norm",
+                _nonfinite(rows, "grad_norm")
+                or _grad_norm_blowup(rows)
+                or _grad_norm_above_limit(rows, thresholds),
+            ),
         ):
             name = f"{HISTORY_NAME}.{key}"
             for kind, message in found:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 from gradaudit.io.trainer_state import LoggedStep, logged_steps
 from gradaudit.policy import FindingKind, Severity, Thresholds
-from gradaudit.scan.history import GRAD_NORM_BLOWUP, LOSS_BLOWUP, evaluate_history
+from gradaudit.scan.history import (
+    GRAD_NORM_BLOWUP,
+    GRAD_NORM_LIMIT_FACTOR,
+    LOSS_BLOWUP,
+    evaluate_history,
+)
 
 
 def judged(rows: list[LoggedStep], **policy: object) -> dict[str, tuple[FindingKind, str, bool]]:
@@ -101,3 +106,19 @@ def test_a_trainer_state_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     path = tmp_path / "trainer_state.json"
     path.write_bytes(b'\xef\xbb\xbf{"log_history": [{"step": 1, "loss": 2.5}]}')
     assert read_log_history(str(path)) == (LoggedStep(1, 2.5, None),)
+
+
+def test_a_run_logged_above_the_limit_from_its_first_row_diverged() -> None:
+    # Learning rate 1e4 (the corpus's diverged Trainer runs): no baseline to rise from.
+    rows = [LoggedStep(step, 3e9, 2.7e5 - step * 1e3) for step in (5, 10, 15)]
+    kind, message, failing = judged(rows)["log_history.grad_norm"]
+    assert (kind, failing) == (FindingKind.EXPLODING, True)
+    assert "grad_norm 2.65e+05 at step 5 > 1e+04" in message
+    assert "3 of 3 logged steps above it" in message
+    # The limit is the exploding threshold scaled: raising one raises the other.
+    assert "log_history.grad_norm" not in judged(rows, exploding=1e4)
+
+
+def test_the_limit_sits_above_healthy_early_spikes() -> None:
+    rows = [LoggedStep(1, 10.0, GRAD_NORM_LIMIT_FACTOR * 100 * 0.99), *healthy(10)[1:]]
+    assert "log_history.grad_norm" not in judged(rows)
