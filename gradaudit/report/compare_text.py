@@ -14,7 +14,7 @@ from typing import Literal, overload
 import numpy as np
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import Severity
+from gradaudit.policy import Role, Severity
 from gradaudit.report.text import count, internal_note, number, plural, printable
 from gradaudit.report.verdict import failing_kinds as report_failing_kinds
 from gradaudit.report.verdict import finding_columns
@@ -29,6 +29,7 @@ from gradaudit.results.comparison import (
     ParameterComparison,
     SideStats,
 )
+from gradaudit.results.stats_table import StatsTable
 from gradaudit.results.verdict import comparison_exit_code
 from gradaudit.scan.finding_table import KINDS, SEVERITIES
 
@@ -63,26 +64,39 @@ def side_name(comparison: Comparison, label: str | None) -> str:
     return label
 
 
-def interpretation(dual: DualGradientStats, ab: bool = False) -> str:
-    """One plain sentence on what the normalized ratio says (``ab``: in A/B words)."""
+def compared(comparison: Comparison) -> str:
+    """What the two sides hold, as the sentences say it: ``weights`` when more of the
+    compared tensors are weights than gradients (``compare checkpoint-10/ checkpoint-30/``;
+    the comparison refused sides of different roles already), else ``gradients``."""
+    table = StatsTable.from_stats(comparison.report.tensors)
+    weights = int(table.role_mask(Role.WEIGHT).sum())
+    return "weights" if weights > int(table.role_mask(Role.GRADIENT).sum()) else "gradients"
+
+
+def interpretation(dual: DualGradientStats, ab: bool = False, noun: str = "gradients") -> str:
+    """One plain sentence on what the normalized ratio says (``ab``: in A/B words; ``noun``:
+    what the sides hold, :func:`compared`)."""
     ratio = dual.normalized_ratio
     if ratio is None:
         note = dual.ratio_note or ""
         return f"ratio not computed: {_ab_words(note) if ab else note}"
     first, second = ("A's", "B's") if ab else ("host", "seed")
+    intense, more = ("intense", "more intense") if noun == "gradients" else ("large", "larger")
     if math.isinf(ratio):
-        return f"{first} gradients are zero: {second} are infinitely more intense per parameter"
+        return f"{first} {noun} are zero: {second} are infinitely {more} per parameter"
     if ratio == 0.0:
+        if noun != "gradients":
+            return f"{second} {noun} are zero"
         return f"{second} gradients are zero: the {second} side receives no gradient".replace(
             "the seed side", "the seed"
         )
     shown = number(ratio)
     whose = "A's" if ab else "the host's"
     if shown == "1":
-        return f"{second} gradients are as intense per parameter as {whose} (ratio {shown})"
-    text = f"{second} gradients are {shown}× as intense per parameter as {whose}"
+        return f"{second} {noun} are as {intense} per parameter as {whose} (ratio {shown})"
+    text = f"{second} {noun} are {shown}× as {intense} per parameter as {whose}"
     if ratio < 1.0:
-        text += f" ({number(1.0 / ratio)}× weaker)"
+        text += f" ({number(1.0 / ratio)}× {'weaker' if noun == 'gradients' else 'smaller'})"
     return text
 
 
@@ -110,12 +124,12 @@ _AB_WORDS = (
 )
 
 
-def ratio_sentence(dual: DualGradientStats, ab: bool = False) -> str:
+def ratio_sentence(dual: DualGradientStats, ab: bool = False, noun: str = "gradients") -> str:
     """``normalized ratio 1.76: seed gradients are …`` or ``normalized ratio not computed: …``."""
     if dual.normalized_ratio is None:
         note = dual.ratio_note or ""
         return f"normalized ratio not computed: {_ab_words(note) if ab else note}"
-    return f"normalized ratio {number(dual.normalized_ratio)}: {interpretation(dual, ab)}"
+    return f"normalized ratio {number(dual.normalized_ratio)}: {interpretation(dual, ab, noun)}"
 
 
 def ratio_line(dual: DualGradientStats, ab: bool = False) -> str:

@@ -334,9 +334,10 @@ def trend_figure(report: TrendReport) -> Figure:
         )
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("gradient L2 norm (log scale)")
+    ax.set_ylabel(f"{report.subject} L2 norm (log scale)")
     ax.set_title(
-        f"Gradient norm per layer over {len(steps)} steps (group-by {report.group_by})",
+        f"{report.subject.capitalize()} norm per layer over {len(steps)} steps "
+        f"(group-by {report.group_by})",
         fontsize=10,
         loc="left",
     )

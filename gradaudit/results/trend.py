@@ -143,3 +143,10 @@ class TrendReport:
     elapsed_s: float = 0.0
     #: With ``precision``: the whole dump's headroom in that format, per audited step.
     headroom: tuple[tuple[int, Headroom], ...] = ()
+
+    @property
+    def subject(self) -> str:
+        """What the norms are of, for titles: ``weight`` when every audited dump was read as
+        weights (a series of model checkpoints), else ``gradient``."""
+        readings = {s.read_as for s in self.steps if s.tensors}
+        return "weight" if readings == {"weights"} else "gradient"

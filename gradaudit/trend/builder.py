@@ -445,9 +445,17 @@ def _check_same_reading(first: FileResult | None, report: Report) -> FileResult 
     if not report.files or not report.tensors:
         return first
     here = report.files[0]
+    if here.read_as not in ("weights", "gradients"):
+        # A Trainer checkpoint holds weights and Adam moments: one norm per layer over both
+        # would be neither, and "gradient norm" of it a wrong name.
+        raise UsageError(
+            f"{here.path} was read as {here.read_as} ({here.read_as_evidence}): a trend "
+            "follows one kind of tensor per layer; trend its model files for weights (e.g. "
+            "checkpoint-*/model.safetensors) or gradient dumps"
+        )
     if first is None:
         return here
-    if {first.read_as, here.read_as} == {"weights", "gradients"}:
+    if first.read_as != here.read_as:
         raise UsageError(
             f"{here.path} was read as {here.read_as} ({here.read_as_evidence}) but "
             f"{first.path} as {first.read_as} ({first.read_as_evidence}): a trend is over "

@@ -23,6 +23,7 @@ from gradaudit.policy import Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,
+    compared,
     compared_line,
     finding_subjects,
     ratio_sentence,
@@ -199,7 +200,7 @@ def render_compare(comparison: Comparison, options: RenderOptions) -> Iterator[s
     if not options.quiet:
         yield (
             f"gradaudit compare: {compare_verdict_line(comparison)} · "
-            f"{ratio_sentence(comparison.dual, ab_mode(comparison))} · "
+            f"{ratio_sentence(comparison.dual, ab_mode(comparison), compared(comparison))} · "
             f"{compared_line(comparison)}\n"
         )
 

@@ -31,6 +31,7 @@ from gradaudit.report.compare_text import (
     ALL,
     FORMULA,
     ab_mode,
+    compared,
     failing_count,
     ignored_count,
     interpretation,
@@ -463,7 +464,9 @@ def to_comparison_document(comparison: Comparison, *, stream: bool = False) -> d
         "host": _side(comparison.dual.host),
         "seed": _side(comparison.dual.seed),
         "dual": _dual(comparison.dual),
-        "interpretation": interpretation(comparison.dual, ab_mode(comparison)),
+        "interpretation": interpretation(
+            comparison.dual, ab_mode(comparison), compared(comparison)
+        ),
         "parameters": _parameters(comparison.parameters, stream),
         "findings": [
             {"kind": f.kind.value, "severity": f.severity.value, "message": f.message}

@@ -38,7 +38,13 @@ from gradaudit._compat import assert_never
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
-from gradaudit.report.compare_text import ab_mode, finding_subjects, ratio_sentence, side_input
+from gradaudit.report.compare_text import (
+    ab_mode,
+    compared,
+    finding_subjects,
+    ratio_sentence,
+    side_input,
+)
 from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.report.trend_text import audited
 from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings, thin_readings
@@ -247,7 +253,7 @@ def _comparison_cases(comparison: Comparison) -> list[Case]:
     dual = comparison.dual
     raw = "" if dual.raw_ratio is None else f" (raw ratio seed/host {number(dual.raw_ratio)})"
     cases["normalized-ratio"].notes.append(
-        ratio_sentence(dual, ab_mode(comparison)) + raw
+        ratio_sentence(dual, ab_mode(comparison), compared(comparison)) + raw
     )  # always: the ratio
     if comparison.parameters is None:
         cases["parameter-change"].skipped = NO_SHARED_NAMES

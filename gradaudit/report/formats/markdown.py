@@ -45,6 +45,7 @@ from gradaudit.report.compare_text import (
     FLAGGED,
     NOTABLE,
     ab_mode,
+    compared,
     compared_line,
     dtype_line,
     interpretation,
@@ -232,7 +233,8 @@ def _ratio(comparison: Comparison) -> list[str]:
         note = side_words(comparison, dual.ratio_note or "")
         head = f"**Normalized ratio not computed**: {escape(note)}"
     else:
-        head = f"**Normalized ratio {number(ratio)}**: {escape(interpretation(dual, ab))}"
+        said = interpretation(dual, ab, compared(comparison))
+        head = f"**Normalized ratio {number(ratio)}**: {escape(said)}"
     if dual.raw_ratio is None:
         return [head]
     return [

@@ -53,6 +53,7 @@ from gradaudit.report.compare_text import (
     NOTABLE,
     REST,
     ab_mode,
+    compared,
     compared_line,
     dtype_line,
     interpretation,
@@ -423,7 +424,7 @@ def _ratio_lines(comparison: Comparison, width: int) -> list[Text]:
     line = f"{ratio_line(dual, ab)}   (= {short_formula(ab)})"
     return [
         Text(line if len(line) <= width else ratio_line(dual, ab)),
-        Text(interpretation(dual, ab), style=style),
+        Text(interpretation(dual, ab, compared(comparison)), style=style),
     ]
 
 
@@ -630,7 +631,8 @@ def _layers_table(report: TrendReport, options: RenderOptions) -> tuple[Table, L
         Column("max", [number(e[2]) for e in layer_ends], "right", priority=30),
         Column("findings", flags, kind="prose"),
     ]
-    title = f"Gradient norm per layer over {plural(steps, 'step')} ({first} … {last})"
+    what = report.subject.capitalize()
+    title = f"{what} norm per layer over {plural(steps, 'step')} ({first} … {last})"
     return fitted_table(columns, width, title=title, sections=(0,))
 
 
