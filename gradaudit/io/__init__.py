@@ -14,7 +14,7 @@ from gradaudit.errors import InputError
 from gradaudit.io.discover import KNOWN_SUFFIXES, expand_inputs, input_kind
 from gradaudit.io.files import check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
-from gradaudit.io.sniff import sniff
+from gradaudit.io.sniff import describe_zip, sniff
 from gradaudit.io.trainer_state import TrainerStateSource
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ def open_source(path: str | Path) -> TensorSource:
         from gradaudit.io.torch_pickle import TorchPickleSource
 
         return TorchPickleSource(text)
-    looks = sniff(text).description
+    sniffed = sniff(text)
+    looks = describe_zip(text) if sniffed.kind == "zip" else sniffed.description
     hint = f"; it looks like {looks}" if looks else ""
     if text.lower().endswith(".index.json"):
         hint = "; only safetensors indexes are read: pass the shard files or their directory"

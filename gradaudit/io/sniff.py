@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import zipfile
 from dataclasses import dataclass
 
 from gradaudit.errors import InputError
@@ -85,6 +86,31 @@ def identify(head: bytes, size: int) -> Sniffed:
     if _is_text_pickle(head):
         return Sniffed("pickle", "a Python pickle (protocol 0 or 1)", size)
     return Sniffed(None, "", size)
+
+
+def describe_zip(path: str) -> str:
+    """What a zip archive with an unsupported name holds, for the message that refuses it.
+
+    "A PyTorch checkpoint?" invited renaming a TorchScript program or a zipped model
+    directory to ``.pt``. The central directory (names only, nothing decompressed) says
+    which it is; anything unreadable there keeps the plain description.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError):
+        return DESCRIPTIONS["zip"]
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        return (
+            "a TorchScript archive (torch.jit.save): a program, not a state dict; save "
+            "model.state_dict() with torch.save to audit it"
+        )
+    if any(n.endswith("/data.pkl") for n in names):
+        return "a PyTorch checkpoint (torch.save's zip format): name it .pt to audit it"
+    return (
+        "a zip archive that is not a PyTorch checkpoint (no data.pkl): unzip it and scan "
+        "what it holds"
+    )
 
 
 def sniff(path: str | os.PathLike[str]) -> Sniffed:

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from gradaudit.cli import app
 from gradaudit.errors import InputError
 from gradaudit.io import torch_zip
 from gradaudit.io.torch_zip import check_storages, inspect_torch_zip
+from tests.conftest import runner
 from tests.hostile import CASES, good_checkpoint, member_names, member_span
 
 
@@ -106,3 +108,37 @@ def test_storage_check_compares_offsets_and_sizes(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is not the start of any zip member"):
         check_storages(str(path), archive, [shifted])
     assert "ckpt/data/0" in member_names(path)
+
+
+def zipped_directory(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model/config.json", "{}")
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda path: torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), str(path)),
+            "a TorchScript archive (torch.jit.save): a program, not a state dict",
+        ),
+        (
+            lambda path: torch.save({"w": torch.ones(2)}, path),
+            "a PyTorch checkpoint (torch.save's zip format): name it .pt",
+        ),
+        (
+            lambda path: zipped_directory(path),
+            "a zip archive that is not a PyTorch checkpoint (no data.pkl): unzip it",
+        ),
+    ],
+    ids=["torchscript", "torch-save", "zipped-directory"],
+)
+def test_a_zip_under_another_name_is_said_for_what_it_holds(
+    make: object, said: str, tmp_path: Path
+) -> None:
+    """A ``.jit`` program or a zipped model directory is not invited to be renamed ``.pt``."""
+    path = tmp_path / "model.jit"
+    make(path)  # type: ignore[operator]
+    result = runner.invoke(app, ["scan", str(path), "--no-config"], env={"COLUMNS": "300"})
+    assert result.exit_code == 3
+    assert said in " ".join(result.stderr.split())
