@@ -49,7 +49,10 @@ from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
 from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
 from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
 from gradaudit.io.pickle_budget import budget_problem
+from gradaudit.policy import Role
 from gradaudit.results import Skipped
+from gradaudit.results.roles import TensorHint
+from gradaudit.roles import OPTIMIZER_STATE_ROLES, container_hint
 
 #: A ``.metadata`` larger than this is refused (a 400B-parameter model's is a few MB).
 MAX_METADATA_BYTES = 512 << 20
@@ -443,12 +446,53 @@ def load_chunk(directory: str, tensor: DcpTensor, chunk: Chunk) -> torch.Tensor:
     return value
 
 
+#: Containers ``torch.distributed.checkpoint.state_dict.get_state_dict`` and the common
+#: training loops put an optimizer's state dict under.
+OPTIMIZER_CONTAINERS = frozenset({"optim", "optimizer", "optimizers", "optim_state", "opt"})
+
+
+def dcp_role_hints(names: list[str]) -> dict[str, TensorHint]:
+    """What the tensor paths of a DCP checkpoint say each tensor is.
+
+    ``get_state_dict`` saves ``{"model": …, "optim": {"state": {fqn: {"exp_avg": …}}}}``,
+    flattened to ``optim.state.<fqn>.exp_avg``: the moments are optimizer state of the
+    parameter ``<fqn>``, and the rest (``model.…``, or anything beside optimizer state) the
+    model's weights. Without this the moments were judged as weights.
+    """
+    hints: dict[str, TensorHint] = {}
+    optimizer = False
+    for name in names:
+        parts = name.split(".")
+        key = parts[-1]
+        if (
+            len(parts) >= 4
+            and parts[0].lower() in OPTIMIZER_CONTAINERS
+            and parts[1] == "state"
+            and key in OPTIMIZER_STATE_ROLES
+        ):
+            param = ".".join(parts[2:-1])
+            evidence = f"optimizer state in a DCP checkpoint, key {key!r}"
+            hints[name] = TensorHint(OPTIMIZER_STATE_ROLES[key], evidence, param)
+            optimizer = True
+    for name in names:
+        if name in hints:
+            continue
+        hint = container_hint(name)
+        if hint is None and optimizer:
+            hint = TensorHint(Role.WEIGHT, "beside optimizer state (a training checkpoint's model)")
+        if hint is not None:
+            hints[name] = hint
+    return hints
+
+
 class DcpSource:
     """A ``torch.distributed.checkpoint`` directory, validated whole, read chunk by chunk."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.plan, self.files = plan_checkpoint(path)
+        #: What each tensor is, from its path (:func:`dcp_role_hints`).
+        self.role_hints = dcp_role_hints([entry.name for entry in self.tensors])
 
     @property
     def tensors(self) -> list[DcpTensor]:

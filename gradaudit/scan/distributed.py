@@ -290,7 +290,8 @@ def _collect_dcp(
     if tensors:
         merged = all_reduce_rows(torch.stack(rows), group)
         for index, tensor in enumerate(tensors):
-            facts = PendingEntry(tensor.name, tensor.shape, dtype_name(tensor.dtype), path)
+            hint = source.role_hints.get(tensor.name)
+            facts = PendingEntry(tensor.name, tensor.shape, dtype_name(tensor.dtype), path, hint)
             part.add_row(facts, merged[index])
     return part
 

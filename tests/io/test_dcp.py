@@ -26,6 +26,7 @@ from gradaudit.errors import InputError
 from gradaudit.io import open_source
 from gradaudit.io.base import Pieces
 from gradaudit.io.dcp import DcpSource
+from gradaudit.policy import Role
 from gradaudit.results import Report, TensorStats
 from tests.conftest import runner
 from tests.dcp_worker import planted
@@ -375,3 +376,18 @@ def test_a_pickled_float_too_large_for_a_float_is_the_inputs_error(
     result = _scan_beside_good(directory, tmp_path)
     assert result.exit_code == ExitCode.INPUT_ERROR
     assert ".metadata is truncated or corrupt (OverflowError" in result.stderr
+
+
+def test_optimizer_state_in_a_dcp_checkpoint_keeps_its_role(tmp_path: Path) -> None:
+    """``get_state_dict``'s ``optim.state.<fqn>.exp_avg`` are moments, ``model.…`` weights:
+    the moments of a healthy run were judged as weights (outlier warnings) before."""
+    state = _training_state()
+    del state["extra"]
+    _dcp_save(state, tmp_path / "ckpt")
+    report = scan_paths([tmp_path / "ckpt"], device="cpu")
+    roles = {t.name: t.role for t in report.tensors}
+    assert roles["optim.state.0.weight.exp_avg"] is Role.OPTIMIZER_MOMENT
+    assert roles["optim.state.0.weight.exp_avg_sq"] is Role.OPTIMIZER_SECOND_MOMENT
+    assert roles["model.0.weight"] is Role.WEIGHT
+    assert report.files[0].read_as == "training checkpoint"
+    assert not report.files[0].evidence_thin
