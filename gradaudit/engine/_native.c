@@ -644,45 +644,78 @@ AVX512_INLINE int f32_block_clean(const uint32_t *p, size_t len, acc_t *a, __m51
     return (int)whole + 1;
 }
 
-/* One block of float32 classified in full: the block that holds NaN or Inf. */
-AVX512_INLINE void f32_block_full(const uint32_t *p, size_t len, acc_t *a, __m512i *peak) {
+/* Lane counters and running values of a full classification (float32: 32-bit lanes,
+ * half formats: 16-bit lanes). */
+typedef struct {
+    __m512i nan, inf, ninf, zero, top;
+    __m512d s0, s1, s2, s3;
+} full512_t;
+
+AVX512_INLINE void full512_init(full512_t *f, __m512i peak) {
+    f->nan = f->inf = f->ninf = f->zero = _mm512_setzero_si512();
+    f->top = peak;
+    f->s0 = f->s1 = f->s2 = f->s3 = _mm512_setzero_pd();
+}
+
+/* 16 float32 of a full read; lanes outside `in` read as +0.0 (masked loads): not NaN, not
+ * Inf, and left out of the zeros by the mask. */
+AVX512_INLINE void f32_full16(full512_t *f, __m512i b, __mmask16 in, int odd) {
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
     const __m512i inf = _mm512_set1_epi32(0x7f800000);
     const __m512i ninf = _mm512_set1_epi32((int32_t)0xff800000u);
     const __m512i one = _mm512_set1_epi32(1);
-    __m512i nan_c = _mm512_setzero_si512(), inf_c = nan_c, ninf_c = nan_c, zero_c = nan_c;
-    __m512i top = *peak;
-    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
-    for (size_t i = 0; i < len; i += 16) {
+    __m512i m = _mm512_and_si512(b, abs_mask);
+    __mmask16 finite = _mm512_cmplt_epu32_mask(m, inf);
+    f->nan = _mm512_mask_add_epi32(f->nan, _mm512_cmpgt_epu32_mask(m, inf), f->nan, one);
+    f->inf = _mm512_mask_add_epi32(f->inf, _mm512_cmpeq_epi32_mask(m, inf), f->inf, one);
+    f->ninf = _mm512_mask_add_epi32(f->ninf, _mm512_cmpeq_epi32_mask(b, ninf), f->ninf, one);
+    f->zero = _mm512_mask_add_epi32(f->zero, _mm512_mask_testn_epi32_mask(in, m, m), f->zero, one);
+    f->top = _mm512_mask_max_epu32(f->top, finite, f->top, m);
+    __m512 v = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(finite, m));
+    if (odd)
+        square16(v, &f->s2, &f->s3);
+    else
+        square16(v, &f->s0, &f->s1);
+}
+
+/* One block of float32 classified in full; whether it held NaN or Inf. Plain loads and the
+ * prefetch for whole vectors (it may be read straight from memory, see avx512_f32), a
+ * masked load for the last 1-15 elements. */
+AVX512_INLINE int f32_block_full(const uint32_t *p, size_t len, acc_t *a, __m512i *peak) {
+    full512_t f;
+    full512_init(&f, *peak);
+    size_t whole = len & ~(size_t)31, i = 0;
+    for (; i < whole; i += 32) {
+        PREFETCH512(p + i);
+        PREFETCH512(p + i + 16);
+        f32_full16(&f, _mm512_loadu_si512(p + i), 0xffff, 0);
+        f32_full16(&f, _mm512_loadu_si512(p + i + 16), 0xffff, 1);
+    }
+    for (; i < len; i += 16) {
         size_t k = len - i < 16 ? len - i : 16;
         __mmask16 in = (__mmask16)((1u << k) - 1u);
-        /* masked-out lanes read as +0.0: not NaN, not Inf, and left out of the zeros */
-        __m512i b = _mm512_maskz_loadu_epi32(in, p + i);
-        __m512i m = _mm512_and_si512(b, abs_mask);
-        __mmask16 finite = _mm512_cmplt_epu32_mask(m, inf);
-        nan_c = _mm512_mask_add_epi32(nan_c, _mm512_cmpgt_epu32_mask(m, inf), nan_c, one);
-        inf_c = _mm512_mask_add_epi32(inf_c, _mm512_cmpeq_epi32_mask(m, inf), inf_c, one);
-        ninf_c = _mm512_mask_add_epi32(ninf_c, _mm512_cmpeq_epi32_mask(b, ninf), ninf_c, one);
-        zero_c = _mm512_mask_add_epi32(zero_c, _mm512_mask_testn_epi32_mask(in, m, m), zero_c, one);
-        top = _mm512_mask_max_epu32(top, finite, top, m);
-        square16(_mm512_castsi512_ps(_mm512_maskz_mov_epi32(finite, m)), &s0, &s1);
+        f32_full16(&f, _mm512_maskz_loadu_epi32(in, p + i), in, 0);
     }
-    uint64_t ninf_n = count32_512(ninf_c);
-    a->nan += count32_512(nan_c);
-    a->pos_inf += count32_512(inf_c) - ninf_n;
+    uint64_t nan_n = count32_512(f.nan), inf_n = count32_512(f.inf), ninf_n = count32_512(f.ninf);
+    a->nan += nan_n;
+    a->pos_inf += inf_n - ninf_n;
     a->neg_inf += ninf_n;
-    a->zeros += count32_512(zero_c);
-    a->ssq += _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-    *peak = top;
+    a->zeros += count32_512(f.zero);
+    a->ssq += sum4_pd(f.s0, f.s1, f.s2, f.s3);
+    *peak = f.top;
+    return nan_n + inf_n > 0;
 }
 
 AVX512 static void avx512_f32(const uint32_t *x, size_t n, acc_t *a) {
     __m512i peak = _mm512_setzero_si512();
+    /* After a block with NaN or Inf the next is read in full at once: a tensor full of
+     * them (a diverged step) is read once, not twice. */
+    int special = 0;
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
-        int clean = f32_block_clean(x + done, len, a, &peak);
+        int clean = special ? 0 : f32_block_clean(x + done, len, a, &peak);
         if (!clean)
-            f32_block_full(x + done, len, a, &peak);
+            special = f32_block_full(x + done, len, a, &peak);
         else if ((size_t)(clean - 1) < len)
             f32_block_full(x + done + (clean - 1), len - (size_t)(clean - 1), a, &peak);
     }
@@ -749,43 +782,54 @@ AVX512_INLINE int half_block_clean(const uint16_t *p, size_t len, acc_t *a, __m5
     return (int)whole + 1;
 }
 
-AVX512_INLINE void half_block_full(const uint16_t *p, size_t len, acc_t *a, __m512i *peak,
-                                   int bf16) {
+/* 32 half words of a full read, as f32_full16. */
+AVX512_INLINE void half_full32(full512_t *f, __m512i b, __mmask32 in, int bf16) {
     const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
     const __m512i inf = _mm512_set1_epi16((int16_t)(bf16 ? 0x7f80 : 0x7c00));
     const __m512i ninf = _mm512_set1_epi16((int16_t)(bf16 ? 0xff80u : 0xfc00u));
     const __m512i one = _mm512_set1_epi16(1);
-    __m512i nan_c = _mm512_setzero_si512(), inf_c = nan_c, ninf_c = nan_c, zero_c = nan_c;
-    __m512i top = *peak;
-    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < len; i += 32) {
-        __mmask32 in = words_in(len - i);
-        __m512i b = _mm512_maskz_loadu_epi16(in, p + i);
-        __m512i m = _mm512_and_si512(b, abs_mask);
-        __mmask32 finite = _mm512_cmplt_epu16_mask(m, inf);
-        nan_c = _mm512_mask_add_epi16(nan_c, _mm512_cmpgt_epu16_mask(m, inf), nan_c, one);
-        inf_c = _mm512_mask_add_epi16(inf_c, _mm512_cmpeq_epi16_mask(m, inf), inf_c, one);
-        ninf_c = _mm512_mask_add_epi16(ninf_c, _mm512_cmpeq_epi16_mask(b, ninf), ninf_c, one);
-        zero_c = _mm512_mask_add_epi16(zero_c, _mm512_mask_testn_epi16_mask(in, m, m), zero_c, one);
-        top = _mm512_mask_max_epu16(top, finite, top, m);
-        square32(_mm512_maskz_mov_epi16(finite, m), bf16, &s0, &s1, &s2, &s3);
+    __m512i m = _mm512_and_si512(b, abs_mask);
+    __mmask32 finite = _mm512_cmplt_epu16_mask(m, inf);
+    f->nan = _mm512_mask_add_epi16(f->nan, _mm512_cmpgt_epu16_mask(m, inf), f->nan, one);
+    f->inf = _mm512_mask_add_epi16(f->inf, _mm512_cmpeq_epi16_mask(m, inf), f->inf, one);
+    f->ninf = _mm512_mask_add_epi16(f->ninf, _mm512_cmpeq_epi16_mask(b, ninf), f->ninf, one);
+    f->zero = _mm512_mask_add_epi16(f->zero, _mm512_mask_testn_epi16_mask(in, m, m), f->zero, one);
+    f->top = _mm512_mask_max_epu16(f->top, finite, f->top, m);
+    square32(_mm512_maskz_mov_epi16(finite, m), bf16, &f->s0, &f->s1, &f->s2, &f->s3);
+}
+
+/* One block of half words classified in full, as f32_block_full. */
+AVX512_INLINE int half_block_full(const uint16_t *p, size_t len, acc_t *a, __m512i *peak,
+                                  int bf16) {
+    full512_t f;
+    full512_init(&f, *peak);
+    size_t whole = len & ~(size_t)31, i = 0;
+    for (; i < whole; i += 32) {
+        PREFETCH512(p + i);
+        half_full32(&f, _mm512_loadu_si512(p + i), 0xffffffffu, bf16);
     }
-    uint64_t ninf_n = count16_512(ninf_c);
-    a->nan += count16_512(nan_c);
-    a->pos_inf += count16_512(inf_c) - ninf_n;
+    if (i < len) {
+        __mmask32 in = words_in(len - i);
+        half_full32(&f, _mm512_maskz_loadu_epi16(in, p + i), in, bf16);
+    }
+    uint64_t nan_n = count16_512(f.nan), inf_n = count16_512(f.inf), ninf_n = count16_512(f.ninf);
+    a->nan += nan_n;
+    a->pos_inf += inf_n - ninf_n;
     a->neg_inf += ninf_n;
-    a->zeros += count16_512(zero_c);
-    a->ssq += sum4_pd(s0, s1, s2, s3);
-    *peak = top;
+    a->zeros += count16_512(f.zero);
+    a->ssq += sum4_pd(f.s0, f.s1, f.s2, f.s3);
+    *peak = f.top;
+    return nan_n + inf_n > 0;
 }
 
 AVX512_INLINE void avx512_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
     __m512i peak = _mm512_setzero_si512();
+    int special = 0; /* as in avx512_f32 */
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
-        int clean = half_block_clean(x + done, len, a, &peak, bf16);
+        int clean = special ? 0 : half_block_clean(x + done, len, a, &peak, bf16);
         if (!clean)
-            half_block_full(x + done, len, a, &peak, bf16);
+            special = half_block_full(x + done, len, a, &peak, bf16);
         else if ((size_t)(clean - 1) < len)
             half_block_full(x + done + (clean - 1), len - (size_t)(clean - 1), a, &peak, bf16);
     }
