@@ -1,6 +1,7 @@
 """gradaudit next to what a user would otherwise run, on the same tensors in the same process.
 
-    python -m benchmarks.bench_peers [--gib 1.0] [--threads 2] [--repeats 3] [--clock cpu] [--smoke]
+    python -m benchmarks.bench_peers [--gib 1.0] [--threads 2] [--repeats 3] [--clock cpu]
+        [--isa portable|avx2|avx512] [--smoke] [--check]
 
 Every figure is a ratio to one ``torch.sum`` pass over the same tensors, measured
 in the same run (machines are noisy: compare ratios, not seconds), by wall time or,
@@ -23,6 +24,11 @@ and 100,000 tiny tensors, a LoRA-like set (thousands of small A/B matrices) and
 a MoE-like one (many small experts). ``--smoke`` shrinks everything to run in
 seconds (the test suite runs it); its figures mean nothing.
 
+The CPU model and the native kernel's code path (``--isa`` forces one: ``portable``,
+``avx2`` or ``avx512``, where the CPU has it; the widest it has otherwise) are printed
+first, so figures from two machines or two paths are never confused. The path applies to
+this process, so to every table but the start-up one, whose commands are fresh processes.
+
 Then start-up: wall and CPU time of ``gradaudit --version``, ``scan --help``, a
 shell-completion request and ``import torch`` in fresh interpreters, and an end-
 to-end ``gradaudit scan`` of a dump (the torch-free scan, :mod:`gradaudit.scan.torch_free`)
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -47,12 +54,17 @@ from safetensors.torch import save_file
 
 import gradaudit
 from benchmarks.bench_scan import best_of, many_tiny, table, transformer_like
+from gradaudit.engine import native
 
 MIB = 1024 * 1024
 #: What the default statistics may cost on the fp32 transformer in memory, × one sum
 #: pass (issue 19: a statistic added to the stats row must not break the single pass;
 #: an opt-in one states its own cost). ``--check`` enforces it.
 FP32_BUDGET = 1.3
+#: Issue 30's targets for every workload, × one sum pass, with the widest path the CPU has:
+#: printed after the table (``--check`` enforces only :data:`FP32_BUDGET`).
+MEMORY_TARGET = 1.1
+FILE_TARGET = 1.3
 Tensors = dict[str, torch.Tensor]
 
 
@@ -202,6 +214,56 @@ def measure(
     }
 
 
+# -- the machine -------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's model name (with family and model numbers, which a VM's bare "AMD EPYC"
+    needs) and its logical CPU count; ``platform.processor()`` where there is no
+    ``/proc/cpuinfo``."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if not key.strip() and fields:
+                    break  # the first processor's fields are enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return f"{name}, {os.cpu_count()} logical CPUs"
+
+
+def kernel_path(requested: str | None) -> str:
+    """Force the native kernel's path (``None``: leave the one chosen at import); its name."""
+    if not native.available():
+        if requested is not None:
+            raise SystemExit("--isa: the native kernel is not built")
+        return "none (native kernel not built)"
+    if requested is not None:
+        if requested not in native.paths():
+            raise SystemExit(
+                f"--isa {requested}: this CPU has no such path (it has {', '.join(native.paths())})"
+            )
+        native.set_path(requested)
+    return native.path()
+
+
+def target_line(rows: Sequence[dict[str, object]]) -> str:
+    """Issue 30's targets against the table: which workloads miss them, if any."""
+    missed = []
+    for row in rows:
+        for column, target in (("audit ×sum", MEMORY_TARGET), ("scan ×sum", FILE_TARGET)):
+            value = row[column]
+            if isinstance(value, float) and value > target:
+                missed.append(f"{row['workload']} {column.split()[0]} {value:.2f}")
+    verdict = "all met" if not missed else "missed by " + ", ".join(missed)
+    return f"targets: in memory ≤ {MEMORY_TARGET}×, from a file ≤ {FILE_TARGET}×: {verdict}"
+
+
 # -- start-up ----------------------------------------------------------------------------
 
 
@@ -291,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where dumps are written")
     parser.add_argument("--no-scan", action="store_true", help="leave out the from-file column")
     parser.add_argument("--no-startup", action="store_true", help="leave out start-up")
+    parser.add_argument(
+        "--isa",
+        choices=native.PATHS,
+        default=None,
+        help="force the native kernel's code path (default: the widest this CPU has)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it runs")
     parser.add_argument(
         "--check",
@@ -298,7 +366,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"exit 1 when the fp32 in-memory audit exceeds {FP32_BUDGET}× a sum pass",
     )
     args = parser.parse_args(argv)
+    previous = native.path() if native.available() else None
+    try:
+        run(args)
+    finally:  # a forced path must not outlive the call (the test suite calls main)
+        if previous is not None:
+            native.set_path(previous)
+
+
+def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
+    path = kernel_path(args.isa)
+    print(f"CPU: {cpu_model()}; native kernel path: {path}\n")
     gib = 0.01 if args.smoke else args.gib
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -313,13 +392,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         assert isinstance(fp32, float)
         verdict = "within" if fp32 <= FP32_BUDGET else "OVER"
         print(f"\nfp32 in-memory audit: {fp32:.2f}× one sum pass ({verdict} the budget)")
+        print(target_line(rows))
         if not args.no_startup:
             print()
             print(table(startup_rows(directory, args.repeats, args.smoke), digits=3))
     engine = gradaudit.audit({"x": torch.ones(1)}).engine
     print(
-        f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, engine {engine}, "
-        f"{args.clock} time"
+        f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, engine {engine} "
+        f"(path {path}), {args.clock} time; {cpu_model()}"
     )
     if args.check and verdict == "OVER":
         raise SystemExit(f"fp32 in-memory audit {fp32:.2f}× a sum pass, over {FP32_BUDGET}×")

@@ -103,6 +103,36 @@ def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(float(row[1]) >= 0 for row in timed.values())
 
 
+def test_peers_benchmark_names_the_machine_and_the_forced_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Figures from two machines or two kernel paths must never be confused: both are
+    printed, first and last; a forced path is put back afterwards."""
+    from benchmarks import bench_peers
+
+    if not native.available():
+        pytest.skip("the native kernel is not built")
+    before = native.path()
+    bench_peers.main(["--smoke", "--repeats", "1", "--no-scan", "--no-startup", "--isa=portable"])
+    out = capsys.readouterr().out
+    first, last = out.splitlines()[0], out.splitlines()[-1]
+    assert first == f"CPU: {bench_peers.cpu_model()}; native kernel path: portable"
+    assert "(path portable)" in last
+    assert last.endswith(bench_peers.cpu_model())
+    assert "targets: in memory ≤ 1.1×, from a file ≤ 1.3×" in out
+    assert native.path() == before
+
+
+def test_peers_benchmark_refuses_a_path_the_cpu_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import bench_peers
+
+    if not native.available():
+        pytest.skip("the native kernel is not built")
+    monkeypatch.setattr(native, "paths", lambda: ("portable",))
+    with pytest.raises(SystemExit, match="no such path"):
+        bench_peers.main(["--smoke", "--isa", "avx512", "--no-scan", "--no-startup"])
+
+
 def test_typical_script_and_torch_builtins_agree_with_audit() -> None:
     """The peers measure the same thing: the same NaN/Inf verdict and global norm."""
     import math

@@ -111,12 +111,34 @@ def tensor_facts(
     return facts
 
 
-def set_path(name: str) -> str:
-    """Choose the extension's code path, ``"avx2"`` or ``"portable"``; returns the previous one.
+#: The extension's code paths, narrowest first (see :func:`paths`).
+PATHS = ("portable", "avx2", "avx512")
 
-    For tests, which check both paths against the same reference.
+
+def set_path(name: str) -> str:
+    """Choose the extension's code path (one of :func:`paths`); returns the previous one.
+
+    The widest path the CPU has is chosen at import. For tests, which check every path
+    against the same reference, and benchmarks, which time each one.
     """
     if _module is None:
         raise ValueError("the native kernel is not built")
     previous: str = _module.set_path(name)
     return previous
+
+
+def path() -> str:
+    """The extension's code path in use: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    name: str = _module.path()
+    return name
+
+
+def paths() -> tuple[str, ...]:
+    """The code paths this build runs on this CPU, narrowest first: ``"portable"`` always,
+    then ``"avx2"`` and ``"avx512"`` where the CPU has them; empty when it is not built."""
+    if _module is None:
+        return ()
+    names: tuple[str, ...] = _module.paths()
+    return names

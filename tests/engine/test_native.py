@@ -1,9 +1,10 @@
-"""The native single-pass CPU kernel against the float64 reference, on both of its code paths."""
+"""The native single-pass CPU kernel against the float64 reference, on every path the CPU runs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ NATIVE_DTYPES = [
     torch.float8_e4m3fn,
     torch.float8_e5m2,
 ]
-PATHS = ["avx2", "portable"]
+PATHS = list(native.PATHS)
 #: Subnormal in float32 (1e-40) and in float64 (1e-310).
 SUBNORMALS = [1e-40, 1e-310]
 
@@ -36,14 +37,42 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="the native kerne
 
 @pytest.fixture(params=PATHS)
 def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test on the AVX2 path (where the CPU has it) and on the portable C path."""
+    """Run the test on each path: AVX-512 and AVX2 where the CPU has them, portable C always.
+
+    A path the CPU lacks is skipped, never the portable one
+    (:func:`test_the_portable_path_always_runs` fails instead).
+    """
     name: str = request.param
-    try:
-        previous = native.set_path(name)
-    except ValueError:
-        pytest.skip(f"this CPU has no {name} path")  # only "avx2", on CPUs without AVX2
+    if name not in native.paths():
+        pytest.skip(f"this CPU has no {name} path")
+    previous = native.set_path(name)
     yield name
     native.set_path(previous)
+
+
+@contextmanager
+def on_path(name: str) -> Iterator[None]:
+    previous = native.set_path(name)
+    try:
+        yield
+    finally:
+        native.set_path(previous)
+
+
+def test_the_portable_path_always_runs() -> None:
+    """Skipping a path the CPU lacks must never leave the kernel untested."""
+    assert native.paths()[0] == "portable"
+    assert list(native.paths()) == PATHS[: len(native.paths())]  # each path needs the one before
+
+
+def test_import_chooses_the_widest_path_and_set_path_restores() -> None:
+    assert native.path() == native.paths()[-1]
+    previous = native.set_path("portable")
+    assert native.path() == "portable"
+    assert native.set_path(previous) == "portable"
+    assert native.path() == previous
+    with pytest.raises(ValueError, match="not available"):
+        native.set_path("sse9")
 
 
 def native_row(tensor: torch.Tensor, threads: int = 2) -> HostRow:
@@ -307,3 +336,91 @@ def test_values_are_taken_before_collection_returns(how: str) -> None:
     for stats in report.tensors:
         assert stats.norm == pytest.approx(expected[stats.name], rel=1e-12)
         assert stats.norm > 0
+
+
+#: Integer views of each native dtype, for random bit patterns.
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def adversarial(dtype: torch.dtype, numel: int, seed: int) -> torch.Tensor:
+    """Values of every kind a kernel could get wrong, mixed in each vector.
+
+    Half the elements are random bit patterns (NaN payloads, both infinities,
+    subnormals, both zeros, every exponent); the other half normal values with one
+    in four replaced by a special: NaN, ±Inf, ±0, the dtype's huge, subnormal and
+    smallest normal values, and its largest finite one (for float64 1e300 instead:
+    two of its largest would make the norm itself overflow, for every path alike).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    finfo = torch.finfo(dtype)
+    largest = 1e300 if dtype == torch.float64 else finfo.max
+    specials = torch.tensor(
+        [
+            *(math.nan, math.inf, -math.inf, 0.0, -0.0, HUGE[dtype], -HUGE[dtype]),
+            *(finfo.smallest_normal * 2.0**-2, finfo.smallest_normal, largest, -largest),
+        ],
+        dtype=torch.float64,
+    )
+    values = torch.randn(numel, generator=gen, dtype=torch.float64)
+    planted = torch.rand(numel, generator=gen) < 0.25
+    choice = torch.randint(len(specials), (numel,), generator=gen)
+    values = torch.where(planted, specials[choice], values).to(dtype)
+    integer = BITS[values.element_size()]
+    info = torch.iinfo(integer)
+    bits = torch.randint(info.min, info.max, (numel,), generator=gen, dtype=torch.int64)
+    random_bits = bits.to(integer).view(dtype)
+    if dtype == torch.float64:  # the largest exponents scaled down, for the same reason
+        random_bits = torch.where(random_bits.abs() > 1e300, random_bits * 2.0**-60, random_bits)
+    mixed = torch.rand(numel, generator=gen) < 0.5
+    return torch.where(mixed, random_bits, values)
+
+
+def rows_on_every_path(tensor: torch.Tensor) -> dict[str, HostRow]:
+    rows = {}
+    for name in native.paths():
+        with on_path(name):
+            rows[name] = native_row(tensor, threads=1)
+    return rows
+
+
+def assert_paths_agree(tensor: torch.Tensor, rows: dict[str, HostRow]) -> None:
+    """Every path matches the float64 reference; counts and max|x| are equal to the bit,
+    norms to 1e-12 (the order of float64 additions is each path's own)."""
+    ref = reference_stats(tensor)
+    for name, got in rows.items():
+        assert (got.nan, got.pos_inf, got.neg_inf, got.zeros, got.max_abs) == (
+            ref.nan,
+            ref.pos_inf,
+            ref.neg_inf,
+            ref.zeros,
+            ref.max_abs,
+        ), name
+        assert math.isfinite(got.norm)
+        assert got.norm == pytest.approx(ref.norm, rel=1e-12, abs=0.0), name
+
+
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_every_path_agrees_on_every_short_length_and_start(dtype: torch.dtype) -> None:
+    """Lengths 0..64 (every tail of every vector width) from 17 starts, most of them not
+    aligned to a vector or a cache line, with specials in every position."""
+    buffer = adversarial(dtype, 17 + 64, seed=21)
+    for start in range(17):
+        for numel in range(65):
+            tensor = buffer[start : start + numel]
+            assert_paths_agree(tensor, rows_on_every_path(tensor))
+
+
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+def test_every_path_agrees_across_blocks(dtype: torch.dtype) -> None:
+    """Lengths around the 4096-element block, misaligned, with blocks that hold specials
+    next to blocks that hold none (the AVX-512 path reads those by a shorter loop)."""
+    buffer = adversarial(dtype, 5 * 4096 + 80, seed=22)
+    clean = torch.randn(5 * 4096 + 80, generator=torch.Generator().manual_seed(23)).to(dtype)
+    clean[4096 : 2 * 4096] = buffer[4096 : 2 * 4096]  # one block of specials among clean ones
+    clean[3 * 4096 + 100] = math.nan  # and one NaN alone in another block
+    clean[:50] = 0.0
+    for source in (buffer, clean):
+        for start in (0, 1, 3, 31):
+            for numel in (4095, 4096, 4097, 4096 + 33, 2 * 4096 + 63, 5 * 4096):
+                tensor = source[start : start + numel]
+                assert_paths_agree(tensor, rows_on_every_path(tensor))
