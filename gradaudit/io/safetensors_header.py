@@ -44,7 +44,6 @@ __all__ = [
     "classify_head",
     "read_header",
     "read_header_open",
-    "sniff_kind",
 ]
 
 #: Headers longer than this are refused as absurd. The value is the safetensors library's
@@ -260,7 +259,7 @@ def _json_type(value: Any) -> str:
 
 
 def classify_head(head: bytes, file_size: int) -> str | None:
-    """Say what the first bytes of a file look like (see :func:`sniff_kind`).
+    """Say what the first bytes of a file look like (:func:`gradaudit.io.sniff.sniff` names it).
 
     A plausible safetensors prefix wins over the other signatures: a valid header length
     such as 640 starts with ``0x80 0x02``, which is also the start of a protocol-2 pickle.
@@ -277,25 +276,6 @@ def classify_head(head: bytes, file_size: int) -> str | None:
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "pickle"
     return None
-
-
-def sniff_kind(path: str | os.PathLike[str]) -> str | None:
-    """Guess a file's format from its first bytes, so an error can say what it looks like.
-
-    Returns ``"zip"`` (e.g. a PyTorch zip checkpoint), ``"git-lfs"`` (a pointer file
-    checked out without ``git lfs pull``), ``"pickle"`` (a legacy PyTorch ``.pt``/``.bin``),
-    ``"safetensors-ish"`` (a plausible header length followed by ``{``) or ``None``. This is
-    a hint, not a validation: use :func:`read_header` for that. Raises :class:`InputError`
-    when the path is not a readable regular file.
-    """
-    path = os.fspath(path)
-    handle, size = open_checked(path)
-    with handle:
-        try:
-            head = handle.read(_SNIFF_BYTES)
-        except OSError as error:
-            raise InputError(path, describe_os_error(error)) from None
-    return classify_head(head, size)
 
 
 def _reject_constant(name: str) -> NoReturn:

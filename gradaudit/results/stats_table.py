@@ -7,9 +7,9 @@ more than a gigabyte for results that a table summarises in a dozen lines. A
 (~100 bytes per tensor besides the name) and is a ``Sequence[TensorStats]``:
 indexing and iterating give the same :class:`TensorStats` values as before,
 built on demand, so renderers and library users see no difference. The judging
-code reads the columns directly where that is simpler (:mod:`gradaudit.checks`).
+code reads the columns directly where that is simpler (:mod:`gradaudit.scan.judge`).
 
-Every number is derived exactly as :class:`~gradaudit.stats.HostRow` derives it
+Every number is derived exactly as :class:`~gradaudit.engine.stats.HostRow` derives it
 (the same IEEE operations), so a value read through a column equals the one
 read through a :class:`TensorStats`.
 """
@@ -208,7 +208,7 @@ class StatsTable(ColumnView[TensorStats]):
     ) -> StatsTable:
         """From the host stats rows ``[n, 7]`` (float64) of the tensors, in order.
 
-        The same derivations as :class:`~gradaudit.stats.HostRow`: ``int()`` of each
+        The same derivations as :class:`~gradaudit.engine.stats.HostRow`: ``int()`` of each
         count (exact below 2**53), norm ``scale * sqrt(ssq)``, RMS ``norm /
         sqrt(finite)``, each a correctly rounded IEEE operation in numpy as in Python.
         """

@@ -5,7 +5,7 @@ steps together shows where it began: which layer's norm spiked first, at which
 step the first NaN/Inf appeared and in which tensor, which layer died.
 
 The pass is streaming: dumps are ordered by their step from the headers alone,
-then audited one at a time with :func:`gradaudit.scan.pending.scan_paths` (one host
+then audited one at a time with :func:`gradaudit.scan.paths.scan_paths` (one host
 read each). Only per-layer numbers are kept between dumps (a few floats per
 layer and step), never a tensor, so memory does not grow with the dumps' size.
 

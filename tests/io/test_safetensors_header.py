@@ -34,8 +34,8 @@ from gradaudit.io.safetensors_header import (
     SafetensorsHeader,
     TensorEntry,
     read_header,
-    sniff_kind,
 )
+from gradaudit.io.sniff import sniff
 from gradaudit.report.text import printable
 from tests.hostile import pairs_json
 from tests.hostile import raw_safetensors as raw_file
@@ -245,7 +245,7 @@ def test_valid_header_whose_length_looks_like_a_pickle_is_not_misread(tmp_path: 
     path = raw_file(tmp_path / "640.safetensors", text.ljust(640), b"\0" * 4)
     assert path.read_bytes()[:2] == b"\x80\x02"
     assert [t.name for t in read_header(path).tensors] == ["t"]
-    assert sniff_kind(path) == "safetensors-ish"
+    assert sniff(path).kind == "safetensors"
 
 
 # --------------------------------------------------------------------------- path checks
@@ -290,7 +290,7 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"not a regular file \(FIFO\)"):
         run_with_timeout(lambda: read_header(fifo))
     with pytest.raises(InputError, match="FIFO"):
-        run_with_timeout(lambda: sniff_kind(fifo))
+        run_with_timeout(lambda: sniff(fifo))
     link = tmp_path / "link-to-pipe.safetensors"
     link.symlink_to(fifo)
     with pytest.raises(InputError, match="FIFO"):
@@ -640,14 +640,14 @@ def test_zip_archive(tmp_path: Path) -> None:
     torch.save({"w": torch.ones(2)}, path)
     assert path.read_bytes()[:4] == b"PK\x03\x04"
     refused(path, "looks like a zip archive")
-    assert sniff_kind(path) == "zip"
+    assert sniff(path).kind == "zip"
 
 
 def test_legacy_pickle(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
     refused(path, "looks like a pickle")
-    assert sniff_kind(path) == "pickle"
+    assert sniff(path).kind == "torch-legacy"
 
 
 def test_git_lfs_pointer(tmp_path: Path) -> None:
@@ -658,16 +658,16 @@ def test_git_lfs_pointer(tmp_path: Path) -> None:
         "size 12345\n"
     )
     refused(path, "git lfs pull")
-    assert sniff_kind(path) == "git-lfs"
+    assert sniff(path).kind == "git-lfs"
 
 
-def test_sniff_kind_on_safetensors_and_on_noise(tmp_path: Path) -> None:
+def test_sniff_on_safetensors_and_on_noise(tmp_path: Path) -> None:
     good = tmp_path / "good.safetensors"
     save_file({"w": torch.ones(1)}, str(good))
-    assert sniff_kind(good) == "safetensors-ish"
+    assert sniff(good).kind == "safetensors"
     noise = tmp_path / "noise.bin"
     noise.write_bytes(b"hello world, not a tensor file")
-    assert sniff_kind(noise) is None
+    assert sniff(noise).kind is None
 
 
 # --------------------------------------------------------------------------- properties
