@@ -158,6 +158,32 @@ def metadata_evidence(metadata: Mapping[str, str] | None) -> FileEvidence | None
     return None
 
 
+#: File names ``save_pretrained`` (transformers, diffusers, peft) and Meta's releases give
+#: weight files, shards included: a name the library chose, so firm evidence.
+_WEIGHT_FILE_NAMES = re.compile(
+    r"(?:pytorch_model|model|diffusion_pytorch_model|adapter_model|tf_model|flax_model)"
+    r"(?:-\d{5}-of-\d{5})?\.(?:bin|safetensors|pt|pth)"
+    r"|consolidated(?:\.\d+)?\.(?:pth|safetensors)"
+)
+
+
+def file_name_evidence(path: str | None) -> FileEvidence | None:
+    """What a file's name says it holds, or None: ``pytorch_model.bin``,
+    ``model-00001-of-00002.safetensors`` … are what ``save_pretrained`` writes for weights.
+
+    Before this a diverged BERT's ``pytorch_model.bin`` (a plain state dict, no norm-like
+    scale left) was read as gradients on thin evidence (corpus/).
+    """
+    if path is None:
+        return None
+    name = re.split(r"[/\\]", path)[-1]
+    if _WEIGHT_FILE_NAMES.fullmatch(name):
+        return FileEvidence(
+            Role.WEIGHT, f"file name {name}: what save_pretrained writes for weights"
+        )
+    return None
+
+
 #: A 1-D tensor of at least this many elements may count as a normalisation weight.
 NORM_LIKE_MIN_ELEMENTS = 16
 NORM_LIKE_RMS = (0.25, 4.0)

@@ -43,6 +43,7 @@ from gradaudit.roles import (
     decide,
     describe_file,
     file_evidence_text,
+    file_name_evidence,
     name_templates,
     name_word_mask,
     stats_evidence,
@@ -253,8 +254,10 @@ def with_roles(
         if source is None:
             file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
         else:
-            file_role = file_evidence.get(source) or stats_evidence(
-                table, None if len(indices) == count else indices
+            file_role = (
+                file_evidence.get(source)
+                or file_name_evidence(source)
+                or stats_evidence(table, None if len(indices) == count else indices)
             )
             thin_evidences.append(file_role)
         if kind is InputKind.GRADIENTS:

@@ -10,10 +10,12 @@ dump that says what it holds) gates them. NaN and Inf fail whatever the reading.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from gradaudit import ExitCode
 from gradaudit.cli import app
@@ -130,3 +132,26 @@ def test_evaluate_warns_with_the_reason_and_keeps_errors_on_firm_evidence() -> N
     firm = dataclasses.replace(thin, role_evidence="--kind gradients", role_thin=False)
     (finding,) = evaluate(firm, policy)
     assert finding.severity is Severity.ERROR
+
+
+def test_a_weight_file_name_is_firm_evidence(tmp_path: Path) -> None:
+    """``pytorch_model.bin`` / ``model.safetensors`` are what ``save_pretrained`` writes for
+    weights: read as weights on that evidence, not on a guess (a diverged BERT's
+    ``pytorch_model.bin`` was read as gradients on thin evidence before)."""
+    torch.manual_seed(0)
+    state = {"enc.weight": torch.randn(64, 64) * 0.1, "enc.bias": torch.zeros(64)}
+    for name in ("pytorch_model.bin", "model-00001-of-00002.safetensors"):
+        path = tmp_path / name
+        if name.endswith(".bin"):
+            torch.save(state, path)
+        else:
+            save_file(state, str(path))
+        doc = json.loads(scan(path, "--format", "json").stdout)
+        (entry,) = doc["files"]
+        assert entry["read_as"] == "weights"
+        assert entry["read_as_evidence"].startswith(f"file name {name}")
+        assert entry["evidence_thin"] is False
+    other = tmp_path / "grads.safetensors"
+    save_file(state, str(other))
+    doc = json.loads(scan(other, "--format", "json").stdout)
+    assert doc["files"][0]["evidence_thin"] is True
