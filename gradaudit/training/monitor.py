@@ -39,7 +39,7 @@ from gradaudit.policy import FindingKind, Severity, Thresholds
 from gradaudit.results import Finding, Report
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
-from gradaudit.training.locate import Location, NanLocator
+from gradaudit.training.locate import Location, NanLocator, StepReplay
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -251,6 +251,15 @@ class GradientMonitor:
         )
         self._locate_next = False  # a NaN/Inf was seen and not located yet
         self._locations: deque[tuple[int, Location]] = deque(maxlen=history)
+        # With this step's stats read in this call (sync), a NaN/Inf step is located before
+        # step() returns, by replaying its forward and backward: keep each step's batch.
+        self._replay = (
+            StepReplay(model)
+            if sync and locate != "off" and isinstance(model, torch.nn.Module)
+            else None
+        )
+        if self._replay is not None:
+            self._replay.arm()
         if locate == "always":
             self._arm_for(0)
 
@@ -297,15 +306,30 @@ class GradientMonitor:
                 self._pending = (current, pending)
         # With this step's own stats at hand (sync), they name the poisoned gradients.
         same_step = record is not None and record.step == current
-        self._read_location(current, record.report if same_step and record else None)
-        if record is not None and record.nonfinite and self.locate == "on_nonfinite":
-            # A step already located needs no second look; the next occurrence does.
-            located = any(s == record.step and loc.found for s, loc in self._locations)
-            self._locate_next = self._locate_next or not located
+        acting_on_it = record is not None and same_step and bool(record.nonfinite)
+        self._read_location(
+            current, record.report if same_step and record else None, announce=not acting_on_it
+        )
+        if record is not None and record.nonfinite and self._locator is not None:
+            if self._location_of(record.step) is None and same_step and self._replay:
+                # Before optimizer.step() applies it: replay this step under the locator.
+                replayed = self._replay.replay(self._locator, record.report)
+                if replayed is not None:
+                    self._locations.append((record.step, replayed))
+            if self.locate == "on_nonfinite" and self._location_of(record.step) is None:
+                # Not located (async stats, a NaN that did not reproduce): arm the next steps.
+                self._locate_next = True
+        if self._replay is not None:
+            self._replay.clear()
+            self._replay.arm()
         self._arm_for(current + 1)
         if record is not None:
             self._act(record, current)
         return record
+
+    def _location_of(self, step: int) -> Location | None:
+        """The location found for ``step``, if it was located and held NaN/Inf."""
+        return next((loc for s, loc in reversed(self._locations) if s == step and loc.found), None)
 
     def _arm_for(self, step: int) -> None:
         """Arm the locator for ``step`` (hooks must be in place before its forward), or not."""
@@ -316,15 +340,16 @@ class GradientMonitor:
         else:
             self._locator.disarm()
 
-    def _read_location(self, step: int, report: Report | None) -> None:
-        """The one read of an armed step's hook counts; a found NaN/Inf is warned about."""
+    def _read_location(self, step: int, report: Report | None, *, announce: bool) -> None:
+        """The one read of an armed step's hook counts; a found NaN/Inf is warned about
+        (``announce``; otherwise the NaN/Inf warning or error of this step says it)."""
         if self._locator is None or not self._locator.armed:
             return
         location = self._locator.read(report)
         self._locations.append((step, location))
         if location.found:
             self._locate_next = False
-            if self.on_nonfinite != "ignore":
+            if self.on_nonfinite != "ignore" and announce:
                 warnings.warn(
                     f"step {step}: NaN/Inf located: " + location.describe().replace("\n", "; "),
                     NonFiniteGradientWarning,
@@ -339,6 +364,8 @@ class GradientMonitor:
         now = self._next_step - 1
         if self._locator is not None:
             self._locator.disarm()
+        if self._replay is not None:
+            self._replay.disarm()
         record = self._complete(now)
         if record is not None:
             self._act(record, now)
@@ -365,9 +392,12 @@ class GradientMonitor:
         """Warn or raise about NaN/Inf, then about the other findings, pointing at the
         caller of ``step()``/``flush()``."""
         if record.nonfinite and self.on_nonfinite != "ignore":
-            message = _message(record, now)
+            location = self._location_of(record.step)
+            message = _message(record, now, location)
             if self.on_nonfinite == "raise":
-                raise NonFiniteGradientError(record.step, record.nonfinite, record.dump, message)
+                raise NonFiniteGradientError(
+                    record.step, record.nonfinite, record.dump, message, location
+                )
             warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
         self._act_on_findings(record, now)
 
@@ -482,10 +512,12 @@ def _counts(nan: int, pos_inf: int, neg_inf: int) -> str:
     return ", ".join(p for p in parts if not p.startswith("0 "))
 
 
-def _message(record: MonitorRecord, now: int) -> str:
+def _message(record: MonitorRecord, now: int, location: Location | None = None) -> str:
     count = len(record.nonfinite)
     text = (
         f"step {record.step}: NaN/Inf gradients in {count} tensor"
         f"{'s' if count != 1 else ''}: {_names(record)}"
     )
+    if location is not None:
+        text += "; located: " + location.describe().replace("\n", "; ")
     return text + _dump_note(record, now)
