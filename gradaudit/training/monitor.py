@@ -18,9 +18,10 @@ them. Chasing a NaN, use ``sync=True``; watching a healthy run, the default.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
@@ -36,7 +37,7 @@ from gradaudit.errors import (
     NonFiniteGradientWarning,
 )
 from gradaudit.policy import FindingKind, Severity, Thresholds
-from gradaudit.results import Finding, Report
+from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
 from gradaudit.training.locate import Location, NanLocator, StepReplay
@@ -122,6 +123,17 @@ class MonitorRecord:
 
     @property
     def global_norm(self) -> float:
+        """L2 norm of every gradient, as ``torch.nn.utils.get_total_norm`` defines it: NaN
+        when a gradient holds NaN, ``inf`` when one holds ±Inf (and none NaN).
+
+        A step whose gradients are all NaN is never ``0.0`` here: on a dashboard that would
+        read as gradients that vanished, while the Trainer's own ``grad_norm`` says ``nan``.
+        The norm of the finite elements is :attr:`finite_norm`.
+        """
+        return _with_nonfinite(self.finite_norm, self.report.tensors)
+
+    @property
+    def finite_norm(self) -> float:
         """L2 norm over the finite elements of every gradient (overflow-safe)."""
         return self.report.summary.global_norm
 
@@ -132,8 +144,9 @@ class MonitorRecord:
 
     @property
     def norms(self) -> dict[str, float]:
-        """Per-parameter (per-layer) gradient norms, by parameter name."""
-        return {t.name: t.norm for t in self.report.tensors}
+        """Per-parameter (per-layer) gradient norms, by parameter name: NaN for a gradient
+        holding NaN, ``inf`` for one holding ±Inf (as :attr:`global_norm`)."""
+        return {t.name: _with_nonfinite(t.norm, (t,)) for t in self.report.tensors}
 
     @property
     def nonfinite(self) -> tuple[str, ...]:
@@ -449,6 +462,15 @@ class GradientMonitor:
             )
         self.dumps_written += 1
         return MonitorRecord(record.step, record.report, path)
+
+
+def _with_nonfinite(norm: float, tensors: Sequence[TensorStats]) -> float:
+    """``norm``, or NaN / ``inf`` when ``tensors`` hold NaN / ±Inf (NaN wins)."""
+    if any(t.nan for t in tensors):
+        return math.nan
+    if any(t.pos_inf or t.neg_inf for t in tensors):
+        return math.inf
+    return norm
 
 
 def _dump_name(step: int, *, gathered: bool) -> str:
