@@ -3,10 +3,11 @@
 A tracker is anything with ``log_scalars(values, step)`` and, optionally,
 ``log_histogram(name, values, step)`` (:class:`ScalarLogger`); a tracker whose every call
 is a row of its own (W&B: each ``run.log`` is a history row) also has
-``log_row(values, histograms, step)``, which :func:`log_record` then calls once per record. :func:`log_record` turns a
-:class:`~gradaudit.MonitorRecord` into the shared scalars (:mod:`.scalars`) and hands them
-over; the two classes here only translate that call for TensorBoard's ``SummaryWriter``
-and for a Weights & Biases run. Each imports its library when it is created, not before.
+``log_row(values, histograms, step)``, which :func:`log_record` then calls once per record.
+:func:`log_record` turns a :class:`~gradaudit.MonitorRecord` into the shared scalars
+(:mod:`.scalars`) and hands them over; the two classes here only translate that call for
+TensorBoard's ``SummaryWriter`` and for a Weights & Biases run. Each imports its library
+when it is created, not before.
 
 The histogram is of the per-parameter gradient norms (``log10``), which the record already
 holds: one value per parameter, so it costs nothing next to the training step. Histograms
