@@ -10,7 +10,10 @@ backward:
 * ``plain``: no hooks (the yardstick);
 * ``NanLocator``: forward and full backward hooks armed, plus the one read;
 * ``NanLocator(backward=False)``: forward hooks only, plus the read;
-* ``detect_anomaly``: ``torch.autograd.detect_anomaly(check_nan=True)``.
+* ``detect_anomaly``: ``torch.autograd.detect_anomaly(check_nan=True)``;
+* ``StepReplay armed``: what a monitor with ``locate=...`` and ``sync=True`` adds to every
+  step, located or not: two hooks on the root that keep the batch, the random state and the
+  gradient flowing into the output, so a NaN step can be replayed under the locator.
 
 Medians, printed as milliseconds and as a ratio to ``plain``.
 """
@@ -29,6 +32,7 @@ import torch
 import gradaudit
 from benchmarks.bench_monitor import TinyTransformer
 from benchmarks.bench_scan import table
+from gradaudit.training.locate import StepReplay
 
 
 def _sync(device: torch.device) -> None:
@@ -59,11 +63,19 @@ def main(argv: list[str] | None = None) -> None:
             yield
             locator.read()
 
+    @contextlib.contextmanager
+    def replayable() -> Iterator[None]:
+        replay = StepReplay(model)
+        replay.arm()
+        yield
+        replay.disarm()
+
     variants: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
         "plain": contextlib.nullcontext,
         "NanLocator": lambda: located(True),
         "NanLocator(backward=False)": lambda: located(False),
         "detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True),
+        "StepReplay armed": replayable,
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     with warnings.catch_warnings():

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradaudit.results.location import Location
 
 
 class ExitCode(IntEnum):
@@ -107,18 +111,27 @@ class OutputError(GradauditError):
 class NonFiniteGradientError(GradauditError):
     """A :class:`~gradaudit.GradientMonitor` found NaN or Inf gradients and was told to raise.
 
-    Carries the step whose stats showed them, the tensors' names and the dump
-    written (or ``None``), so a training script can log them and stop cleanly.
+    Carries the step whose stats showed them, the tensors' names, the dump
+    written (or ``None``) and, with ``locate=``, where the NaN/Inf came from
+    (:class:`~gradaudit.Location`, also in the message; ``None`` when the monitor does not
+    locate or the step could not be located), so a training script can log them and stop
+    cleanly.
     """
 
     exit_code = ExitCode.FINDINGS
 
     def __init__(
-        self, step: int, tensors: tuple[str, ...], dump: Path | None, message: str
+        self,
+        step: int,
+        tensors: tuple[str, ...],
+        dump: Path | None,
+        message: str,
+        location: Location | None = None,
     ) -> None:
         self.step = step
         self.tensors = tensors
         self.dump = dump
+        self.location = location
         super().__init__(message)
 
 

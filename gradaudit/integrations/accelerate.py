@@ -45,6 +45,7 @@ def accelerate_step(
 ) -> MonitorRecord | None:
     """``monitor.step(step)`` on synchronised steps, after unscaling fp16 gradients.
 
+    Steps the monitor, never the optimizer: call ``optimizer.step()`` after it as before.
     Returns what ``monitor.step`` returns, or ``None`` on an accumulation micro-step (the
     monitor's step count does not advance then). ``optimizer`` limits the unscaling to one
     optimizer; by default every prepared optimizer is unscaled.

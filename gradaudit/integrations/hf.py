@@ -25,7 +25,7 @@ The monitor's scalars (:mod:`gradaudit.integrations.scalars`) are added to the l
 their step (its ``log_history`` entry and the ``logs`` the reporting callbacks receive). The
 callback moves itself ahead of the Trainer's other callbacks when training begins, so
 TensorBoard or W&B reporters see its keys whether it came through ``Trainer(callbacks=[…])``
-or :meth:`GradauditCallback.attach`.
+or :meth:`GradauditTrainerCallback.attach`.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from typing_extensions import Unpack
 
-__all__ = ["GradauditCallback"]
+__all__ = ["GradauditCallback", "GradauditTrainerCallback"]
 
 #: How far up the call stack ``on_train_begin`` looks for the Trainer that called it
 #: (CallbackHandler.call_event, CallbackHandler.on_train_begin, the training loop).
 _STACK_DEPTH = 8
 
 
-class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
+class GradauditTrainerCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
     """Gradient stats of the steps the Trainer logs; ``options`` as :class:`GradientMonitor`'s.
 
     Every monitor option but ``every`` (``dump_dir``, ``on_nonfinite``, ``on_finding``,
@@ -97,7 +97,7 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
         self._uninstall: Callable[[], None] | None = None
         self._fallback_said = False
 
-    def attach(self, trainer: Trainer) -> GradauditCallback:
+    def attach(self, trainer: Trainer) -> GradauditTrainerCallback:
         """Add this callback ahead of the Trainer's others (the same as passing it in
         ``Trainer(callbacks=[…])``, which this callback also puts first when training begins)."""
         callbacks = trainer.callback_handler.callbacks
@@ -126,8 +126,8 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
         trainer = self._trainer or _calling_trainer()
         if trainer is None:
             warnings.warn(
-                "GradauditCallback: the Trainer that calls it was not found, so its stats are "
-                "read at on_pre_optimizer_step, after the Trainer's gradient clipping, and "
+                "GradauditTrainerCallback: the Trainer that calls it was not found, so its stats "
+                "are read at on_pre_optimizer_step, after the Trainer's gradient clipping, and "
                 "reporters that run before it miss its keys: use callback.attach(trainer)",
                 RuntimeWarning,
                 stacklevel=2,
@@ -149,7 +149,7 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
         if self._uninstall is not None and not self._fallback_said:
             self._fallback_said = True
             warnings.warn(
-                "GradauditCallback: this Trainer clipped the gradients without "
+                "GradauditTrainerCallback: this Trainer clipped the gradients without "
                 "accelerator.clip_grad_norm_, so the stats are of the clipped gradients "
                 f"(max_grad_norm={args.max_grad_norm}): a NaN in one gradient may show in all",
                 RuntimeWarning,
@@ -216,7 +216,7 @@ class GradauditCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
         kind = str(getattr(accelerator, "distributed_type", ""))
         if "DEEPSPEED" in kind.upper():
             warnings.warn(
-                "GradauditCallback under DeepSpeed: the engine clips and steps inside "
+                "GradauditTrainerCallback under DeepSpeed: the engine clips and steps inside "
                 "backward(), so the stats are of what the parameters' .grad hold at "
                 "on_pre_optimizer_step (after clipping; empty under ZeRO)",
                 RuntimeWarning,
@@ -287,3 +287,8 @@ def _calling_trainer() -> Trainer | None:
             return candidate
         frame = frame.f_back
     return None
+
+
+#: The name this class had before the Transformers and Lightning callbacks got names of
+#: their own (both were ``GradauditCallback``); kept so existing imports keep working.
+GradauditCallback = GradauditTrainerCallback

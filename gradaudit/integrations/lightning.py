@@ -33,10 +33,10 @@ from gradaudit.training.monitor import AdapterOptions, GradientMonitor, MonitorR
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["GradauditCallback"]
+__all__ = ["GradauditCallback", "GradauditLightningCallback"]
 
 
-class GradauditCallback(Callback):  # type: ignore[misc,unused-ignore]
+class GradauditLightningCallback(Callback):  # type: ignore[misc,unused-ignore]
     """Gradient stats every ``every`` steps of each optimizer; ``options`` as the monitor's.
 
     Every :class:`~gradaudit.training.monitor.AdapterOptions` key is passed through
@@ -160,3 +160,8 @@ def _optimizer_index(optimizers: list[Any], optimizer: Any) -> int:
         if candidate is optimizer or getattr(candidate, "optimizer", None) is optimizer:
             return index
     return len(optimizers)  # not one the trainer knows (a user-made optimizer): its own slot
+
+
+#: The name this class had before the Transformers and Lightning callbacks got names of
+#: their own (both were ``GradauditCallback``); kept so existing imports keep working.
+GradauditCallback = GradauditLightningCallback

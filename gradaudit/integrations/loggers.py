@@ -1,10 +1,13 @@
 """Monitor records to experiment trackers: one small interface, one class per tracker.
 
 A tracker is anything with ``log_scalars(values, step)`` and, optionally,
-``log_histogram(name, values, step)`` (:class:`ScalarLogger`). :func:`log_record` turns a
-:class:`~gradaudit.MonitorRecord` into the shared scalars (:mod:`.scalars`) and hands them
-over; the two classes here only translate that call for TensorBoard's ``SummaryWriter``
-and for a Weights & Biases run. Each imports its library when it is created, not before.
+``log_histogram(name, values, step)`` (:class:`ScalarLogger`); a tracker whose every call
+is a row of its own (W&B: each ``run.log`` is a history row) also has
+``log_row(values, histograms, step)``, which :func:`log_record` then calls once per record.
+:func:`log_record` turns a :class:`~gradaudit.MonitorRecord` into the shared scalars
+(:mod:`.scalars`) and hands them over; the two classes here only translate that call for
+TensorBoard's ``SummaryWriter`` and for a Weights & Biases run. Each imports its library
+when it is created, not before.
 
 The histogram is of the per-parameter gradient norms (``log10``), which the record already
 holds: one value per parameter, so it costs nothing next to the training step. Histograms
@@ -49,12 +52,20 @@ def log_record(
     """
     at = record.step if step is None else step
     values = record_scalars(record, per_layer=per_layer)
-    logger.log_scalars(values, at)
-    log_histogram = getattr(logger, "log_histogram", None)
-    if histogram and log_histogram is not None:
+    histograms: dict[str, list[float]] = {}
+    if histogram:
         norms = [math.log10(t.norm) for t in record.report.tensors if t.norm > 0]
         if norms:
-            log_histogram(f"{PREFIX}/log10_norms", norms, at)
+            histograms[f"{PREFIX}/log10_norms"] = norms
+    log_row = getattr(logger, "log_row", None)
+    if log_row is not None:  # one call, one row
+        log_row(values, histograms, at)
+        return values
+    logger.log_scalars(values, at)
+    log_histogram = getattr(logger, "log_histogram", None)
+    if log_histogram is not None:
+        for name, logged in histograms.items():
+            log_histogram(name, logged, at)
     return values
 
 
@@ -117,3 +128,15 @@ class WandbLogger:
 
     def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
         self.run.log({name: self._wandb.Histogram(list(values)), STEP_KEY: step})
+
+    def log_row(
+        self, values: Mapping[str, float], histograms: Mapping[str, Sequence[float]], step: int
+    ) -> None:
+        """The scalars and histograms of one record in one ``run.log``: one history row.
+
+        (``log_scalars`` then ``log_histogram`` would be two rows per record, each missing
+        half the keys.)
+        """
+        row: dict[str, Any] = {**values, STEP_KEY: step}
+        row.update({name: self._wandb.Histogram(list(h)) for name, h in histograms.items()})
+        self.run.log(row)

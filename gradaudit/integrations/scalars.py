@@ -4,7 +4,11 @@ A :class:`~gradaudit.MonitorRecord` is turned into flat ``name -> float`` pairs 
 nowhere else, so a run logged through the Trainer callback, the Lightning callback,
 TensorBoard or W&B shows the same keys:
 
-* ``gradaudit/global_norm``: L2 norm over the finite elements of every gradient;
+* ``gradaudit/global_norm``: L2 norm of every gradient, NaN when one holds NaN and ``inf``
+  when one holds ±Inf (as ``torch.nn.utils.get_total_norm`` and the Trainer's ``grad_norm``):
+  an all-NaN step is never logged as ``0.0``, which a dashboard would show as a collapse;
+* ``gradaudit/finite_norm``: L2 norm over the finite elements (equal to ``global_norm`` on
+  a healthy step);
 * ``gradaudit/nonfinite_tensors``: how many gradients hold a NaN or Inf;
 * ``gradaudit/nan`` and ``gradaudit/inf``: NaN and ±Inf elements over all gradients;
 * ``gradaudit/findings/exploding``, ``…/vanishing``, ``…/outlier``: how many gradients
@@ -12,7 +16,8 @@ TensorBoard or W&B shows the same keys:
   ``gradaudit/findings/other`` counts the rarer kinds;
 * ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
   record only in the row of its own step, so there it equals the row's step);
-* ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on.
+* ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on (NaN / ``inf`` for
+  a gradient holding NaN / ±Inf, as ``global_norm``).
 
 Everything here reads the host copy the monitor already made: no device access.
 """
@@ -35,6 +40,7 @@ def record_scalars(
     tensors = record.report.tensors
     values = {
         f"{prefix}/global_norm": record.global_norm,
+        f"{prefix}/finite_norm": record.finite_norm,
         f"{prefix}/nonfinite_tensors": float(len(record.nonfinite)),
         f"{prefix}/nan": float(sum(t.nan for t in tensors)),
         f"{prefix}/inf": float(sum(t.pos_inf + t.neg_inf for t in tensors)),
@@ -50,5 +56,5 @@ def record_scalars(
     values.update({f"{prefix}/findings/{kind.value}": float(n) for kind, n in counts.items()})
     values[f"{prefix}/findings/other"] = float(other)
     if per_layer:
-        values.update({f"{prefix}/norm/{t.name}": t.norm for t in tensors})
+        values.update({f"{prefix}/norm/{name}": norm for name, norm in record.norms.items()})
     return values

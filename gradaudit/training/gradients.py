@@ -37,19 +37,40 @@ ParametersInput: TypeAlias = (
 DEFAULT_PARAMETER_PREFIX = "param"
 
 
+def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``DistributedDataParallel``, ``DataParallel`` or ``torch.compile``
+    wrapper holds (through any nesting of them); other modules as they are.
+
+    Their ``named_parameters()`` prefix every name with ``module.`` or ``_orig_mod.``: the
+    wrapped module's names are the ones a checkpoint (``model.module.state_dict()``), the
+    framework callbacks and a single-process run use, so dumps and reports use them too.
+    """
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
+            model = model.module
+            continue
+        inner = getattr(model, "_orig_mod", None)
+        if type(model).__name__ == "OptimizedModule" and isinstance(inner, torch.nn.Module):
+            model = inner
+        else:
+            return model
+
+
 def named_parameters(
     params: ParametersInput, *, prefix: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, parameter)`` pairs, each parameter once, in the order given.
 
-    A module's names are its ``named_parameters()`` names; bare parameters are
+    A module's names are its ``named_parameters()`` names, looked through a
+    ``DistributedDataParallel``/``DataParallel``/``torch.compile`` wrapper (no ``module.``
+    or ``_orig_mod.`` prefix: :func:`unwrap_module`); bare parameters are
     named by position, ``param.0``, ``param.1``, ... (or ``PREFIX.0``, ...). A
     ``prefix`` is prepended to every other name as ``PREFIX.name``. A parameter
     seen twice (tied weights) is yielded once, under its first name, as
     ``Module.named_parameters`` does: counting it twice would inflate the global norm.
     """
     if isinstance(params, torch.nn.Module):
-        items: Iterable[object] = params.named_parameters()
+        items: Iterable[object] = unwrap_module(params).named_parameters()
     elif isinstance(params, Mapping):
         items = params.items()
     else:

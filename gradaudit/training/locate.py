@@ -35,26 +35,27 @@ themselves is replaced by ``"default"`` when the locator disarms.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+from gradaudit.results.location import Location, ModuleEvent, Phase, Role, TensorCount
+from gradaudit.training.gradients import unwrap_module
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
     from gradaudit.results import Report
 
-__all__ = ["Location", "ModuleEvent", "NanLocator", "TensorCount"]
-
-Phase = Literal["forward", "backward"]
-#: How a counted tensor relates to its module: forward ``input``/``output``; in backward
-#: ``grad_output`` (flowing in, from later layers) and ``grad_input`` (flowing out).
-Role = Literal["input", "output", "grad_output", "grad_input", "parameter_grad"]
+__all__ = ["Location", "ModuleEvent", "NanLocator", "StepReplay", "TensorCount"]
 
 #: Slots of the device buffer allocated at once; it grows by this much when full.
 DEFAULT_CAPACITY = 4096
@@ -71,120 +72,59 @@ _HOOK_WARNINGS = (
 ROOT_NAME = "<model>"
 
 
-@dataclass(frozen=True)
-class TensorCount:
-    """Non-finite elements of one tensor a module took or gave."""
-
-    role: Role
-    #: Position among the module's flattened inputs or outputs (tuples, lists, dicts).
-    index: int
-    nonfinite: int
-    numel: int
-
-
-@dataclass(frozen=True)
-class ModuleEvent:
-    """One call of one module in one phase, with the counts of what went in and out."""
-
-    module: str
-    phase: Phase
-    #: Position in execution order among this phase's calls (0 = first).
-    order: int
-    inputs: tuple[TensorCount, ...]
-    outputs: tuple[TensorCount, ...]
-
-    @property
-    def inputs_nonfinite(self) -> bool:
-        return any(c.nonfinite for c in self.inputs)
-
-    @property
-    def outputs_nonfinite(self) -> bool:
-        return any(c.nonfinite for c in self.outputs)
-
-    @property
-    def first_bad_output(self) -> TensorCount | None:
-        return next((c for c in self.outputs if c.nonfinite), None)
-
-    def describe(self) -> str:
-        bad = self.first_bad_output
-        what = "output" if self.phase == "forward" else "grad_input"
-        detail = (
-            ""
-            if bad is None
-            else f" {what}[{bad.index}]: {bad.nonfinite} of {bad.numel} non-finite"
-        )
-        source = "inputs already non-finite" if self.inputs_nonfinite else "inputs finite: origin"
-        return f"{self.phase} #{self.order} {self.module}{detail} ({source})"
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where NaN/Inf first appeared in one located step."""
-
-    #: First forward call whose output held NaN/Inf, in execution order.
-    forward: ModuleEvent | None
-    #: First forward call whose output held NaN/Inf while all its inputs were finite.
-    forward_origin: ModuleEvent | None
-    #: First backward call whose ``grad_input`` held NaN/Inf.
-    backward: ModuleEvent | None
-    #: First backward call that turned finite ``grad_output`` into non-finite ``grad_input``.
-    backward_origin: ModuleEvent | None
-    #: Parameters whose gradient holds NaN/Inf after the step, in model order.
-    poisoned: tuple[str, ...]
-    #: Module calls recorded (forward and backward).
-    calls: int
-
-    @property
-    def found(self) -> bool:
-        return self.forward is not None or self.backward is not None or bool(self.poisoned)
-
-    def describe(self) -> str:
-        """A few lines for a person: origin first, then how far it spread."""
-        if not self.found:
-            return f"no NaN/Inf in {self.calls} module calls"
-        lines = []
-        origin = self.forward_origin or self.backward_origin
-        if origin is not None:
-            lines.append(f"origin: {origin.module} ({origin.phase})")
-        elif self.forward is not None:
-            lines.append(
-                f"origin: before {self.forward.module}: its inputs were already non-finite "
-                "(the model's input, or a functional op outside any module)"
-            )
-        for event in (self.forward, self.backward):
-            if event is not None:
-                lines.append("first " + event.describe())
-        if self.poisoned:
-            shown = ", ".join(self.poisoned[:5])
-            more = f" and {len(self.poisoned) - 5} more" if len(self.poisoned) > 5 else ""
-            lines.append(f"poisoned gradients ({len(self.poisoned)}): {shown}{more}")
-        return "\n".join(lines)
-
-
 @dataclass
 class _Call:
     module: str
     phase: Phase
-    inputs: list[tuple[Role, int, int, int]]  # role, index, slot, numel
-    outputs: list[tuple[Role, int, int, int]]
+    inputs: list[tuple[Role, int, int, int, str | None]]  # role, index, slot, numel, name
+    outputs: list[tuple[Role, int, int, int, str | None]]
+    #: Called from outside any hooked module (``model(batch)``): its inputs are the batch.
+    top: bool = False
+    #: When its pre-hook and its post-hook ran, on one clock for the whole step.
+    start: int = 0
+    end: int = 0
+
+
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """Flattened ``(path, tensor)`` of a hook argument, depth first; non-float tensors and
+    ``None`` give ``None`` (they hold a position), other leaves are skipped."""
+    if isinstance(value, torch.Tensor):
+        yield path, value if value.is_floating_point() else None
+    elif isinstance(value, tuple | list):
+        for position, item in enumerate(value):
+            yield from _leaves(item, f"{path}[{position}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, f"{path}[{key!r}]")
+    elif value is None:
+        yield path, None
 
 
 def _tensors(value: Any) -> Iterator[tuple[int, torch.Tensor | None]]:
     """Flattened ``(index, tensor)`` of a hook argument; non-float leaves give ``None``."""
-    stack: list[Any] = [value]
-    index = 0
-    while stack:
-        item = stack.pop(0)
-        if isinstance(item, torch.Tensor):
-            yield index, item if item.is_floating_point() else None
-            index += 1
-        elif isinstance(item, tuple | list):
-            stack[:0] = list(item)
-        elif isinstance(item, dict):
-            stack[:0] = list(item.values())
-        elif item is None:
-            yield index, None
-            index += 1
+    for index, (_path, tensor) in enumerate(_leaves(value, "")):
+        yield index, tensor
+
+
+def _argument_names(module: torch.nn.Module, args: tuple[Any, ...]) -> list[str]:
+    """The names ``module.forward`` gives its positional arguments (``args[i]`` where unknown)."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = []
+    for position in range(len(args)):
+        name = f"args[{position}]"
+        if position < len(parameters):
+            parameter = parameters[position]
+            if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                name = f"{parameter.name}[{position - parameters.index(parameter)}]"
+            elif parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                name = parameter.name
+        elif parameters and parameters[-1].kind is inspect.Parameter.VAR_POSITIONAL:
+            name = f"{parameters[-1].name}[{position - len(parameters) + 1}]"
+        names.append(name)
+    return names
 
 
 class NanLocator:
@@ -201,6 +141,8 @@ class NanLocator:
     ``zero_grad()`` if the poisoned gradients are wanted). ``backward=False``
     installs forward hooks only: full backward hooks cannot wrap a module whose
     output is modified in place (``ReLU(inplace=True)``) and they add work.
+    A ``DistributedDataParallel`` or ``torch.compile`` wrapper is looked through: the
+    names are the wrapped module's.
     """
 
     def __init__(
@@ -212,16 +154,17 @@ class NanLocator:
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
-        self.model = model
+        self.model = unwrap_module(model)
         self.backward = backward
         self.capacity = capacity
-        self._names = {id(m): (n or ROOT_NAME) for n, m in model.named_modules()}
+        self._names = {id(m): (n or ROOT_NAME) for n, m in self.model.named_modules()}
         self._handles: list[RemovableHandle] = []
         self._buffers: list[torch.Tensor] = []
         self._used = 0
         self._calls: list[_Call] = []
         self._open: list[_Call] = []
         self._grad_slots: list[tuple[str, int]] = []
+        self._clock = 0
         #: Tensors already counted this step: id -> (the tensor, its version, slot).
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._stance: Any = None
@@ -240,7 +183,7 @@ class NanLocator:
             self.reset()
             return
         for module in self.model.modules():
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook))
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post_hook))
             if self.backward:
                 self._handles.append(module.register_full_backward_hook(self._backward_hook))
@@ -274,6 +217,7 @@ class NanLocator:
         self._open = []
         self._grad_slots = []
         self._seen = {}
+        self._clock = 0
 
     def __enter__(self) -> NanLocator:
         self.arm()
@@ -301,13 +245,17 @@ class NanLocator:
         self._used += 1
         return self._buffers[chunk], offset
 
-    def _record(self, value: Any, role: Role) -> list[tuple[Role, int, int, int]]:
+    def _record(
+        self, value: Any, role: Role, *, path: str = "", start: int = 0
+    ) -> list[tuple[Role, int, int, int, str | None]]:
+        """Count every float tensor of ``value``; ``path`` names them (top-level inputs)."""
         counted = []
         with torch.no_grad():
-            for index, tensor in _tensors(value):
+            for index, (name, tensor) in enumerate(_leaves(value, path), start):
                 if tensor is None or tensor.numel() == 0:
                     continue
-                counted.append((role, index, self._count(tensor), tensor.numel()))
+                label = name if path or name else None
+                counted.append((role, index, self._count(tensor), tensor.numel(), label))
         return counted
 
     def _count(self, tensor: torch.Tensor) -> int:
@@ -330,9 +278,29 @@ class NanLocator:
         self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, slot)
         return slot
 
-    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
-        call = _Call(self._names.get(id(module), "?"), "forward", [], [])
-        call.inputs = self._record(args, "input")
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        top = not self._open
+        call = _Call(self._names.get(id(module), "?"), "forward", [], [], top, self._tick())
+        if top:
+            # From outside the model: the batch. Named as forward() names its arguments.
+            call.inputs = [
+                entry
+                for name, arg in zip(_argument_names(module, args), args, strict=True)
+                for entry in self._record(arg, "input", path=name)
+            ]
+            call.inputs += [
+                entry
+                for key, arg in kwargs.items()
+                for entry in self._record(arg, "input", path=key)
+            ]
+        else:
+            call.inputs = self._record(args, "input") + self._record(
+                kwargs, "input", start=len(args)
+            )
         self._open.append(call)
 
     def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -342,19 +310,21 @@ class NanLocator:
             else _Call(self._names.get(id(module), "?"), "forward", [], [])
         )
         call.outputs = self._record(output, "output")
+        call.end = self._tick()
         self._calls.append(call)
 
     def _backward_hook(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         call = _Call(self._names.get(id(module), "?"), "backward", [], [])
         call.inputs = self._record(grad_output, "grad_output")
         call.outputs = self._record(grad_input, "grad_input")
+        call.start = call.end = self._tick()
         self._calls.append(call)
 
     def _record_gradients(self) -> None:
         for name, param in self.model.named_parameters():
             if param.grad is None or not param.grad.is_floating_point():
                 continue
-            for _role, _index, slot, _numel in self._record(param.grad, "parameter_grad"):
+            for _role, _index, slot, _numel, _name in self._record(param.grad, "parameter_grad"):
                 self._grad_slots.append((name, slot))
 
     # -- the one read ---------------------------------------------------------------
@@ -364,7 +334,9 @@ class NanLocator:
 
         ``report`` (the per-parameter stats of the same step, e.g. a
         :class:`~gradaudit.MonitorRecord`'s) names the poisoned gradients; without
-        it their counts are queued into the same buffer before the read.
+        it their counts are queued into the same buffer before the read. When the
+        forward pass went non-finite, a second small read says which parameters (the
+        weights themselves) hold NaN/Inf.
         """
         if report is None:
             self._record_gradients()
@@ -372,26 +344,223 @@ class NanLocator:
         host = torch.cat(self._buffers).to("cpu")[:used].tolist() if used else []
         events = {"forward": 0, "backward": 0}
         forward = forward_origin = backward = backward_origin = None
+        tops: list[tuple[int, ModuleEvent]] = []  # top-level calls given NaN/Inf
+        first_bad_end: int | None = None  # when a forward output first went non-finite
         for call in self._calls:
             order = events[call.phase]
             events[call.phase] += 1
-            ins = tuple(TensorCount(r, i, int(host[s]), n) for r, i, s, n in call.inputs)
-            outs = tuple(TensorCount(r, i, int(host[s]), n) for r, i, s, n in call.outputs)
-            if not any(c.nonfinite for c in outs):
+            event = self._event(call, order, host)
+            if call.phase == "forward" and call.top and event.inputs_nonfinite:
+                tops.append((call.start, event))
+            if not event.outputs_nonfinite:
                 continue
-            event = ModuleEvent(call.module, call.phase, order, ins, outs)
             if call.phase == "forward":
-                forward = forward or event
+                if forward is None:
+                    forward, first_bad_end = event, call.end
                 if forward_origin is None and not event.inputs_nonfinite:
                     forward_origin = event
             else:
                 backward = backward or event
                 if backward_origin is None and not event.inputs_nonfinite:
                     backward_origin = event
+        # The batch is the origin only if it held NaN/Inf before any module made one.
+        # (Calls are listed as they complete; a top-level call's inputs exist at its start.)
+        origin_batch = None
+        if tops:
+            start, event = min(tops, key=lambda pair: pair[0])
+            if first_bad_end is None or start < first_bad_end:
+                origin_batch = event
         if report is not None:
             poisoned = tuple(t.name for t in report.tensors if t.nonfinite)
         else:
             poisoned = tuple(dict.fromkeys(name for name, slot in self._grad_slots if host[slot]))
+        weights: tuple[str, ...] = ()
+        origin_weights: tuple[str, ...] = ()
+        if forward is not None:
+            weights = self._nonfinite_parameters()
+            if forward_origin is not None:
+                own = self._own_parameters(forward_origin.module)
+                origin_weights = tuple(name for name in weights if name in own)
         return Location(
-            forward, forward_origin, backward, backward_origin, poisoned, len(self._calls)
+            forward,
+            forward_origin,
+            backward,
+            backward_origin,
+            poisoned,
+            len(self._calls),
+            batch=origin_batch,
+            weights=weights,
+            origin_weights=origin_weights,
+            backward_hooked=self.backward,
         )
+
+    def _event(self, call: _Call, order: int, host: list[int]) -> ModuleEvent:
+        return ModuleEvent(
+            call.module,
+            call.phase,
+            order,
+            tuple(TensorCount(r, i, int(host[s]), n, label) for r, i, s, n, label in call.inputs),
+            tuple(TensorCount(r, i, int(host[s]), n, label) for r, i, s, n, label in call.outputs),
+        )
+
+    def _own_parameters(self, module_name: str) -> set[str]:
+        """Names of the parameters ``module_name`` holds itself (not its children's)."""
+        name = "" if module_name == ROOT_NAME else module_name
+        try:
+            module = self.model.get_submodule(name)
+        except AttributeError:
+            return set()
+        prefix = f"{name}." if name else ""
+        return {prefix + n for n, _ in module.named_parameters(recurse=False)}
+
+    def _nonfinite_parameters(self) -> tuple[str, ...]:
+        """The parameters (weights) holding NaN/Inf: a second read, on the failure path only."""
+        named = [
+            (name, param)
+            for name, param in self.model.named_parameters()
+            if param.is_floating_point() and param.numel()
+        ]
+        if not named:
+            return ()
+        with torch.no_grad():
+            counts = [torch.count_nonzero(p - p).to("cpu", non_blocking=False) for _, p in named]
+            flags = torch.stack(counts).tolist()
+        return tuple(name for (name, _), count in zip(named, flags, strict=True) if count)
+
+
+@dataclass
+class _Saved:
+    """One forward call of the root, kept to replay it: its arguments, the random state it
+    ran with, and the gradients that flowed into its outputs."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    rng: tuple[torch.Tensor, torch.Tensor | None]
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _rng_state() -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU generator's state and the current CUDA device's (host copies: no sync)."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1])
+
+
+@contextmanager
+def _as_it_ran(
+    model: torch.nn.Module, rng: tuple[torch.Tensor, torch.Tensor | None]
+) -> Iterator[None]:
+    """Run with the random state a step had (dropout draws the same masks), then put the
+    random state and the buffers (BatchNorm's running stats) back as they were."""
+    now = _rng_state()
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    _set_rng_state(rng)
+    try:
+        yield
+    finally:
+        _set_rng_state(now)
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+
+
+def _keep(grads: dict[int, torch.Tensor], index: int, grad: torch.Tensor) -> None:
+    grads[index] = grad
+
+
+class StepReplay:
+    """Keeps the batch of each forward call of ``model`` so a step can be located after it ran.
+
+    Two hooks on the root module only, cheap enough to stay armed: the forward pre-hook
+    keeps a reference to the arguments (no copy) and the random state; the forward hook
+    puts a tensor hook on each output that needs a gradient, which keeps the gradient
+    the loss sent into it. :meth:`replay` runs the same forward under an armed
+    :class:`NanLocator`, then the same backward (``torch.autograd.grad`` from the kept
+    output gradients to the parameters: the parameters' ``.grad`` are left alone), with
+    the random state restored and the buffers put back after. Costs the memory of what it
+    keeps (the batch and the gradients of the model's outputs, until :meth:`clear`).
+
+    Not kept: forward calls under ``torch.no_grad()`` (evaluation), calls while compiling
+    (``torch.compile`` traces hooks once; a compiled model's steps are located by arming the
+    locator for the next steps instead), calls made by :meth:`replay` itself.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = unwrap_module(model)
+        self._saved: list[_Saved] = []
+        self._handles: list[RemovableHandle] = []
+        self._replaying = False
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def saved(self) -> int:
+        """Forward calls kept since the last :meth:`clear`."""
+        return len(self._saved)
+
+    def arm(self) -> None:
+        if self.armed:
+            return
+        self._handles.append(self.model.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+        self._handles.append(self.model.register_forward_hook(self._post_hook))
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.clear()
+
+    def clear(self) -> None:
+        self._saved = []
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if self._replaying or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return
+        self._saved.append(_Saved(tuple(args), dict(kwargs), _rng_state()))
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._replaying or not self._saved or torch.compiler.is_compiling():
+            return
+        saved = self._saved[-1]
+        for index, tensor in _tensors(output):
+            if tensor is not None and tensor.requires_grad:
+                tensor.register_hook(partial(_keep, saved.grads, index))  # type: ignore[no-untyped-call]
+
+    def replay(self, locator: NanLocator, report: Report | None = None) -> Location | None:
+        """Run the kept calls again under ``locator``, first to last, until one is located.
+
+        ``None`` when nothing was kept or no replayed call held NaN/Inf (a NaN that does
+        not reproduce: a non-deterministic op, a NaN that came from outside the model).
+        """
+        saved, self._saved = self._saved, []
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for entry in saved:
+            self._replaying = True
+            try:
+                with _as_it_ran(self.model, entry.rng), locator:
+                    self._run(entry, params)
+            finally:
+                self._replaying = False
+            location = locator.read(report)
+            # The report's poisoned gradients alone say nothing about this replay.
+            if location.forward or location.backward or (location.found and not locator.backward):
+                return replace(location, replayed=True)
+        return None
+
+    def _run(self, entry: _Saved, params: list[torch.nn.Parameter]) -> None:
+        with torch.enable_grad():
+            output = self.model(*entry.args, **entry.kwargs)
+            outputs, grads = [], []
+            for index, tensor in _tensors(output):
+                if index in entry.grads and tensor is not None and tensor.requires_grad:
+                    outputs.append(tensor)
+                    grads.append(entry.grads[index])
+            if outputs and params:
+                torch.autograd.grad(outputs, params, grads, allow_unused=True)

@@ -18,9 +18,10 @@ them. Chasing a NaN, use ``sync=True``; watching a healthy run, the default.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
@@ -36,10 +37,10 @@ from gradaudit.errors import (
     NonFiniteGradientWarning,
 )
 from gradaudit.policy import FindingKind, Severity, Thresholds
-from gradaudit.results import Finding, Report
+from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
-from gradaudit.training.locate import Location, NanLocator
+from gradaudit.training.locate import Location, NanLocator, StepReplay
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -122,6 +123,17 @@ class MonitorRecord:
 
     @property
     def global_norm(self) -> float:
+        """L2 norm of every gradient, as ``torch.nn.utils.get_total_norm`` defines it: NaN
+        when a gradient holds NaN, ``inf`` when one holds ±Inf (and none NaN).
+
+        A step whose gradients are all NaN is never ``0.0`` here: on a dashboard that would
+        read as gradients that vanished, while the Trainer's own ``grad_norm`` says ``nan``.
+        The norm of the finite elements is :attr:`finite_norm`.
+        """
+        return _with_nonfinite(self.finite_norm, self.report.tensors)
+
+    @property
+    def finite_norm(self) -> float:
         """L2 norm over the finite elements of every gradient (overflow-safe)."""
         return self.report.summary.global_norm
 
@@ -132,8 +144,9 @@ class MonitorRecord:
 
     @property
     def norms(self) -> dict[str, float]:
-        """Per-parameter (per-layer) gradient norms, by parameter name."""
-        return {t.name: t.norm for t in self.report.tensors}
+        """Per-parameter (per-layer) gradient norms, by parameter name: NaN for a gradient
+        holding NaN, ``inf`` for one holding ±Inf (as :attr:`global_norm`)."""
+        return {t.name: _with_nonfinite(t.norm, (t,)) for t in self.report.tensors}
 
     @property
     def nonfinite(self) -> tuple[str, ...]:
@@ -251,6 +264,15 @@ class GradientMonitor:
         )
         self._locate_next = False  # a NaN/Inf was seen and not located yet
         self._locations: deque[tuple[int, Location]] = deque(maxlen=history)
+        # With this step's stats read in this call (sync), a NaN/Inf step is located before
+        # step() returns, by replaying its forward and backward: keep each step's batch.
+        self._replay = (
+            StepReplay(model)
+            if sync and locate != "off" and isinstance(model, torch.nn.Module)
+            else None
+        )
+        if self._replay is not None:
+            self._replay.arm()
         if locate == "always":
             self._arm_for(0)
 
@@ -297,15 +319,30 @@ class GradientMonitor:
                 self._pending = (current, pending)
         # With this step's own stats at hand (sync), they name the poisoned gradients.
         same_step = record is not None and record.step == current
-        self._read_location(current, record.report if same_step and record else None)
-        if record is not None and record.nonfinite and self.locate == "on_nonfinite":
-            # A step already located needs no second look; the next occurrence does.
-            located = any(s == record.step and loc.found for s, loc in self._locations)
-            self._locate_next = self._locate_next or not located
+        acting_on_it = record is not None and same_step and bool(record.nonfinite)
+        self._read_location(
+            current, record.report if same_step and record else None, announce=not acting_on_it
+        )
+        if record is not None and record.nonfinite and self._locator is not None:
+            if self._location_of(record.step) is None and same_step and self._replay:
+                # Before optimizer.step() applies it: replay this step under the locator.
+                replayed = self._replay.replay(self._locator, record.report)
+                if replayed is not None:
+                    self._locations.append((record.step, replayed))
+            if self.locate == "on_nonfinite" and self._location_of(record.step) is None:
+                # Not located (async stats, a NaN that did not reproduce): arm the next steps.
+                self._locate_next = True
+        if self._replay is not None:
+            self._replay.clear()
+            self._replay.arm()
         self._arm_for(current + 1)
         if record is not None:
             self._act(record, current)
         return record
+
+    def _location_of(self, step: int) -> Location | None:
+        """The location found for ``step``, if it was located and held NaN/Inf."""
+        return next((loc for s, loc in reversed(self._locations) if s == step and loc.found), None)
 
     def _arm_for(self, step: int) -> None:
         """Arm the locator for ``step`` (hooks must be in place before its forward), or not."""
@@ -316,15 +353,16 @@ class GradientMonitor:
         else:
             self._locator.disarm()
 
-    def _read_location(self, step: int, report: Report | None) -> None:
-        """The one read of an armed step's hook counts; a found NaN/Inf is warned about."""
+    def _read_location(self, step: int, report: Report | None, *, announce: bool) -> None:
+        """The one read of an armed step's hook counts; a found NaN/Inf is warned about
+        (``announce``; otherwise the NaN/Inf warning or error of this step says it)."""
         if self._locator is None or not self._locator.armed:
             return
         location = self._locator.read(report)
         self._locations.append((step, location))
         if location.found:
             self._locate_next = False
-            if self.on_nonfinite != "ignore":
+            if self.on_nonfinite != "ignore" and announce:
                 warnings.warn(
                     f"step {step}: NaN/Inf located: " + location.describe().replace("\n", "; "),
                     NonFiniteGradientWarning,
@@ -339,6 +377,8 @@ class GradientMonitor:
         now = self._next_step - 1
         if self._locator is not None:
             self._locator.disarm()
+        if self._replay is not None:
+            self._replay.disarm()
         record = self._complete(now)
         if record is not None:
             self._act(record, now)
@@ -365,9 +405,12 @@ class GradientMonitor:
         """Warn or raise about NaN/Inf, then about the other findings, pointing at the
         caller of ``step()``/``flush()``."""
         if record.nonfinite and self.on_nonfinite != "ignore":
-            message = _message(record, now)
+            location = self._location_of(record.step)
+            message = _message(record, now, location)
             if self.on_nonfinite == "raise":
-                raise NonFiniteGradientError(record.step, record.nonfinite, record.dump, message)
+                raise NonFiniteGradientError(
+                    record.step, record.nonfinite, record.dump, message, location
+                )
             warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
         self._act_on_findings(record, now)
 
@@ -419,6 +462,15 @@ class GradientMonitor:
             )
         self.dumps_written += 1
         return MonitorRecord(record.step, record.report, path)
+
+
+def _with_nonfinite(norm: float, tensors: Sequence[TensorStats]) -> float:
+    """``norm``, or NaN / ``inf`` when ``tensors`` hold NaN / ±Inf (NaN wins)."""
+    if any(t.nan for t in tensors):
+        return math.nan
+    if any(t.pos_inf or t.neg_inf for t in tensors):
+        return math.inf
+    return norm
 
 
 def _dump_name(step: int, *, gathered: bool) -> str:
@@ -482,10 +534,12 @@ def _counts(nan: int, pos_inf: int, neg_inf: int) -> str:
     return ", ".join(p for p in parts if not p.startswith("0 "))
 
 
-def _message(record: MonitorRecord, now: int) -> str:
+def _message(record: MonitorRecord, now: int, location: Location | None = None) -> str:
     count = len(record.nonfinite)
     text = (
         f"step {record.step}: NaN/Inf gradients in {count} tensor"
         f"{'s' if count != 1 else ''}: {_names(record)}"
     )
+    if location is not None:
+        text += "; located: " + location.describe().replace("\n", "; ")
     return text + _dump_note(record, now)

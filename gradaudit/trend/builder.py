@@ -70,12 +70,29 @@ _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 
+#: ``__metadata__`` key of a monitor's dump: the step whose stats showed NaN/Inf, when that
+#: is not the step of the gradients the dump holds (``GradientMonitor`` without ``sync``
+#: learns of a NaN one call late and dumps the gradients of the call that learned it).
+NONFINITE_STEP_KEY = "nonfinite_step"
+
+
 @dataclass(frozen=True)
 class Dump:
     """One input of the series and the step it was taken at."""
 
     step: int
     path: str
+    #: The earlier step a monitor's stats showed NaN/Inf at, per the dump's metadata.
+    nonfinite_step: int | None = None
+
+
+def reported_nonfinite_step(step: int, metadata: dict[str, str]) -> int | None:
+    """The ``nonfinite_step`` a monitor wrote, when it is an integer below ``step``."""
+    value = metadata.get(NONFINITE_STEP_KEY, "")
+    if not _INTEGER.fullmatch(value):
+        return None
+    earlier = int(value)
+    return earlier if earlier < step else None
 
 
 # -- ordering -------------------------------------------------------------------------------
@@ -138,6 +155,7 @@ def order_dumps(
     """
     files, problems = dump_files(paths, recursive=recursive)
     by_step: dict[int, str] = {}
+    earlier: dict[int, int | None] = {}
     for path in files:
         try:
             source = open_source(path)
@@ -164,7 +182,8 @@ def order_dumps(
             )
             continue
         by_step[step] = path
-    dumps = [Dump(step, by_step[step]) for step in sorted(by_step)]
+        earlier[step] = reported_nonfinite_step(step, metadata)
+    dumps = [Dump(step, by_step[step], earlier[step]) for step in sorted(by_step)]
     return dumps, problems
 
 
@@ -211,7 +230,10 @@ class TrendBuilder:
         self._spec: GroupBy | None = None
         self._steps: list[StepResult] = []
         self._layers: dict[str, _LayerState] = {}
-        self._first_nonfinite: tuple[int, str, tuple[NonFiniteTensor, ...]] | None = None
+        #: (index of the step, the monitor's earlier step or None, path, tensors)
+        self._first_nonfinite: tuple[int, int | None, str, tuple[NonFiniteTensor, ...]] | None = (
+            None
+        )
         self._errors: list[InputProblem] = []
         self._devices: dict[str, None] = {}
         self._engine = Engine.EAGER.value
@@ -219,8 +241,15 @@ class TrendBuilder:
     def add_error(self, problem: InputProblem) -> None:
         self._errors.append(problem)
 
-    def add(self, step: int, path: str, report: Report) -> None:
-        """Fold in the audit of the dump at ``step``; steps must come in increasing order."""
+    def add(
+        self, step: int, path: str, report: Report, *, nonfinite_step: int | None = None
+    ) -> None:
+        """Fold in the audit of the dump at ``step``; steps must come in increasing order.
+
+        ``nonfinite_step``: the earlier step at which the monitor that wrote this dump saw
+        NaN/Inf (its ``nonfinite_step`` metadata); the first NaN/Inf is reported there, not
+        at the step of the gradients the dump holds.
+        """
         if self._steps and step <= self._steps[-1].step:
             raise ValueError(f"steps must increase: {step} after {self._steps[-1].step}")
         if report.tensors:
@@ -244,11 +273,12 @@ class TrendBuilder:
         if self._spec is None:
             return
         spec = self._spec
-        if nonfinite and self._first_nonfinite is None:
+        if (nonfinite or nonfinite_step is not None) and self._first_nonfinite is None:
             order = {name: i for i, name in enumerate(model_order(t.name for t in nonfinite))}
             nonfinite.sort(key=lambda t: order[t.name])
             self._first_nonfinite = (
                 index,
+                nonfinite_step,
                 path,
                 tuple(
                     NonFiniteTensor(t.name, spec.key(t.name), t.nan, t.pos_inf, t.neg_inf)
@@ -299,18 +329,28 @@ class TrendBuilder:
         findings: list[TrendFinding] = []
         policy = self.policy
         if self._first_nonfinite is not None:
-            index, path, tensors = self._first_nonfinite
-            first = tensors[0]
-            more = f" and {len(tensors) - 1} more tensors" if len(tensors) > 1 else ""
+            index, earlier, path, tensors = self._first_nonfinite
+            dumped = self._steps[index].step
+            at = dumped if earlier is None else earlier
+            if tensors:
+                first = tensors[0]
+                more = f" and {len(tensors) - 1} more tensors" if len(tensors) > 1 else ""
+                what, layer = f"{first.name} ({first.counts()}){more}", first.layer
+            else:
+                what, layer = "this dump's gradients are finite", ""
+            seen = (
+                ""
+                if earlier is None
+                else f" (seen by the monitor's stats; the dump holds step {dumped}'s gradients)"
+            )
             findings.append(
                 TrendFinding(
                     TrendKind.NONFINITE,
                     policy.severity(TrendKind.NONFINITE),
-                    first.layer,
-                    self._steps[index].step,
+                    layer,
+                    at,
                     path,
-                    f"first NaN/Inf at step {self._steps[index].step}: "
-                    f"{first.name} ({first.counts()}){more}",
+                    f"first NaN/Inf at step {at}{seen}: {what}",
                     tensors,
                 )
             )
@@ -430,7 +470,7 @@ def trend_paths(
                 builder.add_error(problem)
             continue
         first = _check_same_reading(first, report)
-        builder.add(dump.step, dump.path, report)
+        builder.add(dump.step, dump.path, report, nonfinite_step=dump.nonfinite_step)
         if precision is not None and report.tensors:
             headroom.append((dump.step, precision_report(report, precision).total))
     result = builder.finish(time.perf_counter() - started)

@@ -85,3 +85,26 @@ def test_fp16_gradients_are_unscaled_before_the_stats() -> None:
     assert accelerator.scaler is not None
     monitor, seen = _loop(accelerator, batches=3, device="cuda")
     assert [r.global_norm for r in monitor.history] == pytest.approx(seen, rel=1e-3)
+
+
+def test_it_steps_the_monitor_on_every_synchronised_step_and_never_the_optimizer() -> None:
+    """What ``accelerate_step`` is documented to do, with a real Accelerator: without
+    accumulation every call is a monitor step (numbered 0, 1, 2 …) returning that step's
+    record (``sync=True``); the parameters move only when the caller steps the optimizer."""
+    from accelerate import Accelerator
+
+    from gradaudit.integrations.accelerate import accelerate_step
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    monitor = GradientMonitor(model, every=1, sync=True, dump_dir=None)
+    before = [p.detach().clone() for p in model.parameters()]
+    returned = []
+    for _ in range(3):
+        accelerator.backward(model(torch.randn(6, 4)).pow(2).mean())
+        returned.append(accelerate_step(accelerator, monitor, optimizer))
+    assert [r.step if r is not None else None for r in returned] == [0, 1, 2]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -98,9 +98,9 @@ def _metrics(tmp_path: Path) -> list[dict[str, str]]:
 
 
 def test_logged_norms_match_a_float64_reference_in_every_logger_row(tmp_path: Path) -> None:
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(every=1, sync=True, dump_dir=None, per_layer=True)
+    callback = GradauditLightningCallback(every=1, sync=True, dump_dir=None, per_layer=True)
     module = _automatic()
     _fit(tmp_path, module, callback)
     rows = [row for row in _metrics(tmp_path) if row.get("gradaudit/global_norm")]
@@ -113,9 +113,9 @@ def test_logged_norms_match_a_float64_reference_in_every_logger_row(tmp_path: Pa
 
 
 def test_stats_are_before_lightnings_gradient_clipping(tmp_path: Path) -> None:
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(every=1, sync=True, dump_dir=None)
+    callback = GradauditLightningCallback(every=1, sync=True, dump_dir=None)
     module = _automatic()
     _fit(tmp_path, module, callback, gradient_clip_val=1e-3)
     (monitor,) = callback.monitors.values()
@@ -125,9 +125,11 @@ def test_stats_are_before_lightnings_gradient_clipping(tmp_path: Path) -> None:
 
 
 def test_nan_at_a_known_step_raises_and_dumps(tmp_path: Path) -> None:
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(every=1, sync=True, on_nonfinite="raise", dump_dir=tmp_path)
+    callback = GradauditLightningCallback(
+        every=1, sync=True, on_nonfinite="raise", dump_dir=tmp_path
+    )
     module = _automatic(nan_at=2)
     with pytest.raises(NonFiniteGradientError) as error:
         _fit(tmp_path, module, callback)
@@ -141,7 +143,7 @@ def test_nan_at_a_known_step_raises_and_dumps(tmp_path: Path) -> None:
 def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
     import lightning.pytorch as pl
 
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
     class TwoNets(pl.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -177,7 +179,7 @@ def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
                 torch.optim.SGD(self.second.parameters(), lr=0.1),
             )
 
-    callback = GradauditCallback(every=1, sync=True, on_nonfinite="warn", dump_dir=None)
+    callback = GradauditLightningCallback(every=1, sync=True, on_nonfinite="warn", dump_dir=None)
     module = TwoNets()
     with pytest.warns(
         NonFiniteGradientWarning, match=r"step 1: NaN/Inf gradients in 1 tensor: first\.bias"
@@ -197,9 +199,9 @@ def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
 
 
 def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path) -> None:
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(
+    callback = GradauditLightningCallback(
         every=1, sync=True, dump_dir=None, locate="always", on_nonfinite="ignore", history=2
     )
     _fit(tmp_path, _automatic(), callback)
@@ -207,9 +209,9 @@ def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path
     assert [step for step, _ in monitor.locations] == [STEPS - 2, STEPS - 1]
     assert not any(location.found for _, location in monitor.locations)
     with pytest.raises(ValueError, match="locate must be"):
-        GradauditCallback(locate="sometimes")  # type: ignore[arg-type]
+        GradauditLightningCallback(locate="sometimes")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        GradauditCallback(evry=1)  # type: ignore[call-arg]
+        GradauditLightningCallback(evry=1)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("settings", [{}, {"every_n_train_steps": 2, "save_top_k": -1}])
@@ -253,9 +255,9 @@ def test_a_row_carries_the_stats_of_its_own_step_and_old_ones_are_not_rewritten(
 ) -> None:
     """Before: a record read one collected step late was logged, and Lightning wrote the
     value it held again at every later logging step (stats of step 3 in the rows of 5 and 7)."""
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(every=3, dump_dir=None)
+    callback = GradauditLightningCallback(every=3, dump_dir=None)
     _fit(tmp_path, _automatic(), callback, max_steps=10, log_every_n_steps=2)
     rows = [row for row in _metrics(tmp_path) if row.get("gradaudit/global_norm")]
     assert [(int(row["step"]), float(row["gradaudit/stats_step"])) for row in rows] == [
@@ -269,9 +271,9 @@ def test_a_row_carries_the_stats_of_its_own_step_and_old_ones_are_not_rewritten(
 def test_a_50_step_run_with_the_defaults_logs_the_stats(tmp_path: Path) -> None:
     """Lightning logs every 50 steps by default; the callback collects those steps (and the
     first). Before: every=100 from step 0, read one collected step late: no row at all."""
-    from gradaudit.integrations.lightning import GradauditCallback
+    from gradaudit.integrations.lightning import GradauditLightningCallback
 
-    callback = GradauditCallback(dump_dir=None)
+    callback = GradauditLightningCallback(dump_dir=None)
     module = _automatic()
     _fit(tmp_path, module, callback, max_steps=50, log_every_n_steps=50)
     rows = [row for row in _metrics(tmp_path) if row.get("gradaudit/global_norm")]

@@ -48,3 +48,13 @@ def test_each_extra_names_what_its_adapter_imports() -> None:
     assert "from transformers import" in source
     source = (ROOT / "gradaudit" / "integrations" / "lightning.py").read_text(encoding="utf-8")
     assert "from lightning.pytorch" in source
+
+
+def test_the_two_framework_callbacks_have_names_of_their_own() -> None:
+    """Both were ``GradauditCallback``; the old name stays an alias in each module."""
+    from gradaudit.integrations import hf, lightning
+
+    assert hf.GradauditTrainerCallback.__name__ == "GradauditTrainerCallback"
+    assert lightning.GradauditLightningCallback.__name__ == "GradauditLightningCallback"
+    assert hf.GradauditCallback is hf.GradauditTrainerCallback
+    assert lightning.GradauditCallback is lightning.GradauditLightningCallback

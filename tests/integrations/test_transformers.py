@@ -94,9 +94,11 @@ def _train_logs(trainer: Any) -> list[dict[str, Any]]:
 
 
 def test_healthy_run_logs_the_monitor_scalars_next_to_the_trainers(tmp_path: Path) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, sync=True, dump_dir=tmp_path / "dumps", per_layer=True)
+    callback = GradauditTrainerCallback(
+        every=1, sync=True, dump_dir=tmp_path / "dumps", per_layer=True
+    )
     trainer = _trainer(tmp_path, callback, max_grad_norm=1e9)  # norms computed, nothing clipped
     trainer.train()
     rows = _train_logs(trainer)
@@ -113,9 +115,9 @@ def test_healthy_run_logs_the_monitor_scalars_next_to_the_trainers(tmp_path: Pat
 
 
 def test_stats_are_of_the_gradients_before_the_trainers_clipping(tmp_path: Path) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, dump_dir=None)
+    callback = GradauditTrainerCallback(every=1, dump_dir=None)
     trainer = _trainer(tmp_path, callback, max_grad_norm=0.01)
     trainer.train()
     for row in _train_logs(trainer):
@@ -138,7 +140,7 @@ def test_one_bad_element_is_named_in_its_parameter_before_the_clip(
     all 28 tensors, an Inf became NaN beside 27 zeros, and 1e6 read as max_grad_norm."""
     from transformers import TrainerCallback
 
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
     model = tiny_hf_gpt2()
     poisoned = [False]
@@ -155,7 +157,7 @@ def test_one_bad_element_is_named_in_its_parameter_before_the_clip(
         return grad
 
     dict(model.named_parameters())[POISONED].register_hook(poison)
-    callback = GradauditCallback(every=1, on_nonfinite="ignore", on_finding="ignore")
+    callback = GradauditTrainerCallback(every=1, on_nonfinite="ignore", on_finding="ignore")
     trainer = _trainer(
         tmp_path, callback, attach=False, model=model, max_grad_norm=max_grad_norm, max_steps=2
     )
@@ -184,9 +186,9 @@ def test_one_bad_element_is_named_in_its_parameter_before_the_clip(
 
 
 def test_gradient_accumulation_collects_once_per_optimizer_step(tmp_path: Path) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=2, sync=True, dump_dir=None)
+    callback = GradauditTrainerCallback(every=2, sync=True, dump_dir=None)
     trainer = _trainer(tmp_path, callback, gradient_accumulation_steps=3, max_grad_norm=1e9)
     trainer.train()
     assert callback.monitor is not None
@@ -199,9 +201,9 @@ def test_gradient_accumulation_collects_once_per_optimizer_step(tmp_path: Path) 
 
 
 def test_nan_raises_before_the_optimizer_applies_it_and_dumps(tmp_path: Path) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, sync=True, on_nonfinite="raise", dump_dir=tmp_path)
+    callback = GradauditTrainerCallback(every=1, sync=True, on_nonfinite="raise", dump_dir=tmp_path)
     trainer = _trainer(tmp_path, callback, nan_at=3, max_grad_norm=0.0)
     with pytest.raises(NonFiniteGradientError) as error:
         trainer.train()
@@ -215,9 +217,9 @@ def test_nan_raises_before_the_optimizer_applies_it_and_dumps(tmp_path: Path) ->
 def test_nan_with_sync_false_warns_one_step_late_and_training_goes_on(
     tmp_path: Path,
 ) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, sync=False, dump_dir=tmp_path / "dumps")
+    callback = GradauditTrainerCallback(every=1, sync=False, dump_dir=tmp_path / "dumps")
     trainer = _trainer(tmp_path, callback, nan_at=2, max_grad_norm=0.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -241,24 +243,24 @@ def test_nan_with_sync_false_warns_one_step_late_and_training_goes_on(
 
 
 def test_every_monitor_option_reaches_the_monitor_locate_included(tmp_path: Path) -> None:
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, sync=True, dump_dir=None, locate="always")
+    callback = GradauditTrainerCallback(every=1, sync=True, dump_dir=None, locate="always")
     _trainer(tmp_path, callback).train()
     assert callback.monitor is not None
     assert [step for step, _ in callback.monitor.locations] == list(range(1, STEPS + 1))
     with pytest.raises(ValueError, match="locate_every"):
-        GradauditCallback(locate_every=0)
+        GradauditTrainerCallback(locate_every=0)
     with pytest.raises(TypeError):
-        GradauditCallback(evry=1)  # type: ignore[call-arg]
+        GradauditTrainerCallback(evry=1)  # type: ignore[call-arg]
 
 
 def test_a_row_carries_the_stats_of_its_own_step_by_default(tmp_path: Path) -> None:
     """Before: sync=False and every=100 by default, so a row at step N showed step
     N - every's stats (or none for 99 steps)."""
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(dump_dir=None)
+    callback = GradauditTrainerCallback(dump_dir=None)
     trainer = _trainer(tmp_path, callback, logging_steps=2, max_grad_norm=1e9)
     trainer.train()
     rows = [row for row in _train_logs(trainer) if "gradaudit/global_norm" in row]
@@ -273,9 +275,9 @@ def test_a_row_carries_the_stats_of_its_own_step_by_default(tmp_path: Path) -> N
 def test_a_50_step_run_with_every_default_shows_the_stats(tmp_path: Path) -> None:
     """The Trainer's defaults (logging_steps=500) log no training row in 50 steps; the
     end-of-training summary row carries the stats of the last step."""
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback()
+    callback = GradauditTrainerCallback()
     trainer = _trainer(
         tmp_path,
         callback,
@@ -295,13 +297,13 @@ def test_a_50_step_run_with_every_default_shows_the_stats(tmp_path: Path) -> Non
 
 
 def test_callbacks_list_reaches_tensorboard_like_attach(tmp_path: Path) -> None:
-    """``Trainer(callbacks=[GradauditCallback()])`` runs after the reporters the Trainer
+    """``Trainer(callbacks=[GradauditTrainerCallback()])`` runs after the reporters the Trainer
     adds itself; the callback puts itself first when training begins."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, dump_dir=None)
+    callback = GradauditTrainerCallback(every=1, dump_dir=None)
     trainer = _trainer(tmp_path, callback, attach=False, report_to=["tensorboard"])
     trainer.train()
     logs = Path(trainer.args.output_dir)  # the TensorBoardCallback writes below output_dir
@@ -317,9 +319,9 @@ def test_callbacks_list_reaches_tensorboard_like_attach(tmp_path: Path) -> None:
 
 def test_an_lr_30_blow_up_warns_and_is_counted_within_one_every(tmp_path: Path) -> None:
     """Before: the exploding findings sat in record.report, with no warning and no key."""
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=3, dump_dir=None)
+    callback = GradauditTrainerCallback(every=3, dump_dir=None)
     trainer = _trainer(
         tmp_path,
         callback,
@@ -338,7 +340,7 @@ def test_an_lr_30_blow_up_warns_and_is_counted_within_one_every(tmp_path: Path) 
     assert row["gradaudit/findings/exploding"] >= 1
     assert row["gradaudit/global_norm"] > 100
 
-    raising = GradauditCallback(every=3, on_finding="raise", dump_dir=tmp_path / "dumps")
+    raising = GradauditTrainerCallback(every=3, on_finding="raise", dump_dir=tmp_path / "dumps")
     trainer = _trainer(tmp_path, raising, model=tiny_hf_gpt2(), learning_rate=30.0, max_steps=3)
     with pytest.raises(GradientFindingError) as error:
         trainer.train()
@@ -351,9 +353,9 @@ def test_a_clip_that_bypasses_the_accelerator_is_said_once(tmp_path: Path) -> No
     """A Trainer whose clip does not go through accelerator.clip_grad_norm_ (transformers'
     mixed-mesh DTensor path, a subclass): the stats are read after it, and the callback
     says so once."""
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, dump_dir=None)
+    callback = GradauditTrainerCallback(every=1, dump_dir=None)
     trainer = _trainer(tmp_path, callback, max_grad_norm=0.01)
 
     def own_clip(model: Any, max_norm: float | None = None) -> torch.Tensor:
@@ -381,9 +383,9 @@ def test_fp16_gradients_are_read_unscaled_before_the_clip_and_unscaled_once(
     """fp16 with a GradScaler: the callback unscales before the clip and the clip's own
     unscale is skipped (a GradScaler refuses a second unscale_ in one step); the norms
     the Trainer logs (unscaled, before clipping) are the callback's."""
-    from gradaudit.integrations.hf import GradauditCallback
+    from gradaudit.integrations.hf import GradauditTrainerCallback
 
-    callback = GradauditCallback(every=1, on_nonfinite="ignore", on_finding="ignore")
+    callback = GradauditTrainerCallback(every=1, on_nonfinite="ignore", on_finding="ignore")
     trainer = _trainer(
         tmp_path,
         callback,

@@ -246,24 +246,49 @@ def _train(monitor_model: nn.Module, monitor: object, bad_steps: set[int], steps
     monitor.flush()
 
 
-def test_monitor_locates_the_step_after_a_nan_was_seen() -> None:
-    import gradaudit
-
+def _log_net() -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), Log(), nn.Linear(8, 2))
     with torch.no_grad():
         model[0].weight.copy_(torch.eye(8))
         model[0].bias.zero_()
+    return model
+
+
+def test_monitor_in_sync_mode_locates_the_nan_step_itself() -> None:
+    import gradaudit
+
+    model = _log_net()
     monitor = gradaudit.GradientMonitor(
         model, every=1, sync=True, dump_dir=None, on_nonfinite="ignore", locate="on_nonfinite"
     )
     _train(model, monitor, bad_steps={3, 4, 6}, steps=8)
-    # Armed after step 3's NaN, located at 4; armed again after 6's, step 7 is clean.
-    assert [(step, loc.found) for step, loc in monitor.locations] == [(4, True), (7, False)]
+    # Each NaN step is replayed under the locator in its own monitor.step() call.
+    assert [(step, loc.found) for step, loc in monitor.locations] == [
+        (3, True),
+        (4, True),
+        (6, True),
+    ]
     location = monitor.locations[0][1]
+    assert location.replayed
+    assert location.cause == "forward"
     assert location.forward_origin is not None
     assert location.forward_origin.module == "2"
-    assert all(not m._forward_hooks for m in model.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_monitor_without_sync_locates_the_step_after_a_nan_was_seen() -> None:
+    import gradaudit
+
+    model = _log_net()
+    monitor = gradaudit.GradientMonitor(
+        model, every=1, dump_dir=None, on_nonfinite="ignore", locate="on_nonfinite"
+    )
+    _train(model, monitor, bad_steps={3, 4, 6}, steps=8)
+    # Step 3's stats arrive at call 4: armed for 5 (clean), 6 is located; 7's stats arrive
+    # with flush(), nothing armed after.
+    assert [(step, loc.found) for step, loc in monitor.locations] == [(5, False), (6, True)]
+    assert not any(loc.replayed for _, loc in monitor.locations)
 
 
 def test_monitor_locates_on_a_schedule() -> None:

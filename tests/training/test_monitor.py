@@ -262,3 +262,33 @@ def test_collect_overrides_every() -> None:
     assert monitor.step(7, collect=True) is not None
     loop.backward()
     assert monitor.step(100, collect=False) is None
+
+
+def test_an_all_nan_step_has_a_nan_global_norm_not_zero() -> None:
+    """As ``get_total_norm`` and the Trainer's ``grad_norm``: NaN, never 0.0 (which a
+    dashboard shows as gradients that vanished); ±Inf gives inf; the finite part is kept."""
+    from gradaudit.integrations.scalars import record_scalars
+
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, sync=True, dump_dir=None, on_nonfinite="ignore")
+    (loop.model(torch.randn(5, 3)).sum() * math.nan).backward()
+    record = monitor.step()
+    assert record is not None
+    assert len(record.nonfinite) == 4  # every gradient
+    assert math.isnan(record.global_norm)
+    assert record.finite_norm == 0.0
+    assert all(math.isnan(norm) for norm in record.norms.values())
+    scalars = record_scalars(record, per_layer=True)
+    assert math.isnan(scalars["gradaudit/global_norm"])
+    assert math.isnan(scalars["gradaudit/norm/0.weight"])
+    loop.backward(poison=math.inf)
+    record = monitor.step()
+    assert record is not None
+    assert record.global_norm == math.inf
+    assert record.finite_norm == pytest.approx(
+        math.sqrt(
+            sum(float((g.double()[g.isfinite()] ** 2).sum()) for g in loop.grads[-1].values())
+        )
+    )
+    assert record.norms["1.bias"] == math.inf
+    assert math.isfinite(record.norms["1.weight"])

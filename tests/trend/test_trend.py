@@ -323,3 +323,35 @@ def test_trend_help_documents_exit_codes() -> None:
     text = " ".join(result.stdout.split())
     for code in ("0 every dump audited", "1 failing findings", "2 usage error", "3 a dump"):
         assert code in text
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_monitors_dumps_give_the_step_its_stats_went_nan(tmp_path: Path, sync: bool) -> None:
+    """A NaN at step 20 of a real loop: without ``sync`` the monitor learns of it at step
+    21 and dumps step 21's gradients (``nonfinite_step`` = 20 in the metadata); the trend
+    still says 20, as with ``sync``."""
+    import warnings
+
+    from gradaudit import GradientMonitor
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = GradientMonitor(model, every=1, sync=sync, dump_dir=tmp_path, max_dumps=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(25):
+            x = torch.randn(16, 4)
+            if step == 20:
+                x[0, 0] = math.nan
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            monitor.step()
+            optimizer.step()
+        monitor.flush()
+    first = sorted(p.name for p in tmp_path.glob("*.safetensors"))[0]
+    assert first == ("step_00000020.safetensors" if sync else "step_00000021.safetensors")
+    report = trend_paths([tmp_path])
+    (nonfinite,) = [f for f in report.findings if f.kind is TrendKind.NONFINITE]
+    assert nonfinite.step == 20
+    assert nonfinite.message.startswith("first NaN/Inf at step 20")
