@@ -14,5 +14,10 @@ def is_dtensor(tensor: torch.Tensor) -> bool:
     tensor can be a DTensor before something else imported it, so the class is
     looked up only where it is already loaded.
     """
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(tensor, module.DTensor)
+    # torch >= 2.5 exports it from torch.distributed.tensor; 2.4 from ._tensor only (its
+    # torch.distributed.tensor package exists there without the class).
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if cls is not None:
+            return isinstance(tensor, cls)
+    return False

@@ -28,9 +28,11 @@ non-finite.
 
 ``torch.compile``: hooks inside a compiled region would run once at trace
 time, not at every call. While armed, the locator therefore sets
-``torch.compiler.set_stance("force_eager")``: the armed step runs eagerly (and
-is located exactly); steps outside it stay compiled. A stance the caller set
-themselves is replaced by ``"default"`` when the locator disarms.
+``torch.compiler.set_stance("force_eager")`` (torch >= 2.6; older torch has no
+stance, and a compiled model is then not located inside its compiled region): the
+armed step runs eagerly (and is located exactly); steps outside it stay compiled.
+A stance the caller set themselves is replaced by ``"default"`` when the locator
+disarms.
 """
 
 from __future__ import annotations
@@ -193,7 +195,10 @@ class NanLocator:
                 # backward() line, so it is attributed to the user's module.
                 warnings.filterwarnings("ignore", message=message, category=UserWarning)
                 self._filters.append(warnings.filters[0])
-        self._stance = torch.compiler.set_stance("force_eager")
+        # set_stance is torch >= 2.6; before it a compiled region runs its hooks at trace
+        # time only (documented), and nothing here can change that.
+        set_stance = getattr(torch.compiler, "set_stance", None)
+        self._stance = None if set_stance is None else set_stance("force_eager")
         self.reset()
 
     def disarm(self) -> None:
