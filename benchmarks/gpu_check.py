@@ -206,20 +206,38 @@ def run_command(
         return 0 if command.optional else 127
     try:
         rc = process.wait(timeout=timeout_s)
-        if rc and command.optional:
-            log.write(f"(optional: exit status {rc} noted, not a failure)\n")
-            return 0
-        return rc
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, sig)
-                process.wait(timeout=grace)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+        end_group(process)
         log.write(f"\n!! timed out after {timeout_s:.0f}s\n")
         return None
+    except BaseException:  # stopped from outside (SIGTERM, Ctrl-C): its group goes too
+        end_group(process)
+        raise
+    if rc and command.optional:
+        log.write(f"(optional: exit status {rc} noted, not a failure)\n")
+        return 0
+    return rc
+
+
+def end_group(process: subprocess.Popen[bytes]) -> None:
+    """End the process group ``run_command`` started (politely first)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=5.0)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Stopped(Exception):
+    """SIGTERM reached the check (the wrapper's hard stop): the running step is ended."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(f"signal {signum}")
 
 
 #: Lines of a step's output its summary quotes: the probes' ``figure:`` lines and
@@ -489,8 +507,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     context = Context(sys.executable, args.out.resolve(), scratch.resolve(), args.dry_run)
+    # The steps run in sessions of their own (so a timeout ends their children): a hard
+    # stop from outside must reach them through this process.
+    signal.signal(signal.SIGTERM, _stop)
     try:
         summary = run(context, deadline, STEPS, only)
+    except Stopped as stop:
+        print(f"gpu_check: stopped ({stop}); summary.txt holds the steps that ended")
+        return 124
     finally:
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -124,9 +124,10 @@ def env(probe: Probe) -> int:
         cc = torch.cuda.get_device_capability(probe.device)
         driver = nvidia_smi("driver_version")
         spec = spec_hbm(props.name)
+        l2 = getattr(props, "L2_cache_size", 0) / MIB
         print(
             f"device {props.name} cc {cc[0]}.{cc[1]}, {props.multi_processor_count} SMs, "
-            f"{props.total_memory / 2**30:.1f} GiB, L2 {props.L2_cache_size / MIB:.0f} MiB, "
+            f"{props.total_memory / 2**30:.1f} GiB, L2 {l2:.0f} MiB, "
             f"{torch.cuda.device_count()} device(s), spec HBM {spec or 'unknown'} B/s"
         )
         print(f"driver {driver}; clocks: {nvidia_smi('clocks.sm,clocks.max.sm,clocks.mem')}")
