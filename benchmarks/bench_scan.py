@@ -81,9 +81,11 @@ def best_of(
     return min(times)
 
 
-def transformer_layout(total_bytes: int, itemsize: int) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of a transformer's layers whose sizes add up to about ``total_bytes``."""
-    width = 1024
+def transformer_layout(
+    total_bytes: int, itemsize: int, width: int = 1024
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of a transformer's layers whose sizes add up to about ``total_bytes``
+    (``width``: the model's; smaller only for a dry run through Triton's interpreter)."""
     per_layer = 12 * width * width + 13 * width
     layers = max(1, total_bytes // (itemsize * per_layer))
     return [

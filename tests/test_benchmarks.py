@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_gpu
+from benchmarks import bench_gpu, gpu_check
 from gradaudit.engine import native
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: Slow (not in the quick loop): every benchmark script run end to end at smoke size.
 pytestmark = pytest.mark.slow
@@ -194,3 +200,80 @@ def test_many_tensors_benchmark_smoke_run(
     ]
     assert [row[5] for row in rows] == ["0"] * 4  # vanishing is a warning by default
     assert all(float(row[6]) > 0 for row in rows)
+
+
+def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path) -> None:
+    """``GA_DRY_RUN=1 bash benchmarks/gpu_check.sh``: every step's logic on the CPU (Triton
+    interpreted, tiny sizes, tests collected only); $OUT as the lending machine sends it back."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "GA_DRY_RUN": "1"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = (out / "summary.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# gradaudit GPU check (DRY RUN")
+    steps = {
+        line.split()[1]: line.split()[0] for line in lines if not line.startswith(("#", "total"))
+    }
+    assert list(steps) == [step.name for step in gpu_check.STEPS]
+    assert steps["install"] == "SKIP"  # the dry run says what it would install
+    assert steps["sanitizer"] in ("SKIP", "PASS")
+    assert {status for name, status in steps.items() if name not in ("install", "sanitizer")} == {
+        "PASS"
+    }
+    assert lines[-1].startswith("total ")
+    assert " 0 fail, 0 timeout" in lines[-1]
+    summary = "\n".join(lines)
+    assert "4 probes (offsets, longest_span, beyond_2_31, fp32_sums): 0 wrong" in summary
+    assert "12 workloads" in summary
+    assert "auto -> eager" in summary
+    assert "tests collected" in summary
+    # The lending machine's limits on what comes back: at most 8 files, no more than two
+    # folders down, plain names.
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert 0 < len(files) <= 8
+    assert all(len(path.relative_to(out).parts) <= 3 for path in files)
+    assert all(
+        re.fullmatch(r"[A-Za-z0-9._-]+", part)
+        for path in files
+        for part in path.relative_to(out).parts
+    )
+    bench = (out / "bench.txt").read_text(encoding="utf-8")
+    assert bench.count("| yes") == 12  # one bandwidth row per layout and dtype
+
+
+def test_force_engine_pins_auto_except_for_tests_of_autos_own_choice(tmp_path: Path) -> None:
+    (tmp_path / "test_demo.py").write_text(
+        "import torch\n"
+        "from gradaudit.engine import triton_kernel\n"
+        "def test_forced():\n"
+        "    assert triton_kernel.compile_worth(torch.device('cuda')) is False\n"
+        "def test_auto_chooses():\n"
+        "    assert triton_kernel.compile_worth.__name__ == 'compile_worth'\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GA_CHECK_ENGINE": "eager"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "benchmarks.force_engine", "-o", "addopts=", str(tmp_path)]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout
+    assert "figure: auto -> eager in 1 tests, 0 Triton flushes" in done.stdout
+    done = subprocess.run(
+        command,
+        env={**env, "GA_CHECK_ENGINE": "compiled"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 4
+    assert "GA_CHECK_ENGINE=compiled" in done.stderr
