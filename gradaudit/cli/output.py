@@ -121,6 +121,16 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     partial file. The file gets the mode a plain ``open(path, "w")`` would.
     """
     check_output_path(path)
+    replace_atomically(path, text, "--output")
+
+
+def replace_atomically(path: Path, data: bytes | str | Iterable[str], option: str) -> None:
+    """Write ``data`` to ``path`` through a temporary file in its directory and a rename.
+
+    The one way gradaudit writes a file (``--output``, ``--plot``): a full disk or a
+    killed run leaves the previous file, never a truncated one. A failure is an
+    :class:`OutputError` naming ``option`` (exit 5: the audit itself was done).
+    """
     target = _target(path)
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
@@ -136,19 +146,25 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
             dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
         )
     except OSError as error:
-        raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
+        raise OutputError(f"{option} {path}: cannot write: {error.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.writelines([text] if isinstance(text, str) else text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        if isinstance(data, bytes):
+            with os.fdopen(fd, "wb") as binary:
+                binary.write(data)
+                binary.flush()
+                os.fsync(binary.fileno())
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.writelines([data] if isinstance(data, str) else data)
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException as error:
         with suppress(OSError):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise OutputError(f"--output {path}: cannot write: {error.strerror}") from None
+            raise OutputError(f"{option} {path}: cannot write: {error.strerror}") from None
         raise
 
 

@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from gradaudit.cli.output import check_not_read
-from gradaudit.errors import OutputError, UsageError
+from gradaudit.cli.output import check_not_read, replace_atomically
+from gradaudit.errors import UsageError
 from gradaudit.grouping import GroupBy, parse_group_by
 from gradaudit.report.base import RenderOptions
 from gradaudit.report.chart import MIN_AUTO_CHART_WIDTH, chart_title, render_chart, report_layers
@@ -91,11 +91,9 @@ def check_plot_target(
 
 
 def write_plot(plot: Path, data: bytes) -> None:
-    try:
-        plot.write_bytes(data)
-    except OSError as error:
-        # After the audit: an output failure (exit 5), like a report that cannot be written.
-        raise OutputError(f"cannot write --plot {str(plot)!r}: {error.strerror or error}") from None
+    """Write the image atomically, as ``--output`` writes a report: a full disk leaves the
+    previous image in place, not a truncated one (an output failure, exit 5)."""
+    replace_atomically(plot, data, "--plot")
 
 
 @dataclass(frozen=True)

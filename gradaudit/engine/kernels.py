@@ -91,6 +91,9 @@ class EagerKernel:
             max_abs = torch.maximum(-low, high).to(torch.float64).reshape(1)
         else:
             max_abs = finite.abs_().amax(dim=1).to(torch.float64)
+        # + 0.0 turns a -0.0 (maximum() does not order signed zeros) into 0: a tensor of
+        # negative zeros has max |x| 0, not "-0.0" in the report.
+        max_abs = max_abs + 0.0
 
         if block.dtype == torch.float64:
             scale = _power_of_two_above(max_abs)
@@ -157,7 +160,7 @@ def fused_rows(block: torch.Tensor) -> torch.Tensor:
     magnitude = work.abs()
     finite = torch.where(magnitude < INF, magnitude, 0.0)
     peak = finite.amax() if dim is None else finite.amax(dim=dim)
-    max_abs = peak.reshape(-1).to(torch.float64)
+    max_abs = peak.reshape(-1).to(torch.float64) + 0.0  # never -0.0 (see above)
     if work.dtype == torch.float64:
         scale = _power_of_two_above(max_abs)
         wide = finite / scale.unsqueeze(1)

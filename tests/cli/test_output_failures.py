@@ -182,17 +182,19 @@ def test_a_plot_that_fails_to_write_is_an_output_failure(
 
     dump = tmp_path / "grads.safetensors"
     save_file({"w": torch.ones(4)}, str(dump))
+    image = tmp_path / "flow.png"
+    image.write_bytes(b"the previous image")
 
-    def full(self: Path, data: bytes) -> int:
+    def full(fd: int) -> None:  # the disk fills up while the new image is written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_bytes", full)
-    result = runner.invoke(
-        app, ["scan", str(dump), "--no-config", "--plot", str(tmp_path / "flow.png")]
-    )
+    monkeypatch.setattr("gradaudit.cli.output.os.fsync", full)
+    result = runner.invoke(app, ["scan", str(dump), "--no-config", "--plot", str(image)])
     assert result.exit_code == ExitCode.OUTPUT_ERROR
-    assert "cannot write --plot" in result.stderr
-    assert "No space left on device" in result.stderr
+    assert f"--plot {image}: cannot write: No space left on device" in result.stderr
+    # Written atomically, like --output: the old image stays whole, no temporary is left.
+    assert image.read_bytes() == b"the previous image"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flow.png", "grads.safetensors"]
 
 
 def test_rendering_stops_once_the_reader_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -362,3 +362,13 @@ def test_chunks_are_cache_sized_on_the_cpu_and_budget_sized_elsewhere(
     assert small.device_chunk_elements == 1 << 18  # 20 bytes of scratch per element fit 8 MiB
     explicit = StatsCollector(engine="eager", chunk_elements=5000)
     assert explicit.chunk_elements == explicit.device_chunk_elements == 5000
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("values", [[-0.0], [-0.0, -0.0], [-0.0, 0.0, -0.0]], ids=str)
+def test_negative_zeros_have_max_abs_plus_zero(engine: str, values: list[float]) -> None:
+    """|-0.0| is 0: a report must never show max |x| as "-0.0" (maximum() does not order
+    signed zeros, so the eager kernel gave it for a tensor of negative zeros)."""
+    for shape in ((len(values),), (1, len(values))):
+        report = audit({"w": torch.tensor(values).reshape(shape)}, engine=engine)
+        assert math.copysign(1.0, report.tensors[0].max_abs) == 1.0
