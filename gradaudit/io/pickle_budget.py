@@ -32,6 +32,8 @@ import io
 import pickletools
 from typing import BinaryIO
 
+from gradaudit.io.pickle_scan import STRING_OPS
+
 __all__ = ["FLOOR_BYTES", "RATIO", "budget_problem"]
 
 #: Every pickle may use this much memory, however small it is.
@@ -85,21 +87,7 @@ _COST: dict[str, int] = {
 }
 _STACK_SLOT = 8
 #: Opcodes whose argument (text or bytes) is copied into a new object.
-_STRINGS = frozenset(
-    {
-        "SHORT_BINUNICODE",
-        "BINUNICODE",
-        "BINUNICODE8",
-        "UNICODE",
-        "SHORT_BINSTRING",
-        "BINSTRING",
-        "STRING",
-        "SHORT_BINBYTES",
-        "BINBYTES",
-        "BINBYTES8",
-        "BYTEARRAY8",
-    }
-)
+_STRINGS = STRING_OPS | frozenset({"SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "BYTEARRAY8"})
 _STRING_OVERHEAD = 64
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 

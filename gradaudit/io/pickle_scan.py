@@ -20,7 +20,7 @@ from typing import BinaryIO
 from gradaudit.io.files import show
 
 #: Opcodes that push a string (module or attribute names for ``STACK_GLOBAL``).
-_STRING_OPS = frozenset(
+STRING_OPS = frozenset(
     {
         "SHORT_BINUNICODE",
         "BINUNICODE",
@@ -84,7 +84,7 @@ def pickle_globals(stream: BinaryIO, max_pickles: int = 1) -> list[str]:
             if isinstance(pair[0], str) and isinstance(pair[1], str):
                 found[_canonical(pair[0], pair[1])] = None
             pushed.append(None)
-        elif name in _STRING_OPS:
+        elif name in STRING_OPS:
             pushed.append(arg.decode("latin-1") if isinstance(arg, bytes) else arg)
         elif name in _GET_OPS:
             pushed.append(memo.get(arg))
