@@ -158,20 +158,34 @@ def native_threads() -> int:
     return torch_default_threads()
 
 
+#: ``OMP_NUM_THREADS`` as libgomp parses it: a positive number, or a list whose first entry
+#: counts; anything else ("1x", "1e1", "0") is ignored, as torch's OpenMP ignores it.
+_OMP_VALUE = re.compile(r"\s*\+?(\d+)\s*(?:,.*)?", re.S)
+#: ``MKL_NUM_THREADS`` as MKL reads it: its leading digits ("1x" is 1).
+_MKL_VALUE = re.compile(r"\s*\+?(\d+)")
+
+
 def torch_default_threads() -> int:
     """The intra-op thread count torch starts with, worked out without importing it.
 
-    As torch 2.13 does (measured): ``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS`` (the
-    leading digits of a positive number), at most the machine's physical cores; without
-    either, the physical cores (``cpuinfo``'s core count: distinct package and core ids
-    in ``/sys/devices/system/cpu``, else ``os.cpu_count()``).
+    As torch 2.13 does (measured on a 2-core machine, under ``taskset`` too):
+    ``MKL_NUM_THREADS`` (its leading digits), else a valid ``OMP_NUM_THREADS``, each at most
+    the machine's physical cores; without either (or with an invalid ``OMP_NUM_THREADS``,
+    which OpenMP ignores), the CPUs this process may run on (``sched_getaffinity``: a
+    ``taskset -c 0`` run gets 1), at most the physical cores (``cpuinfo``'s count: distinct
+    package and core ids in ``/sys/devices/system/cpu``, else ``os.cpu_count()``).
     """
     cores = _physical_cores() or os.cpu_count() or 1
-    for variable in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
-        match = re.match(r"\s*\+?(\d+)", os.environ.get(variable, ""))
+    for variable, pattern in (("MKL_NUM_THREADS", _MKL_VALUE), ("OMP_NUM_THREADS", _OMP_VALUE)):
+        value = os.environ.get(variable, "")
+        match = pattern.match(value) if pattern is _MKL_VALUE else pattern.fullmatch(value)
         if match is not None and int(match.group(1)) > 0:
             return min(int(match.group(1)), cores)
-    return cores
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux: no affinity to honour
+        allowed = cores
+    return max(1, min(allowed, cores))
 
 
 def _physical_cores() -> int:

@@ -321,27 +321,45 @@ def test_scan_of_safetensors_imports_no_torch(tmp_path: Path) -> None:
 def test_thread_count_without_torch_is_torchs(tmp_path: Path) -> None:
     """Without torch the native kernel splits its calls between as many threads as torch
     would use: compared with torch in a fresh interpreter, with the environment variables
-    torch reads set. Without them the count is the machine's physical cores, which this
-    test leaves alone: CI may run on another CPU (docs/performance.md gives where the
-    two can differ; only the last bits of a norm would)."""
+    torch reads set (malformed ones included, which OpenMP ignores) and with the process
+    pinned to one CPU (``taskset -c 0``: torch starts one thread). Unpinned and without
+    them the count is the machine's physical cores, which this test leaves alone: CI may
+    run on another CPU (docs/performance.md gives where the two can differ; only the last
+    bits of a norm would)."""
     code = (
+        "import os, sys\n"
+        "first = min(os.sched_getaffinity(0))\n"
+        "if sys.argv[1] == 'pinned': os.sched_setaffinity(0, {first})\n"
         "from gradaudit.engine.native_rows import torch_default_threads as t\n"
         "guess = t()\nimport torch\nprint(guess, torch.get_num_threads())"
     )
-    for env in ({"OMP_NUM_THREADS": "1"}, {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "64"}):
-        environ = {
-            k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        }
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env={**environ, **env},
-            check=True,
-            timeout=120,
-        )
-        guess, real = done.stdout.split()
-        assert guess == real, env
+    cases = [
+        {"OMP_NUM_THREADS": "1"},
+        {"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "64"},
+        {"MKL_NUM_THREADS": "1x"},
+        {"OMP_NUM_THREADS": "1x"},
+        {"OMP_NUM_THREADS": "1e1"},
+        {"OMP_NUM_THREADS": "0"},
+        {"OMP_NUM_THREADS": "1,2"},
+        {},
+    ]
+    for env in cases:
+        for pinning in ("pinned", "free") if env != {} else ("pinned",):
+            environ = {
+                k: v
+                for k, v in os.environ.items()
+                if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            }
+            done = subprocess.run(
+                [sys.executable, "-c", code, pinning],
+                capture_output=True,
+                text=True,
+                env={**environ, **env},
+                check=True,
+                timeout=120,
+            )
+            guess, real = done.stdout.split()
+            assert guess == real, (env, pinning)
 
 
 def test_the_host_half_of_the_engine_imports_no_torch() -> None:
