@@ -116,7 +116,10 @@ def _power_of_two_above(max_abs: torch.Tensor) -> torch.Tensor:
     (2**1024 would overflow), and a power of two divides exactly.
     """
     _, exponent = torch.frexp(max_abs)
-    return torch.ldexp(torch.ones_like(max_abs), exponent - 1)
+    # pow of a float64 exponent, not ldexp: torch < 2.5's ldexp forms 2**e in float32,
+    # which is inf from e = 128 on (every float64 norm above 1e38 came out NaN there).
+    # A power of two is exact either way.
+    return torch.pow(2.0, (exponent - 1).to(max_abs.dtype))
 
 
 def complex_magnitudes(values: torch.Tensor) -> torch.Tensor:

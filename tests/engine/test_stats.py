@@ -33,15 +33,19 @@ FLOAT_DTYPES = sorted((d for d in AUDITED_DTYPES if d.is_floating_point), key=st
 # Largest magnitude worth planting per dtype: big enough that float32 squares
 # (or float64 squares, for float64) overflow, small enough to stay finite.
 HUGE = {
-    torch.float64: 1e200,
-    torch.float32: 1e20,
-    torch.bfloat16: 1e30,
-    torch.float16: 6e4,
-    torch.float8_e4m3fn: 400.0,
-    torch.float8_e5m2: 5e4,
-    torch.float8_e4m3fnuz: 200.0,
-    torch.float8_e5m2fnuz: 5e4,
-    torch.float8_e8m0fnu: 1e38,
+    dtype: value
+    for name, value in (
+        ("float64", 1e200),
+        ("float32", 1e20),
+        ("bfloat16", 1e30),
+        ("float16", 6e4),
+        ("float8_e4m3fn", 400.0),
+        ("float8_e5m2", 5e4),
+        ("float8_e4m3fnuz", 200.0),
+        ("float8_e5m2fnuz", 5e4),
+        ("float8_e8m0fnu", 1e38),  # torch >= 2.7: the dtypes this torch has
+    )
+    if (dtype := getattr(torch, name, None)) is not None
 }
 
 #: The engines that reduce CPU tensors here: native only where the install built it.
