@@ -8,7 +8,7 @@ be written in the config file's ``[tool.gradaudit.compare]`` sub-table.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 
@@ -35,6 +35,10 @@ from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.results.comparison import DEFAULT_MAX_CHANGE
+
+if TYPE_CHECKING:  # its type only: the module is numpy
+    from gradaudit.policy import Thresholds
+    from gradaudit.results.comparison import ComparePolicy, Comparison
 
 COMPARE_EPILOG = (
     "normalized ratio = (seed_norm / host_norm) * sqrt(host_params / seed_params): the ratio "
@@ -145,21 +149,61 @@ def compare(
         policy = settings.compare_policy()
         check_device_option(settings.device or "auto")
         check_output_path(settings.output, paths, config=settings.source)
-        from gradaudit.comparison.api import compare_paths  # torch: only once there is work to do
-
-        comparison = compare_paths(
-            paths[0],
-            paths[1] if len(paths) == 2 else None,
-            host_prefix=host_prefix,
-            seed_prefix=seed_prefix,
-            thresholds=thresholds,
-            policy=policy,
-            options=EngineOptions(
-                device=settings.device or "auto",
-                chunk_elements=chunk_elements,
-                engine=settings.engine or Engine.AUTO,
-            ),
+        engine_options = EngineOptions(
+            device=settings.device or "auto",
+            chunk_elements=chunk_elements,
+            engine=settings.engine or Engine.AUTO,
         )
+        host, seed = paths[0], paths[1] if len(paths) == 2 else None
+        sides = Sides(host_prefix, seed_prefix, thresholds, policy)
+        comparison = _compare_without_torch(host, seed, engine_options, sides)
+        if comparison is None:
+            # torch (~1.2 s): only once there is work to do, and only when the torch-free
+            # path does not apply.
+            from gradaudit.comparison.api import compare_paths  # torch: see above
+
+            comparison = compare_paths(
+                host,
+                seed,
+                host_prefix=sides.host_prefix,
+                seed_prefix=sides.seed_prefix,
+                thresholds=sides.thresholds,
+                policy=sides.policy,
+                options=engine_options,
+            )
         raise typer.Exit(
             int(emit_comparison(comparison, settings, show_all=show_all, top=top, debug=debug))
         )
+
+
+class Sides(NamedTuple):
+    """What both paths of a comparison are given besides the files and the engine."""
+
+    host_prefix: str | None
+    seed_prefix: str | None
+    thresholds: Thresholds
+    policy: ComparePolicy
+
+
+def _compare_without_torch(
+    host: Path, seed: Path | None, engine_options: EngineOptions, sides: Sides
+) -> Comparison | None:
+    """The comparison on the torch-free path when it applies (the scan's conditions:
+    :mod:`gradaudit.scan.torch_free`), else ``None``: the caller then compares with torch."""
+    from gradaudit.comparison import files  # numpy: only once a command runs
+    from gradaudit.scan import torch_free  # numpy: only once a command runs
+
+    device = str(engine_options.device or "auto")
+    if not torch_free.applies(device=device, engine=engine_options.engine):
+        return None
+    try:
+        return files.compare_paths_torch_free(
+            host,
+            seed,
+            host_prefix=sides.host_prefix,
+            seed_prefix=sides.seed_prefix,
+            thresholds=sides.thresholds,
+            policy=sides.policy,
+        )
+    except torch_free.NeedsTorch:
+        return None

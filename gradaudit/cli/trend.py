@@ -138,21 +138,33 @@ def trend(
                 raise UsageError("--precision prints a table: use it with --format table")
             if settings.output is not None:
                 raise UsageError("--precision writes its table to stdout: leave out --output")
-        from gradaudit.trend.builder import (
-            trend_paths,  # reads files: only once there is work to do
-        )
+        # Reads files: only once there is work to do; without torch when it can.
+        from gradaudit.scan import torch_free  # numpy: only once a command runs
+        from gradaudit.trend import builder  # numpy: only once a command runs
 
-        report = trend_paths(
-            paths,
-            kind=settings.kind or InputKind.AUTO,
-            policy=policy,
-            group_by=spec,
-            device=settings.device or "auto",
-            engine=settings.engine or Engine.AUTO,
-            chunk_elements=chunk_elements,
-            precision=precision,
-            recursive=recursive,
-        )
+        device_text = settings.device or "auto"
+        engine_choice = settings.engine or Engine.AUTO
+        kind_of = settings.kind or InputKind.AUTO
+        report = None
+        if torch_free.applies(device=device_text, engine=engine_choice, precision=precision):
+            try:
+                report = builder.trend_paths_torch_free(
+                    paths, kind=kind_of, policy=policy, group_by=spec, recursive=recursive
+                )
+            except torch_free.NeedsTorch:
+                report = None  # the torch path below, as scan falls back
+        if report is None:
+            report = builder.trend_paths(
+                paths,
+                kind=kind_of,
+                policy=policy,
+                group_by=spec,
+                device=device_text,
+                engine=engine_choice,
+                chunk_elements=chunk_elements,
+                precision=precision,
+                recursive=recursive,
+            )
         verdict = emit_trend(report, settings, show_all=show_all, debug=debug)
         if precision is not None and report.headroom:
             write_stdout("\n" + render_headroom_trend(report.headroom, precision))

@@ -15,6 +15,7 @@ import array
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -40,6 +41,26 @@ from gradaudit.scan.judge import (
     with_roles,
 )
 from gradaudit.scan.outliers import find_outliers
+
+
+class Routing(Protocol):
+    """Which source label each tensor of a file is collected under."""
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels the file's metadata evidence is recorded under (every route's)."""
+        ...
+
+    def route(self, name: str) -> str | Skipped:
+        """The label of the tensor ``name``, or why it is left out."""
+        ...
+
+    @property
+    def whole(self) -> str | None:
+        """The label of every tensor of the file when no name is routed (else ``None``):
+        the file is then read as runs of tensors, like a scan's, with no call per name."""
+        ...
+
 
 #: Role codes of optimizer state in a StatsTable (their gradient estimates need each one).
 _OPTIMIZER_CODES = [ROLES.index(Role.OPTIMIZER_MOMENT), ROLES.index(Role.OPTIMIZER_SECOND_MOMENT)]
@@ -150,11 +171,17 @@ class Collected:
         path: str,
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
+        routing: Routing | None = None,
     ) -> InputProblem | None:
         """Collect one file's tensors, all or nothing; return its problem if it fails.
 
-        ``select`` keeps tensors by name; ``progress`` hears the bytes read.
+        ``select`` keeps tensors by name; ``progress`` hears the bytes read; ``routing``
+        labels each tensor (``compare``'s sides; default: the path).
         """
+        raise NotImplementedError
+
+    def materialize(self, thresholds: Thresholds | None = None) -> Report:
+        """The report of everything collected: the rows read to the host, then :meth:`report`."""
         raise NotImplementedError
 
     def read_hints(self, reader: object, label: str) -> Mapping[str, TensorHint]:

@@ -47,7 +47,7 @@ from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
-from gradaudit.scan.collected import Collected
+from gradaudit.scan.collected import Collected, Routing
 from gradaudit.scan.reading import read_file
 
 _CPU = torch.device("cpu")
@@ -458,9 +458,10 @@ class PendingStats(Collected):
         path: str,
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
+        routing: Routing | None = None,
     ) -> InputProblem | None:
         """Collect one file's tensors (see :func:`gradaudit.scan.reading.read_file`)."""
-        return read_file(self, path, select, progress)
+        return read_file(self, path, select, progress, routing)
 
     def prefetch(self) -> None:
         """Start copying the rows collected so far to the host, without waiting for it.

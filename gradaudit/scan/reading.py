@@ -14,35 +14,17 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from gradaudit.errors import OutputError, UsageError
 from gradaudit.io import Excluded, open_source
 from gradaudit.io.base import Pieces, RunItem, RunSource, TensorRun
 from gradaudit.results import InputProblem, Skipped
 from gradaudit.scan.boundary import guarded, problem_of, reading
+from gradaudit.scan.collected import Routing
 
 if TYPE_CHECKING:  # PendingStats calls read_file: its type only, no import cycle
     from gradaudit.scan.pending import PendingStats
-
-
-class Routing(Protocol):
-    """Which source label each tensor of a file is collected under."""
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """The labels the file's metadata evidence is recorded under (every route's)."""
-        ...
-
-    def route(self, name: str) -> str | Skipped:
-        """The label of the tensor ``name``, or why it is left out."""
-        ...
-
-    @property
-    def whole(self) -> str | None:
-        """The label of every tensor of the file when no name is routed (else ``None``):
-        the file is then read as runs of tensors, like a scan's, with no call per name."""
-        ...
 
 
 def read_file(

@@ -20,6 +20,7 @@ raises :class:`NeedsTorch`, and the caller scans everything again with torch.
 from __future__ import annotations
 
 import array
+import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -41,7 +42,7 @@ from gradaudit.policy import Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.row import ROW_WIDTH, skip_reason
 from gradaudit.scan.boundary import problem_of, reading
-from gradaudit.scan.collected import Collected
+from gradaudit.scan.collected import Collected, Routing
 from gradaudit.selection import NameFilter
 
 __all__ = ["NativeScan", "NeedsTorch", "applies", "gpu_may_exist", "scan_torch_free", "takes"]
@@ -200,8 +201,11 @@ class NativeScan(Collected):
         path: str,
         select: Callable[[str], bool] | None = None,
         progress: Callable[[int], None] | None = None,
+        routing: Routing | None = None,
     ) -> InputProblem | None:
-        """Collect one safetensors file or index, all or nothing (as the torch path does)."""
+        """Collect one safetensors file or index, all or nothing (as the torch path does),
+        each tensor under ``routing``'s label (default: the path), as
+        :func:`gradaudit.scan.reading.read_file` routes them."""
         part = self.child()
         try:
             with reading(path):  # the reader's calls: see gradaudit.scan.boundary
@@ -215,12 +219,13 @@ class NativeScan(Collected):
                 else:
                     shards = [(None, MappedSafetensors(path))]
                     metadata = shards[0][1].metadata
-                part.read_hints(SimpleNamespace(metadata=metadata), path)
+                for label in (path,) if routing is None else routing.labels:
+                    part.read_hints(SimpleNamespace(metadata=metadata), label)
             for _, source in shards:
                 self._check_dtypes(source)
             for shard, source in shards:
                 with _in_shard(path, shard):
-                    part._read(source, path, select, progress)
+                    part._read(source, path, select, progress, routing)
             part._rows.settle()
             # Only now has every byte been read: a file that changed meanwhile is an error.
             with reading(path):
@@ -245,36 +250,79 @@ class NativeScan(Collected):
         label: str,
         select: Callable[[str], bool] | None,
         progress: Callable[[int], None] | None,
+        routing: Routing | None = None,
     ) -> None:
         """Queue one file's tensors in file order: runs of small ones, the others one by one
-        (as ``SafetensorsSource.runs``, or ``items`` when ``select`` is given)."""
+        (as ``SafetensorsSource.runs``, or ``items`` when ``select`` is given), each under
+        its route's label; a run whose tensors go to different labels is queued a stretch
+        of one label at a time (as ``reading._queue_routed``)."""
         mapping = source.map()
         table = source.header.tensors
         if mapping is None or not len(table):
             return
         numel = source.element_counts()
         ahead = ReadAhead(mapping, source.data_start, table)
+        whole = label if routing is None else routing.whole
         if select is not None:
             for index, name in enumerate(table.names):
+                routed = self._route(name, label, routing)
+                if routed is None:
+                    continue
                 if select(name):
-                    self._one(source, mapping, index, numel, label, progress, ahead)
+                    self._one(source, mapping, index, numel, routed, progress, ahead)
                 else:
-                    self.exclude(label)
+                    self.exclude(routed)
             return
         for first, stop, code in source.run_bounds(self._kernel_codes >= 0):
             if code < 0:
                 for index in range(first, stop):
-                    self._one(source, mapping, index, numel, label, progress, ahead)
+                    routed = self._route(table.names[index], label, routing)
+                    if routed is not None:
+                        self._one(source, mapping, index, numel, routed, progress, ahead)
                 continue
-            pointers, counts, ranks, dims = source.run_columns(first, stop, numel)
-            nbytes = int(numel[first:stop].sum()) * int(SIZES_BY_CODE[code])
-            kernel = int(self._kernel_codes[code])
-            kinds = array.array("i", [kernel]) * (stop - first)
-            self._tickets += self._rows.add(pointers, counts, kinds, nbytes, mapping)
-            dtype = TORCH_NAMES[DTYPE_NAMES[code]]
-            self.add_columns(table.names[first:stop], ranks, dims, dtype, label)
-            if progress is not None:
-                progress(int(table.ends[stop - 1] - table.begins[first]))
+            if whole is not None:
+                self._run(source, mapping, first, stop, code, numel, whole, progress)
+                continue
+            start = first
+            routes = [self._route(name, label, routing) for name in table.names[first:stop]]
+            for routed, stretch in itertools.groupby(routes):
+                end = start + sum(1 for _ in stretch)
+                if routed is not None:
+                    self._run(source, mapping, start, end, code, numel, routed, progress)
+                start = end
+
+    def _route(self, name: str, path: str, routing: Routing | None) -> str | None:
+        """The label of ``name``, or ``None`` once it is skipped as its route says."""
+        if routing is None:
+            return path
+        routed = routing.route(name)
+        if isinstance(routed, Skipped):
+            self.skip(routed)
+            return None
+        return routed
+
+    def _run(
+        self,
+        source: MappedSafetensors,
+        mapping: object,
+        first: int,
+        stop: int,
+        code: int,
+        numel: np.ndarray,
+        label: str,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        """Queue the tensors ``first:stop`` of one dtype the kernel takes, as one run."""
+        table = source.header.tensors
+        pointers, counts, ranks, dims = source.run_columns(first, stop, numel)
+        nbytes = int(numel[first:stop].sum()) * int(SIZES_BY_CODE[code])
+        kernel = int(self._kernel_codes[code])
+        kinds = array.array("i", [kernel]) * (stop - first)
+        self._tickets += self._rows.add(pointers, counts, kinds, nbytes, mapping)
+        dtype = TORCH_NAMES[DTYPE_NAMES[code]]
+        self.add_columns(table.names[first:stop], ranks, dims, dtype, label)
+        if progress is not None:
+            progress(int(table.ends[stop - 1] - table.begins[first]))
 
     def _one(
         self,

@@ -36,7 +36,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +44,9 @@ from gradaudit.engine.options import Engine, EngineOptions
 from gradaudit.errors import InputError, UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.io import open_source
-from gradaudit.io.discover import BadInput, FileInput, expand_inputs
-from gradaudit.io.safetensors_source import SafetensorsSource
+from gradaudit.io.discover import BadInput, FileInput, expand_inputs, input_kind
+from gradaudit.io.files import check_regular_file
+from gradaudit.io.safetensors_map import MappedSafetensors
 from gradaudit.policy import InputKind, Thresholds
 from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.results import FileResult, InputProblem, Report
@@ -61,7 +62,7 @@ from gradaudit.results.trend import (
     TrendPolicy,
     TrendReport,
 )
-from gradaudit.scan.paths import scan_paths
+from gradaudit.scan import torch_free
 
 #: ``__metadata__`` keys read as the dump's step, in order of preference.
 STEP_METADATA_KEYS = ("step", "global_step")
@@ -145,8 +146,32 @@ def dump_files(
     return files, problems
 
 
+#: The ``__metadata__`` of a dump, or ``None`` when it is no safetensors file (then only its
+#: name can say its step); raises :class:`InputError` when the file cannot be opened.
+MetadataReader = Callable[[str], "dict[str, str] | None"]
+
+
+def opened_metadata(path: str) -> dict[str, str] | None:
+    """The dump's metadata as its reader (:func:`gradaudit.io.open_source`) sees it."""
+    # The readers import torch; a safetensors reader is a MappedSafetensors.
+    source = open_source(path)
+    if input_kind(path) == "safetensors" and isinstance(source, MappedSafetensors):
+        return source.header.metadata
+    return None
+
+
+def mapped_metadata(path: str) -> dict[str, str] | None:
+    """:func:`opened_metadata` of a safetensors file, without torch: what ``open_source``
+    checks and reads of one (:class:`MappedSafetensors` is its reader's header half)."""
+    check_regular_file(path)
+    return MappedSafetensors(path).header.metadata
+
+
 def order_dumps(
-    paths: Sequence[str | Path], *, recursive: bool = False
+    paths: Sequence[str | Path],
+    *,
+    recursive: bool = False,
+    metadata_of: MetadataReader = opened_metadata,
 ) -> tuple[list[Dump], list[InputProblem]]:
     """Expand (:func:`dump_files`) and order the inputs by step, reading headers only.
 
@@ -158,8 +183,8 @@ def order_dumps(
     earlier: dict[int, int | None] = {}
     for path in files:
         try:
-            source = open_source(path)
-            if not isinstance(source, SafetensorsSource) and step_from_name(path) is None:
+            found = metadata_of(path)
+            if found is None and step_from_name(path) is None:
                 # Only safetensors headers carry metadata; a 'step' entry inside a torch.save
                 # dict is data, and trend orders dumps before reading any data.
                 raise InputError(
@@ -169,7 +194,7 @@ def order_dumps(
                     "name has none (rename it, e.g. step_100.pt, or dump with "
                     "gradaudit.save_gradients)",
                 )
-            metadata = source.header.metadata if isinstance(source, SafetensorsSource) else {}
+            metadata = found or {}
             step = dump_step(path, metadata)
         except InputError as error:
             problems.append(InputProblem(path, error.cause))
@@ -446,8 +471,64 @@ def trend_paths(
     """
 
     started = time.perf_counter()
-    policy = policy or TrendPolicy()
+    options = EngineOptions(device, chunk_elements, engine)
+
+    def scan_dump(path: str, thresholds: Thresholds) -> Report:
+        # torch (~1.2 s): only once there is work to do, and only on this path.
+        from gradaudit.scan.paths import scan_paths  # torch: see above
+
+        return scan_paths(
+            [path], thresholds=thresholds, options=options, histograms=precision is not None
+        )
+
     dumps, problems = order_dumps(paths, recursive=recursive)
+    return _trend(dumps, problems, scan_dump, policy, group_by, kind, precision, started)
+
+
+def trend_paths_torch_free(
+    paths: Sequence[str | Path],
+    *,
+    policy: TrendPolicy | None = None,
+    group_by: GroupBy | None = None,
+    kind: InputKind = InputKind.AUTO,
+    recursive: bool = False,
+) -> TrendReport:
+    """:func:`trend_paths` without torch, on the CPU with the native kernel (no
+    ``precision``); the caller checks :func:`gradaudit.scan.torch_free.applies` first.
+
+    The dumps are read by the torch-free scan (:func:`~gradaudit.scan.torch_free.scan_torch_free`);
+    ordering, the builder and the report are :func:`trend_paths`'. Raises
+    :class:`~gradaudit.scan.torch_free.NeedsTorch` when an input is not what the torch-free
+    scan takes (:func:`~gradaudit.scan.torch_free.takes`) or is a sharded index (its
+    reader checks the index while the dumps are ordered), or holds a dtype only torch
+    reports as it should.
+    """
+    started = time.perf_counter()
+    entries = list(expand_inputs(paths, recursive=recursive))
+    indexes = any(isinstance(e, FileInput) and input_kind(e.path) == "index" for e in entries)
+    if indexes or not torch_free.takes(entries):
+        raise torch_free.NeedsTorch(paths)
+
+    def scan_dump(path: str, thresholds: Thresholds) -> Report:
+        return torch_free.scan_torch_free([FileInput(path)], thresholds=thresholds)
+
+    dumps, problems = order_dumps(paths, recursive=recursive, metadata_of=mapped_metadata)
+    return _trend(dumps, problems, scan_dump, policy, group_by, kind, None, started)
+
+
+def _trend(
+    dumps: list[Dump],
+    problems: list[InputProblem],
+    scan_dump: Callable[[str, Thresholds], Report],
+    policy: TrendPolicy | None,
+    group_by: GroupBy | None,
+    kind: InputKind,
+    precision: Precision | None,
+    started: float,
+) -> TrendReport:
+    """Audit the ordered dumps one at a time (``scan_dump``: one path's report) into a
+    :class:`TrendReport`: the one trend of both paths."""
+    policy = policy or TrendPolicy()
     builder = TrendBuilder(policy, group_by)
     for problem in problems:
         builder.add_error(problem)
@@ -455,16 +536,10 @@ def trend_paths(
     thresholds = Thresholds(
         vanishing=policy.vanishing, exploding=math.inf, fail_on=frozenset(), kind=kind
     )
-    options = EngineOptions(device, chunk_elements, engine)
     first: FileResult | None = None
     headroom: list[tuple[int, Headroom]] = []
     for dump in dumps:
-        report = scan_paths(
-            [dump.path],
-            thresholds=thresholds,
-            options=options,
-            histograms=precision is not None,
-        )
+        report = scan_dump(dump.path, thresholds)
         if report.errors:
             for problem in report.errors:
                 builder.add_error(problem)

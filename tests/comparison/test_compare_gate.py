@@ -254,7 +254,10 @@ def test_output_is_never_an_input_and_never_half_written(
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated bug")
 
+    # A bug on either path (torch-free on the CPU, torch elsewhere).
     monkeypatch.setattr(importlib.import_module("gradaudit.comparison.api"), "compare_paths", crash)
+    files = importlib.import_module("gradaudit.comparison.files")
+    monkeypatch.setattr(files, "compare_paths_torch_free", crash)
     crashed = gate(grafted, "-o", str(target))
     assert crashed.exit_code == ExitCode.INTERNAL_ERROR
     assert not target.exists()

@@ -107,8 +107,8 @@ def test_one_streaming_pass_one_dump_at_a_time_in_step_order(
 ) -> None:
     import importlib
 
-    # the scan core as trend_paths calls it (imported at the top of trend/builder.py)
-    core = importlib.import_module("gradaudit.trend.builder")
+    # the scan core as trend_paths calls it (imported from here when it runs: torch)
+    core = importlib.import_module("gradaudit.scan.paths")
     calls: list[list[str]] = []
     real = core.scan_paths
 

@@ -1,0 +1,200 @@
+"""``compare`` and ``trend`` on the torch-free path report exactly what the torch path does.
+
+The sibling of ``test_torch_free.py`` (the torch-free scan): each command runs twice
+through the CLI, once as it chooses (the torch-free path, checked to have run) and once
+with the torch path forced, with identical stdout, stderr and exit code asserted in every
+output format. The subprocess tests check that the torch-free runs import no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from gradaudit.cli import app
+from gradaudit.comparison import files
+from gradaudit.engine import native_rows
+from gradaudit.scan import collected, torch_free
+from gradaudit.trend import builder
+from tests.cli.test_startup import run_cli
+from tests.conftest import runner
+from tests.scan.test_torch_free import FORMATS, planted
+
+pytestmark = pytest.mark.skipif(
+    not native_rows.available(), reason="the torch-free path needs the native kernel"
+)
+
+#: Each command's torch-free entry point, spied on to see that it ran to the end.
+ENTRY = {
+    "compare": (files, "compare_paths_torch_free"),
+    "trend": (builder, "trend_paths_torch_free"),
+}
+
+
+def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: bool) -> Any:
+    """Run the CLI at a fixed width and clock; returns (result, torch-free runs that finished)."""
+    ran: list[bool] = []
+    module, name = ENTRY[args[0]]
+    real = getattr(module, name)
+
+    def spy(*a: Any, **k: Any) -> Any:
+        result = real(*a, **k)  # raises NeedsTorch before anything is appended
+        ran.append(True)
+        return result
+
+    clock = SimpleNamespace(perf_counter=lambda: 0.0)
+    with monkeypatch.context() as patch:
+        patch.setenv("COLUMNS", "100")
+        patch.setattr(collected, "time", clock)
+        patch.setattr(builder, "time", clock)
+        patch.setattr(module, name, spy)
+        if torch_path:
+            patch.setattr(torch_free, "applies", lambda **_: False)
+        result = runner.invoke(app, args)
+    return result, ran
+
+
+def assert_same_both_ways(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, *, free: bool = True
+) -> Any:
+    """Both paths give the same output in every format; ``free``: the torch-free one ran."""
+    for output_format in FORMATS:
+        command = [*args, "--format", output_format, "--device", "cpu"]
+        chosen, ran = _invoke(command, monkeypatch, torch_path=False)
+        forced, ran_forced = _invoke(command, monkeypatch, torch_path=True)
+        assert ran == ([True] if free else []), output_format
+        assert ran_forced == []
+        assert chosen.exit_code == forced.exit_code, (output_format, chosen.stderr)
+        assert chosen.stdout == forced.stdout, output_format
+        assert chosen.stderr == forced.stderr, output_format
+        assert "Traceback" not in chosen.stderr
+    result, _ = _invoke(
+        [*args, "--format", "json", "--device", "cpu"], monkeypatch, torch_path=False
+    )
+    return json.loads(result.stdout)
+
+
+def _two_sides(path: Path) -> Path:
+    """One file holding both sides, their names interleaved (runs split into stretches),
+    names of neither side, integer tensors on each side, and one tensor changed 50×."""
+    gen = torch.Generator().manual_seed(3)
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(12):
+        for side in ("host", "seed", "other"):
+            scale = 50.0 if (side, layer) == ("seed", 7) else 1.0
+            tensors[f"{side}.layers.{layer}.weight"] = torch.randn(8, 4, generator=gen) * scale
+    tensors["host.step"] = torch.arange(3)
+    tensors["seed.mask"] = torch.tensor([True])
+    tensors["seed.layers.3.bias"] = torch.full((5,), math.nan)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+def test_compare_of_two_dumps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = planted(tmp_path / "a.safetensors")
+    b = planted(tmp_path / "b.safetensors", seed=1)
+    report = assert_same_both_ways(["compare", str(a), str(b), "--all"], monkeypatch)
+    assert report["engine"] == "native"
+    assert report["parameters"]
+
+
+def test_compare_of_two_prefixes_in_one_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dump = _two_sides(tmp_path / "both.safetensors")
+    args = ["compare", str(dump), "--host-prefix", "host.", "--seed-prefix", "seed."]
+    report = assert_same_both_ways([*args, "--all"], monkeypatch)
+    assert report["parameters"]
+    assert_same_both_ways([*args, "--max-change", "3", "--fail-on-change"], monkeypatch)
+    # Prefixes on two files select each file's side.
+    other = _two_sides(tmp_path / "again.safetensors")
+    assert_same_both_ways(
+        ["compare", str(dump), str(other), "--host-prefix", "host.", "--seed-prefix", "seed."],
+        monkeypatch,
+    )
+
+
+def test_compare_errors_and_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = planted(tmp_path / "a.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    assert_same_both_ways(["compare", str(a), str(bad)], monkeypatch)
+    # Nothing on one side: an input error (3) on both paths.
+    assert_same_both_ways(
+        ["compare", str(a), "--host-prefix", "model.", "--seed-prefix", "nothing."], monkeypatch
+    )
+    # A missing file, and a torch.save file: the torch path, as before.
+    assert_same_both_ways(
+        ["compare", str(a), str(tmp_path / "gone.safetensors")], monkeypatch, free=False
+    )
+    pickle = tmp_path / "b.pt"
+    torch.save({"model.embed_tokens.weight": torch.ones(3)}, pickle)
+    assert_same_both_ways(["compare", str(a), str(pickle)], monkeypatch, free=False)
+
+
+def _series(folder: Path, *, steps: int = 8, nan_at: int | None = 6) -> Path:
+    """Dumps of a run whose layer 1 spikes at step 5 and whose layer 2 dies, with a NaN."""
+    folder.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        tensors = {}
+        for layer in range(3):
+            scale = 200.0 if (layer, step) == (1, 5) else 1.0
+            if layer == 2 and step >= 3:
+                scale = 1e-12
+            tensors[f"model.layers.{layer}.mlp.down_proj.weight"] = (
+                torch.randn(16, 8, generator=gen) * scale
+            )
+        if step == nan_at:
+            tensors["model.layers.0.mlp.down_proj.weight"][0, 1] = math.nan
+            tensors["model.layers.0.mlp.down_proj.weight"][2, 2] = math.inf
+        tensors["model.layers.0.step_count"] = torch.tensor([step])
+        save_file(
+            tensors, str(folder / f"step_{step:04d}.safetensors"), metadata={"step": str(step)}
+        )
+    return folder
+
+
+def test_trend_of_a_series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _series(tmp_path / "run")
+    report = assert_same_both_ways(["trend", str(folder), "--all"], monkeypatch)
+    kinds = {finding["kind"] for finding in report["findings"]}
+    assert {"nonfinite", "spike", "collapse"} <= kinds
+    assert_same_both_ways(["trend", str(folder), "--spike-factor", "3"], monkeypatch)
+
+
+def test_trend_problems_and_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _series(tmp_path / "run", steps=5, nan_at=None)
+    # A corrupt dump, a dump without a step, a step taken twice: problems on both paths.
+    (folder / "broken_9.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}x")
+    save_file({"w": torch.ones(2)}, str(folder / "nameless.safetensors"))
+    save_file({"w": torch.ones(2)}, str(folder / "again.safetensors"), metadata={"step": "2"})
+    assert_same_both_ways(["trend", str(folder)], monkeypatch)
+    # A torch.save dump in the series: the torch path for all of it.
+    torch.save({"w": torch.ones(2)}, folder / "step_7.pt")
+    assert_same_both_ways(["trend", str(folder)], monkeypatch, free=False)
+
+
+@pytest.mark.slow
+def test_compare_and_trend_of_safetensors_import_no_torch(tmp_path: Path) -> None:
+    a = planted(tmp_path / "a.safetensors")
+    b = planted(tmp_path / "b.safetensors", seed=1)
+    stdout, heavy, code = run_cli("compare", str(a), str(b), "--format", "json", "--device", "cpu")
+    assert "torch" not in heavy
+    assert json.loads(stdout)["engine"] == "native"
+    assert code == 1  # NaN on both sides
+    folder = _series(tmp_path / "run")
+    stdout, heavy, code = run_cli("trend", str(folder), "--format", "json", "--device", "cpu")
+    assert "torch" not in heavy
+    assert code == 1
+    _, heavy, _ = run_cli("trend", str(folder), "--precision", "bf16", "--device", "cpu")
+    assert "torch" in heavy
+    _, heavy, _ = run_cli("compare", str(a), str(b), "--engine", "eager")
+    assert "torch" in heavy
