@@ -43,7 +43,12 @@ from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.scan.finding_table import FindingTable
 from gradaudit.training.dump import save_gradients
-from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
+from gradaudit.training.gradients import (
+    GradientLister,
+    ParametersInput,
+    collect_gradients,
+    named_gradients,
+)
 from gradaudit.training.locate import Location, NanLocator, StepReplay
 
 if TYPE_CHECKING:
@@ -286,6 +291,7 @@ class GradientMonitor:
         self.max_dumps = max_dumps
         self.thresholds = thresholds or Thresholds()
         self.prefix = prefix
+        self._gradients = GradientLister(self._params, prefix=prefix)
         self.group = group
         self.dumps_written = 0
         self._history: deque[MonitorRecord] = deque(maxlen=history)
@@ -343,7 +349,7 @@ class GradientMonitor:
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
             pending = collect_gradients(
-                named_gradients(self._params, prefix=self.prefix),
+                self._gradients(),
                 group=self.group,
                 collector=self._collector,
             )
