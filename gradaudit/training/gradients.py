@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
-from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.dtensor import any_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.pending import PendingStats
 from gradaudit.training.distributed import collect_sharded
@@ -200,7 +200,7 @@ def collect_gradients(
     reuses its scratch buffers instead of allocating fresh ones every step.
     """
     named = list(gradients)
-    if group is not None or any(is_dtensor(grad) for _, grad in named):
+    if group is not None or any_dtensor(grad for _, grad in named):
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_all(named)
