@@ -1,6 +1,19 @@
-"""What a GradientMonitor costs a training loop, as a ratio to the backward pass.
+"""What a GradientMonitor costs a training loop, as a ratio to a bare norm and to backward.
 
-    python -m benchmarks.bench_monitor [--steps 300] [--threads 2] [--device cpu]
+    python -m benchmarks.bench_monitor [--steps 300] [--repeats 300] [--threads 2]
+                                       [--device cpu] [--ratio-only]
+
+First, against a bare norm (issue 28 item 9): for a GPT-like module with 40 gradient
+tensors (~0.7 M elements) and one with 400 (~7 M; width 128, blocks of 12 parameters), the
+median time of one ``monitor.step()`` with ``every=1`` (every call collects), with
+``sync=True`` (collect and read this step's stats in the call) and in the default mode
+(``sync=False``: collect this step, read the previous one), beside the median
+``torch.nn.utils.get_total_norm(grads).item()`` on the same gradients, and their ratio.
+The gradients are swapped between two sets each step (as ``zero_grad(set_to_none=True)``
+and a backward make fresh ones) and the calls interleave, in an order that rotates, so a
+slow moment of a shared machine hits all of them alike. The CPU and the native kernel's
+ISA path are printed with it. The monitor's own defaults (``every=100``, ``sync=False``)
+collect one call in 100; the cost of that collecting call is the ``every=1`` figure.
 
 A small transformer (embedding, 2 encoder layers of width 256 with 8 heads and
 a feed-forward of 1024, a vocabulary head; batch 8 x 128 tokens) is trained
@@ -17,18 +30,23 @@ with SGD. In the same process it measures:
   a ratio to the median ``backward`` of the same run. Medians, so that another
   process that slows the machine down for a moment does not skew the ratio.
 
-Machines are noisy: compare the ratios, not the milliseconds.
+Machines are noisy: compare the ratios, not the milliseconds. ``--ratio-only`` prints the
+first table alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 
 import gradaudit
+from benchmarks.bench_peers import cpu_model
+from gradaudit.engine import native
 
 
 class TinyTransformer(torch.nn.Module):
@@ -44,6 +62,84 @@ class TinyTransformer(torch.nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.encoder(self.embed(tokens)))
         return out
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block's parameters: 12 tensors (no forward is run)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.ln2 = torch.nn.LayerNorm(width)
+        self.fc1 = torch.nn.Linear(width, 4 * width)
+        self.fc2 = torch.nn.Linear(4 * width, width)
+
+
+class GradientsOnly(torch.nn.Module):
+    """A GPT-like module, ``12 * blocks + 4`` parameter tensors; gradients set, not computed."""
+
+    def __init__(self, blocks: int, vocab: int, width: int = 128) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(blocks))
+        self.ln_f = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+
+#: (blocks, vocabulary): 40 tensors / 0.73 M elements and 400 tensors / 7.1 M elements.
+RATIO_MODELS = ((3, 512), (33, 2048))
+
+
+def norm_ratios(repeats: int, warmup: int = 20) -> list[str]:
+    """The rows of the table of ``monitor.step()`` against ``get_total_norm(...).item()``."""
+    return [_norm_ratio(blocks, vocab, repeats, warmup) for blocks, vocab in RATIO_MODELS]
+
+
+def _norm_ratio(blocks: int, vocab: int, repeats: int, warmup: int) -> str:
+    torch.manual_seed(0)
+    model = GradientsOnly(blocks, vocab)
+    params = list(model.parameters())
+    sets = [[torch.randn_like(p) * 1e-3 for p in params] for _ in range(2)]
+    current = [sets[0]]  # the gradients of this step, for the bare norm
+    synced = gradaudit.GradientMonitor(model, every=1, sync=True, dump_dir=None)
+    default = gradaudit.GradientMonitor(model, every=1, dump_dir=None)
+    calls: dict[str, Callable[[], object]] = {
+        "norm": lambda: torch.nn.utils.get_total_norm(current[0]).item(),
+        "sync": synced.step,
+        "default": default.step,
+    }
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    orders = itertools.cycle(itertools.permutations(calls))
+    for step in range(warmup + repeats):
+        current[0] = sets[step % 2]
+        for param, grad in zip(params, current[0], strict=True):
+            param.grad = grad
+        for name in next(orders):
+            start = time.perf_counter()
+            calls[name]()
+            if step >= warmup:
+                times[name].append(time.perf_counter() - start)
+    default.flush()
+    median = {name: statistics.median(values) for name, values in times.items()}
+    spread = {name: _spread(values) for name, values in times.items()}
+    cells = [f"{len(params)} | {sum(p.numel() for p in params) / 1e6:.2f}"]
+    cells.append(f"{1e3 * median['norm']:.3f} ({spread['norm']})")
+    for name in ("sync", "default"):
+        ratio = median[name] / median["norm"]
+        cells.append(f"{1e3 * median[name]:.3f} ({spread[name]}) | {ratio:.2f}")
+    return " | ".join(cells)
+
+
+def _spread(values: Sequence[float]) -> str:
+    """The interquartile range in ms, ``p25-p75``."""
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{1e3 * q1:.3f}-{1e3 * q3:.3f}"
+
+
+def _kernel_path() -> str:
+    return native.path() if native.available() else "not built (eager engine)"
 
 
 def run(
@@ -87,15 +183,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=300, help="calls timed per model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--ratio-only", action="store_true", help="only the table against a norm")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     warmup = 20
+
+    print(
+        f"CPU: {cpu_model()}; native kernel path: {_kernel_path()}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        "tensors | M elements | get_total_norm().item() ms (IQR) "
+        "| step() sync=True, every=1 ms (IQR) | × norm "
+        "| step() default mode, every=1 ms (IQR) | × norm"
+    )
+    print("--- | --- | --- | --- | --- | --- | ---")
+    for row in norm_ratios(args.repeats):
+        print(row)
+    if args.ratio_only:
+        return
+    print()
 
     baseline, _, _ = run(warmup + args.steps, device, None)
     print(f"backward without a monitor: {1e3 * statistics.median(baseline[warmup:]):.2f} ms\n")

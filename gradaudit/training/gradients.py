@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
-from gradaudit.engine.dtensor import is_dtensor
+from gradaudit.engine.dtensor import any_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.pending import PendingStats
 from gradaudit.training.distributed import collect_sharded
@@ -111,6 +111,62 @@ def named_gradients(
     ]
 
 
+class GradientLister:
+    """:func:`named_gradients` of the same parameters again and again, for a training loop.
+
+    Walking a module's ``named_parameters()`` costs ~1.5 us per parameter (0.6 ms for
+    400) on every collected step, while the parameters almost never change. A module's
+    ``(name, parameter)`` list is therefore walked once and kept, with every module's
+    ``_parameters`` and ``_modules`` entries; each call checks those (~0.06 us an entry:
+    a parameter replaced, registered, deleted or renamed, a submodule added or swapped,
+    a parametrization) and walks again when any differs. Only which parameters have a
+    ``grad`` is read on every call. Not seen: a module's ``_parameters`` dict itself
+    replaced, or an entry deleted and inserted again (the same object, another place in
+    the order). Other inputs (a mapping, parameters) are walked every time, as
+    :func:`named_gradients` does: a caller's dict or list may change.
+    """
+
+    def __init__(self, params: ParametersInput, *, prefix: str | None = None) -> None:
+        self._params = params
+        self._prefix = prefix
+        self._root: torch.nn.Module | None = None
+        self._pairs: list[tuple[str, torch.Tensor]] = []
+        #: Every module's ``_parameters`` and ``_modules`` dicts with their lengths, and
+        #: every entry of them, as walked. Held, so no id is reused meanwhile.
+        self._sizes: list[tuple[dict[str, object], int]] = []
+        self._entries: list[tuple[dict[str, object], str, object]] = []
+
+    def __call__(self) -> list[tuple[str, torch.Tensor]]:
+        if not isinstance(self._params, torch.nn.Module):
+            return named_gradients(self._params, prefix=self._prefix)
+        if self._root is None or not self._unchanged(self._params):
+            self._walk(self._params)
+        return [(name, param.grad) for name, param in self._pairs if param.grad is not None]
+
+    def _walk(self, module: torch.nn.Module) -> None:
+        self._root = unwrap_module(module)
+        self._pairs = list(named_parameters(module, prefix=self._prefix))
+        dicts: list[dict[str, object]] = []
+        for each in self._root.modules():
+            dicts += [each._parameters, each._modules]  # type: ignore[list-item]
+        self._sizes = [(entries, len(entries)) for entries in dicts]
+        self._entries = [
+            (entries, key, value) for entries in dicts for key, value in entries.items()
+        ]
+
+    def _unchanged(self, module: torch.nn.Module) -> bool:
+        if unwrap_module(module) is not self._root:
+            return False
+        for entries, size in self._sizes:
+            if len(entries) != size:
+                return False
+        return all(entries.get(key, _MISSING) is value for entries, key, value in self._entries)
+
+
+#: Not any entry's value (a parameter may be registered as ``None``).
+_MISSING = object()
+
+
 def collect_module(
     model: ParametersInput,
     *,
@@ -144,7 +200,7 @@ def collect_gradients(
     reuses its scratch buffers instead of allocating fresh ones every step.
     """
     named = list(gradients)
-    if group is not None or any(is_dtensor(grad) for _, grad in named):
+    if group is not None or any_dtensor(grad for _, grad in named):
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_all(named)

@@ -21,11 +21,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
 
+import numpy as np
 import torch
 
 from gradaudit.engine.dtensor import is_dtensor
@@ -38,8 +40,15 @@ from gradaudit.errors import (
 )
 from gradaudit.policy import FindingKind, Severity, Thresholds
 from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.results.stats_table import StatsTable
+from gradaudit.scan.finding_table import FindingTable
 from gradaudit.training.dump import save_gradients
-from gradaudit.training.gradients import ParametersInput, collect_gradients, named_gradients
+from gradaudit.training.gradients import (
+    GradientLister,
+    ParametersInput,
+    collect_gradients,
+    named_gradients,
+)
 from gradaudit.training.locate import Location, NanLocator, StepReplay
 
 if TYPE_CHECKING:
@@ -121,7 +130,11 @@ class MonitorRecord:
     #: Why a dump this record called for could not be written, or ``None``.
     dump_error: str | None = None
 
-    @property
+    # The properties below are asked for several times per step (acting on the record,
+    # logging it): cached, and worked out on the report's columns where it has them, so
+    # that no TensorStats or Finding object is made for a healthy tensor (issue 28 item 9).
+
+    @cached_property
     def global_norm(self) -> float:
         """L2 norm of every gradient, as ``torch.nn.utils.get_total_norm`` defines it: NaN
         when a gradient holds NaN, ``inf`` when one holds ±Inf (and none NaN).
@@ -130,7 +143,14 @@ class MonitorRecord:
         read as gradients that vanished, while the Trainer's own ``grad_norm`` says ``nan``.
         The norm of the finite elements is :attr:`finite_norm`.
         """
-        return _with_nonfinite(self.finite_norm, self.report.tensors)
+        table = self._table
+        if table is None:
+            return _with_nonfinite(self.finite_norm, self.report.tensors)
+        if table.nan.any():
+            return math.nan
+        if (table.pos_inf + table.neg_inf).any():
+            return math.inf
+        return self.finite_norm
 
     @property
     def finite_norm(self) -> float:
@@ -146,31 +166,51 @@ class MonitorRecord:
     def norms(self) -> dict[str, float]:
         """Per-parameter (per-layer) gradient norms, by parameter name: NaN for a gradient
         holding NaN, ``inf`` for one holding ±Inf (as :attr:`global_norm`)."""
-        return {t.name: _with_nonfinite(t.norm, (t,)) for t in self.report.tensors}
+        table = self._table
+        if table is None:
+            return {t.name: _with_nonfinite(t.norm, (t,)) for t in self.report.tensors}
+        norms = np.where(table.pos_inf + table.neg_inf > 0, math.inf, table.norm)
+        norms = np.where(table.nan > 0, math.nan, norms)
+        return dict(zip(table.names, norms.tolist(), strict=True))
 
-    @property
+    @cached_property
     def nonfinite(self) -> tuple[str, ...]:
         """Names of the gradients holding NaN or Inf."""
-        return tuple(t.name for t in self.report.tensors if t.nonfinite)
+        table = self._table
+        if table is None:
+            return tuple(t.name for t in self.report.tensors if t.nonfinite)
+        names = table.names
+        return tuple(names[i] for i in np.flatnonzero(table.nonfinite).tolist())
 
-    @property
+    @cached_property
     def findings(self) -> tuple[Finding, ...]:
         """The findings other than NaN/Inf (exploding, vanishing, outlier …), not ignored,
         on gradients without NaN/Inf (``on_nonfinite`` speaks for those: the norm of
         their finite part says nothing)."""
         poisoned = set(self.nonfinite)
+        findings: Sequence[Finding] | Iterable[Finding] = self.report.findings
+        if isinstance(findings, FindingTable):
+            # Only the findings that pass the columns' filters are made as objects.
+            kept = ~findings.kind_is(*_NONFINITE_KINDS) & ~findings.severity_is(Severity.IGNORED)
+            findings = findings.select(kept)
         return tuple(
             f
-            for f in self.report.findings
+            for f in findings
             if f.kind not in _NONFINITE_KINDS
             and f.severity is not Severity.IGNORED
             and f.tensor not in poisoned
         )
 
-    @property
+    @cached_property
     def failing_findings(self) -> tuple[Finding, ...]:
         """Those of :attr:`findings` the policy fails on (``Thresholds.fail_on``)."""
         return tuple(f for f in self.findings if f.failing)
+
+    @property
+    def _table(self) -> StatsTable | None:
+        """The report's tensors as columns, when they are (an audit's report)."""
+        tensors = self.report.tensors
+        return tensors if isinstance(tensors, StatsTable) else None
 
 
 class GradientMonitor:
@@ -251,6 +291,7 @@ class GradientMonitor:
         self.max_dumps = max_dumps
         self.thresholds = thresholds or Thresholds()
         self.prefix = prefix
+        self._gradients = GradientLister(self._params, prefix=prefix)
         self.group = group
         self.dumps_written = 0
         self._history: deque[MonitorRecord] = deque(maxlen=history)
@@ -308,7 +349,7 @@ class GradientMonitor:
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
             pending = collect_gradients(
-                named_gradients(self._params, prefix=self.prefix),
+                self._gradients(),
                 group=self.group,
                 collector=self._collector,
             )

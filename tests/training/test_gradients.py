@@ -117,3 +117,60 @@ def test_ddp_dataparallel_and_compile_wrappers_add_no_prefix(tmp_path: Path) -> 
         dist.destroy_process_group()
     assert record is not None
     assert list(record.norms) == expected
+
+
+def test_gradient_lister_follows_every_change_of_the_module() -> None:
+    """The monitor's cached walk (issue 28 item 9) lists what named_gradients lists, after
+    each way a module's parameters change between steps."""
+    from torch.nn.utils import parametrize
+
+    from gradaudit.training.gradients import GradientLister
+
+    def same(lister: GradientLister, model: torch.nn.Module) -> None:
+        listed, walked = lister(), named_gradients(model, prefix="m")
+        assert [name for name, _ in listed] == [name for name, _ in walked]
+        assert all(a is b for (_, a), (_, b) in zip(listed, walked, strict=True))
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * x
+
+    def backward(model: torch.nn.Module) -> None:
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(5, 4)).sum().backward()
+
+    model = model_with_grads()
+    lister = GradientLister(model, prefix="m")
+    same(lister, model)
+    backward(model)  # fresh grad tensors
+    same(lister, model)
+    model[2].bias.grad = None  # type: ignore[union-attr]
+    same(lister, model)
+    model[0].weight = torch.nn.Parameter(torch.randn(3, 4))  # replaced: no grad yet
+    same(lister, model)
+    backward(model)
+    same(lister, model)
+    model[1].scale = torch.nn.Parameter(torch.ones(1))  # registered on a module that had none
+    model[1].scale.grad = torch.ones(1)
+    same(lister, model)
+    del model[0].bias  # type: ignore[union-attr]
+    model[0].register_parameter("bias", None)  # deleted, then None under the same name
+    model[0].other = torch.nn.Parameter(torch.ones(3))
+    model[0].other.grad = torch.ones(3)
+    same(lister, model)
+    model.append(torch.nn.Linear(2, 2))  # a submodule added
+    backward(model)
+    same(lister, model)
+    model[3] = torch.nn.Linear(2, 2)  # a submodule swapped
+    backward(model)
+    same(lister, model)
+    parametrize.register_parametrization(model[3], "weight", Double())
+    backward(model)
+    same(lister, model)
+    tied = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    tied[1].weight = tied[0].weight
+    lister = GradientLister(tied, prefix="m")
+    tied(torch.randn(3, 2)).sum().backward()
+    same(lister, tied)  # a tied parameter once
+    params = list(tied.parameters())
+    assert GradientLister(params)() == named_gradients(params)

@@ -292,3 +292,49 @@ def test_an_all_nan_step_has_a_nan_global_norm_not_zero() -> None:
     )
     assert record.norms["1.bias"] == math.inf
     assert math.isfinite(record.norms["1.weight"])
+
+
+def test_record_columns_agree_with_the_objects() -> None:
+    """A record works its properties out on the report's columns (issue 28 item 9): the
+    same values as from the TensorStats and Finding objects, NaN/Inf/findings included."""
+    import dataclasses
+
+    from gradaudit.policy import Thresholds
+    from gradaudit.results.stats_table import StatsTable
+    from gradaudit.training.monitor import MonitorRecord
+
+    torch.manual_seed(0)
+    grads = {
+        "ok": torch.randn(64) * 1e-2,
+        "nan": torch.tensor([1.0, float("nan"), 2.0]),
+        "inf": torch.tensor([1.0, float("inf"), -float("inf")]),
+        "both": torch.tensor([float("nan"), float("inf")]),
+        "exploding": torch.full((8,), 1e6),
+        "zeros": torch.zeros(16),
+        "ok2": torch.randn(4, 4),
+    }
+    for thresholds in (Thresholds(), Thresholds(ignore=("zeros", "nan"))):
+        report = audit(grads, thresholds=thresholds)
+        assert isinstance(report.tensors, StatsTable)
+        as_objects = dataclasses.replace(
+            report, tensors=list(report.tensors), findings=list(report.findings)
+        )
+        columns, objects = MonitorRecord(3, report), MonitorRecord(3, as_objects)
+        assert columns.nonfinite == objects.nonfinite == ("nan", "inf", "both")
+        assert columns.findings == objects.findings
+        assert {f.tensor for f in columns.findings} >= {"exploding"}
+        assert columns.failing_findings == objects.failing_findings
+        ignored = [f for f in report.findings if f.severity.value == "ignored"]
+        assert bool(ignored) == bool(thresholds.ignore)
+        assert math.isnan(columns.global_norm)
+        assert math.isnan(objects.global_norm)
+        norms, expected = columns.norms, objects.norms
+        assert list(norms) == list(expected)
+        for name, value in expected.items():
+            assert norms[name] == value or (math.isnan(norms[name]) and math.isnan(value))
+        assert math.isinf(norms["inf"])
+        assert math.isnan(norms["both"])
+    healthy = audit({"a": torch.ones(3), "b": torch.full((2,), float("inf"))})
+    assert MonitorRecord(0, healthy).global_norm == math.inf
+    finite = audit({"a": torch.ones(4)})
+    assert MonitorRecord(0, finite).global_norm == pytest.approx(2.0)
