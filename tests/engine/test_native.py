@@ -372,7 +372,8 @@ def adversarial(dtype: torch.dtype, numel: int, seed: int) -> torch.Tensor:
     if dtype == torch.float64:  # the largest exponents scaled down, for the same reason
         random_bits = torch.where(random_bits.abs() > 1e300, random_bits * 2.0**-60, random_bits)
     mixed = torch.rand(numel, generator=gen) < 0.5
-    return torch.where(mixed, random_bits, values)
+    # where() on the bits: torch < 2.5 has no where() for float8
+    return torch.where(mixed, random_bits.view(integer), values.view(integer)).view(dtype)
 
 
 def rows_on_every_path(tensor: torch.Tensor) -> dict[str, HostRow]:
@@ -416,9 +417,11 @@ def test_every_path_agrees_across_blocks(dtype: torch.dtype) -> None:
     next to blocks that hold none (the AVX-512 path reads those by a shorter loop)."""
     buffer = adversarial(dtype, 5 * 4096 + 80, seed=22)
     clean = torch.randn(5 * 4096 + 80, generator=torch.Generator().manual_seed(23)).to(dtype)
-    clean[4096 : 2 * 4096] = buffer[4096 : 2 * 4096]  # one block of specials among clean ones
-    clean[3 * 4096 + 100] = math.nan  # and one NaN alone in another block
-    clean[:50] = 0.0
+    # Written through the bits: torch < 2.5 cannot fill or copy into float8 tensors.
+    bits = clean.view(BITS[clean.element_size()])
+    bits[4096 : 2 * 4096] = buffer.view(bits.dtype)[4096 : 2 * 4096]  # a block of specials
+    bits[3 * 4096 + 100] = torch.tensor([math.nan]).to(dtype).view(bits.dtype)[0]  # a lone NaN
+    bits[:50] = 0  # +0.0 in every format
     for source in (buffer, clean):
         for start in (0, 1, 3, 31):
             for numel in (4095, 4096, 4097, 4096 + 33, 2 * 4096 + 63, 5 * 4096):

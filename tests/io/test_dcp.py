@@ -33,6 +33,7 @@ from tests.dcp_worker import planted
 from tests.hostile import OpenMarker, marker
 from tests.reference import reference_stats
 from tests.scan.test_distributed import clean_env
+from tests.torch_features import requires_torch_2_6
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -147,6 +148,7 @@ def test_plain_dcp_checkpoint_equals_the_same_state_saved_whole(plain: tuple[Pat
     assert "optim.param_groups.0.lr" in bytes_entries
 
 
+@requires_torch_2_6
 def test_sharded_dcp_checkpoint_equals_the_gathered_state(sharded: tuple[Path, Path]) -> None:
     directory, gathered = sharded
     assert sorted(p.name for p in directory.iterdir()) == [
@@ -164,6 +166,7 @@ def test_sharded_dcp_checkpoint_equals_the_gathered_state(sharded: tuple[Path, P
     assert "optim.state.0.weight.exp_avg_sq" in stats
 
 
+@requires_torch_2_6
 def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> None:
     """Every sharded tensor is read chunk by chunk (two files), never put together."""
     source = DcpSource(str(sharded[0]))
@@ -179,6 +182,7 @@ def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> No
     assert [tuple(t.shape) for t in specials.load()] == [(51,), (50,)]
 
 
+@requires_torch_2_6
 def test_the_cli_scans_a_dcp_directory_and_flags_its_nan(sharded: tuple[Path, Path]) -> None:
     result = runner.invoke(app, ["scan", str(sharded[0]), "--format", "json"])
     assert result.exit_code == ExitCode.FINDINGS, result.stderr
@@ -283,6 +287,7 @@ def test_a_chunk_of_the_wrong_shape_is_refused(plain: tuple[Path, Path], tmp_pat
     assert "metadata says float64 [7, 10]" in problem.message
 
 
+@requires_torch_2_6
 def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_process_one(
     sharded: tuple[Path, Path],
 ) -> None:

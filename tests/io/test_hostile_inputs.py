@@ -35,6 +35,7 @@ from tests.hostile import (
     member_span,
     patch_member,
 )
+from tests.torch_features import requires_torch_2_6
 
 FUZZ_SETTINGS = settings(
     derandomize=True,
@@ -71,7 +72,18 @@ def assert_one_line_error(result: Any, path: Path, cause: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+#: Cases whose refusal relies on torch >= 2.6: the storage offsets a meta load records (the
+#: size check, skipped where torch records none) and its EOF message for a cut legacy file.
+_TORCH_2_6_CASES = {"zip-storage-larger-than-member", "truncated-legacy-checkpoint"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=requires_torch_2_6) if n in _TORCH_2_6_CASES else n
+        for n in sorted(CASES)
+    ],
+)
 def test_hostile_input_fails_alone_and_the_good_file_is_still_reported(
     name: str, tmp_path: Path
 ) -> None:
@@ -89,6 +101,7 @@ def test_hostile_input_fails_alone_and_the_good_file_is_still_reported(
     assert not marker(tmp_path).exists()
 
 
+@requires_torch_2_6
 def test_all_hostile_inputs_in_one_run(tmp_path: Path) -> None:
     good = good_safetensors(tmp_path)
     bad = [case.build(tmp_path) for case in CASES.values()]

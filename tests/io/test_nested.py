@@ -10,6 +10,7 @@ import torch
 from gradaudit.io.base import Excluded
 from gradaudit.io.nested import MAX_DEPTH, ROOT_NAME, iter_tensors, walk_checkpoint
 from gradaudit.results import Skipped
+from tests.torch_features import requires_named_optimizers
 
 
 def walk(obj: object, select: Any = None) -> tuple[list[str], dict[str, str], list[str]]:
@@ -61,6 +62,7 @@ def test_nested_training_checkpoint_is_named_by_path() -> None:
     )
 
 
+@requires_named_optimizers
 def test_param_names_in_the_param_groups_are_used_exactly() -> None:
     model, optimizer = trained(named=True)
     # Two state dicts (an EMA copy) would make a positional guess ambiguous; names are exact.

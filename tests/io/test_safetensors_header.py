@@ -39,6 +39,7 @@ from gradaudit.io.sniff import sniff
 from gradaudit.report.text import printable
 from tests.hostile import pairs_json
 from tests.hostile import raw_safetensors as raw_file
+from tests.torch_features import requires_dtype
 
 F32_1 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
 
@@ -170,6 +171,7 @@ def test_valid_file_from_save_file(tmp_path: Path) -> None:
     assert_library_agrees(path, header)
 
 
+@requires_dtype("float8_e8m0fnu")
 def test_valid_file_with_unsigned_complex_and_exotic_float8(tmp_path: Path) -> None:
     tensors = {
         "u16": torch.zeros(3, dtype=torch.uint16),

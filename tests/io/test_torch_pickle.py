@@ -15,6 +15,7 @@ from gradaudit.errors import InputError
 from gradaudit.io.torch_pickle import TorchPickleSource, _load_failure
 from tests.hostile import good_checkpoint
 from tests.reference import reference_stats
+from tests.torch_features import requires_torch_2_6
 
 
 def by_name(report: Any) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def saved_on_cuda(path: Path) -> Path:
     return path
 
 
+@requires_torch_2_6
 def test_checkpoint_saved_on_a_gpu_is_audited_without_one(tmp_path: Path) -> None:
     path = saved_on_cuda(tmp_path / "gpu.pt")
     if not torch.cuda.is_available():  # what a plain torch.load does on this machine
@@ -119,6 +121,7 @@ def test_the_input_file_is_never_modified(tmp_path: Path) -> None:
     assert path.stat().st_mtime_ns == mtime
 
 
+@requires_torch_2_6
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_quantized_tensors_do_not_block_the_storage_check(tmp_path: Path) -> None:
     # Quantized tensors cannot be rebuilt on "meta"; the file is still audited, the
@@ -176,6 +179,7 @@ def test_load_failures_become_one_line_without_torchs_advice(
     assert "\n" not in text
 
 
+@requires_torch_2_6
 def test_a_refused_file_names_the_global_and_torch_never_ran_it(tmp_path: Path) -> None:
     path = tmp_path / "module.pt"
     torch.save(torch.nn.Linear(2, 2), path)

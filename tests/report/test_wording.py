@@ -21,6 +21,7 @@ from gradaudit.report.base import MAX_FLAGGED_ROWS
 from gradaudit.report.formats.markdown import code
 from gradaudit.report.text import layer_label, number
 from tests.conftest import runner
+from tests.torch_features import requires_torch_2_6
 
 ENV = {"COLUMNS": "80", "NO_COLOR": "1"}
 
@@ -289,6 +290,7 @@ def test_trend_says_why_a_torch_dump_has_no_step(tmp_path: Path) -> None:
     assert "torch.save file's name has none" in result.stderr
 
 
+@requires_torch_2_6
 def test_torch_unformatted_size_message_is_said_plainly(tmp_path: Path) -> None:
     """torch's legacy loader says "expected %ld got %ld6064": gradaudit says what it means."""
     import io

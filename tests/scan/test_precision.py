@@ -25,6 +25,7 @@ from gradaudit.precision import (
     layout,
     scale_log2,
 )
+from tests.torch_features import requires_saturating_fp8
 
 TORCH_DTYPES = {
     Precision.FP16: torch.float16,
@@ -101,11 +102,13 @@ def _check(values: torch.Tensor) -> None:
         assert got == _torch_rounding(values, precision), precision
 
 
+@requires_saturating_fp8
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_every_half_and_bfloat16_bit_pattern(dtype: torch.dtype) -> None:
     _check(_every(dtype))
 
 
+@requires_saturating_fp8
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_every_fp8_bit_pattern(dtype: torch.dtype) -> None:
     values = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8).view(dtype)
@@ -120,6 +123,7 @@ def _near_boundaries() -> torch.Tensor:
     return torch.cat([values, -values])
 
 
+@requires_saturating_fp8
 def test_random_float32_and_every_boundary() -> None:
     generator = torch.Generator().manual_seed(1234)
     random_bits = torch.randint(
@@ -129,6 +133,7 @@ def test_random_float32_and_every_boundary() -> None:
     _check(values)
 
 
+@requires_saturating_fp8
 def test_float64_is_binned_as_the_casts_round_it() -> None:
     """The CPU casts from float64 round to float32 first; so does the histogram."""
     boundaries = _near_boundaries().to(torch.float64)

@@ -21,6 +21,7 @@ from gradaudit.report.formats.json import json_schema
 from gradaudit.results import GradientEstimate, Report
 from tests.conftest import FIXTURES, runner
 from tests.models import bert_like, gradients, train, weights
+from tests.torch_features import requires_adafactor, requires_named_optimizers
 
 Make = Callable[[nn.Module], torch.optim.Optimizer]
 
@@ -69,6 +70,7 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
 # -- real optimizer state ------------------------------------------------------------
 
 
+@requires_named_optimizers
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_adamw_second_moment_gives_the_recent_gradient_rms(tmp_path: Path, amsgrad: bool) -> None:
     model = bert_like()
@@ -150,6 +152,8 @@ def test_sgd_momentum_is_a_first_moment_with_a_mean_estimate(tmp_path: Path) -> 
     assert {t.role for t in report.tensors} == {Role.WEIGHT, Role.OPTIMIZER_MOMENT}
 
 
+@requires_adafactor
+@requires_named_optimizers
 def test_factored_adafactor_row_factor_gives_an_estimate(tmp_path: Path) -> None:
     model = bert_like()
     # The factored state has no parameter's shape, so names come from param_names.
@@ -170,6 +174,7 @@ def test_factored_adafactor_row_factor_gives_an_estimate(tmp_path: Path) -> None
     assert {t.name.split(" ")[0].rsplit(".", 1)[-1] for t in second} >= {"row_var", "col_var"}
 
 
+@requires_named_optimizers
 def test_several_param_groups_with_and_without_param_names(tmp_path: Path) -> None:
     model = bert_like()
     decay = [(n, p) for n, p in model.named_parameters() if p.dim() > 1]
@@ -201,6 +206,7 @@ def test_several_param_groups_with_and_without_param_names(tmp_path: Path) -> No
 # -- file layouts ----------------------------------------------------------------------
 
 
+@requires_named_optimizers
 def test_file_layouts_are_read_as_what_they_hold(tmp_path: Path) -> None:
     model = bert_like()
     optimizer = train(model, lambda m: torch.optim.AdamW(m.named_parameters(), lr=1e-3))
@@ -297,6 +303,7 @@ def test_healthy_published_weights_pass(tmp_path: Path) -> None:
     assert "as weights: metadata format: pt" in " ".join(result.stdout.split())
 
 
+@requires_named_optimizers
 def test_healthy_training_checkpoint_passes_and_lists_gradient_estimates(tmp_path: Path) -> None:
     model = bert_like()
     optimizer = train(model, lambda m: torch.optim.AdamW(m.named_parameters(), lr=1e-3))
@@ -310,6 +317,7 @@ def test_healthy_training_checkpoint_passes_and_lists_gradient_estimates(tmp_pat
     assert doc["files"][0]["read_as"] == "training checkpoint"
 
 
+@requires_named_optimizers
 def test_nan_in_one_exp_avg_fails_naming_the_parameter(tmp_path: Path) -> None:
     model = bert_like()
     optimizer = train(model, lambda m: torch.optim.AdamW(m.named_parameters(), lr=1e-3))
@@ -334,6 +342,7 @@ def test_nan_in_one_exp_avg_fails_naming_the_parameter(tmp_path: Path) -> None:
     assert doc["summary"]["gradient_health"] < 0.5
 
 
+@requires_named_optimizers
 def test_negative_second_moment_is_corruption(tmp_path: Path) -> None:
     model = bert_like()
     optimizer = train(model, lambda m: torch.optim.Adam(m.named_parameters()))
@@ -421,6 +430,7 @@ def test_bad_kind_is_a_usage_error(tmp_path: Path) -> None:
     assert "--kind" in result.stderr
 
 
+@requires_named_optimizers
 def test_checkpoint_report_validates_against_the_schema(tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
     model = bert_like()

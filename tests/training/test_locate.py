@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from gradaudit.training.locate import NanLocator
+from tests.torch_features import requires_set_stance, requires_torch_2_6
 
 
 class Log(nn.Module):
@@ -147,6 +148,7 @@ class Embedded(nn.Module):
         return {"logits": self.head(self.embed(ids))}
 
 
+@requires_torch_2_6
 def test_torch_says_nothing_about_the_locators_own_hooks() -> None:
     """torch warns that a module returning a dict gets no backward hook call, and that the
     embedding's hook fires on its outputs' gradients: about the locator's hooks, not the
@@ -210,6 +212,7 @@ def test_forward_only() -> None:
     assert location.forward_origin.module == "2"
 
 
+@requires_set_stance
 def test_compiled_model_runs_eagerly_while_armed() -> None:
     model = _net(Log())
     compiled = torch.compile(model, backend="eager")
