@@ -16,6 +16,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -58,21 +59,31 @@ def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: boo
     return result, ran
 
 
+Invoke = Callable[..., tuple[Any, list[bool]]]
+
+
 def assert_same_both_ways(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, *, free: bool = True
+    args: list[str], monkeypatch: pytest.MonkeyPatch, *, free: bool = True, invoke: Invoke = _invoke
 ) -> Any:
-    """Both paths give the same output in every format; ``free``: the torch-free one ran."""
+    """Both paths give the same output in every format; ``free``: the torch-free one ran.
+
+    ``invoke`` runs one command line both ways (scan's here; compare's and trend's in
+    ``test_torch_free_commands.py``). Returns the torch-free run's JSON document.
+    """
     for output_format in FORMATS:
         command = [*args, "--format", output_format, "--device", "cpu"]
-        chosen, ran = _invoke(command, monkeypatch, torch_path=False)
-        forced, ran_forced = _invoke(command, monkeypatch, torch_path=True)
+        chosen, ran = invoke(command, monkeypatch, torch_path=False)
+        forced, ran_forced = invoke(command, monkeypatch, torch_path=True)
         assert ran == ([True] if free else []), output_format
         assert ran_forced == []
         assert chosen.exit_code == forced.exit_code, (output_format, chosen.stderr)
         assert chosen.stdout == forced.stdout, output_format
         assert chosen.stderr == forced.stderr, output_format
         assert "Traceback" not in chosen.stderr
-    return json.loads(_invoke([*args, "--format", "json"], monkeypatch, torch_path=False)[0].stdout)
+    result, _ = invoke(
+        [*args, "--format", "json", "--device", "cpu"], monkeypatch, torch_path=False
+    )
+    return json.loads(result.stdout)
 
 
 def planted(path: Path, dtype: torch.dtype = torch.float32, *, seed: int = 0) -> Path:

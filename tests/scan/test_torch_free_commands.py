@@ -25,7 +25,8 @@ from gradaudit.scan import collected, torch_free
 from gradaudit.trend import builder
 from tests.cli.test_startup import run_cli
 from tests.conftest import runner
-from tests.scan.test_torch_free import FORMATS, planted
+from tests.scan.test_torch_free import assert_same_both_ways as both_ways
+from tests.scan.test_torch_free import planted
 
 pytestmark = pytest.mark.skipif(
     not native_rows.available(), reason="the torch-free path needs the native kernel"
@@ -64,21 +65,8 @@ def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: boo
 def assert_same_both_ways(
     args: list[str], monkeypatch: pytest.MonkeyPatch, *, free: bool = True
 ) -> Any:
-    """Both paths give the same output in every format; ``free``: the torch-free one ran."""
-    for output_format in FORMATS:
-        command = [*args, "--format", output_format, "--device", "cpu"]
-        chosen, ran = _invoke(command, monkeypatch, torch_path=False)
-        forced, ran_forced = _invoke(command, monkeypatch, torch_path=True)
-        assert ran == ([True] if free else []), output_format
-        assert ran_forced == []
-        assert chosen.exit_code == forced.exit_code, (output_format, chosen.stderr)
-        assert chosen.stdout == forced.stdout, output_format
-        assert chosen.stderr == forced.stderr, output_format
-        assert "Traceback" not in chosen.stderr
-    result, _ = _invoke(
-        [*args, "--format", "json", "--device", "cpu"], monkeypatch, torch_path=False
-    )
-    return json.loads(result.stdout)
+    """scan's differential check (every format, both paths) on a compare or trend line."""
+    return both_ways(args, monkeypatch, free=free, invoke=_invoke)
 
 
 def _two_sides(path: Path) -> Path:
