@@ -427,10 +427,18 @@ class NanLocator:
         ]
         if not named:
             return ()
+        # One flag per parameter on its device, then one read per device (not one per
+        # parameter); isfinite's bool temporary instead of a float copy (p - p).
+        by_device: dict[torch.device, list[int]] = {}
+        for index, (_, param) in enumerate(named):
+            by_device.setdefault(param.device, []).append(index)
+        bad = [False] * len(named)
         with torch.no_grad():
-            counts = [torch.count_nonzero(p - p).to("cpu", non_blocking=False) for _, p in named]
-            flags = torch.stack(counts).tolist()
-        return tuple(name for (name, _), count in zip(named, flags, strict=True) if count)
+            for indices in by_device.values():
+                flags = torch.stack([~torch.isfinite(named[i][1]).all() for i in indices])
+                for index, flag in zip(indices, flags.tolist(), strict=True):
+                    bad[index] = bool(flag)
+        return tuple(name for (name, _), flag in zip(named, bad, strict=True) if flag)
 
 
 @dataclass
