@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         InputError,
         NonFiniteGradientError,
         NonFiniteGradientWarning,
+        ReplicaDivergenceError,
+        ReplicaDivergenceWarning,
         UsageError,
     )
     from gradaudit.policy import (
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         ParameterComparison,
         SideStats,
     )
+    from gradaudit.results.replicas import ReplicaCheck, ReplicaDivergence
     from gradaudit.results.trend import (
         LayerTrend,
         TrendFinding,
@@ -83,6 +86,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
     from gradaudit.training.gradients import collect_module, named_gradients
     from gradaudit.training.locate import Location, NanLocator
     from gradaudit.training.monitor import (
+        DivergenceAction,
         FindingAction,
         GradientMonitor,
         LocateMode,
@@ -126,6 +130,8 @@ _LAZY: dict[str, str] = {
     "InputError": "gradaudit.errors",
     "NonFiniteGradientError": "gradaudit.errors",
     "NonFiniteGradientWarning": "gradaudit.errors",
+    "ReplicaDivergenceError": "gradaudit.errors",
+    "ReplicaDivergenceWarning": "gradaudit.errors",
     "UsageError": "gradaudit.errors",
     "Location": "gradaudit.training.locate",
     "NanLocator": "gradaudit.training.locate",
@@ -136,6 +142,9 @@ _LAZY: dict[str, str] = {
     "MonitorRecord": "gradaudit.training.monitor",
     "NonFiniteAction": "gradaudit.training.monitor",
     "FindingAction": "gradaudit.training.monitor",
+    "DivergenceAction": "gradaudit.training.monitor",
+    "ReplicaCheck": "gradaudit.results.replicas",
+    "ReplicaDivergence": "gradaudit.results.replicas",
     "DEFAULT_EXPLODING_THRESHOLD": "gradaudit.policy",
     "DEFAULT_FAIL_ON": "gradaudit.policy",
     "DEFAULT_VANISHING_THRESHOLD": "gradaudit.policy",
@@ -207,6 +216,7 @@ __all__ = [
     "CompareInput",
     "ComparePolicy",
     "Comparison",
+    "DivergenceAction",
     "DualGradientStats",
     "EngineOptions",
     "ExitCode",
@@ -237,6 +247,10 @@ __all__ = [
     "ParameterComparison",
     "PendingEntry",
     "PendingStats",
+    "ReplicaCheck",
+    "ReplicaDivergence",
+    "ReplicaDivergenceError",
+    "ReplicaDivergenceWarning",
     "Report",
     "Role",
     "Severity",

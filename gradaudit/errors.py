@@ -165,3 +165,36 @@ class GradientFindingError(GradauditError):
 class GradientFindingWarning(RuntimeWarning):
     """Issued by a :class:`~gradaudit.GradientMonitor` whose collected step has new exploding,
     vanishing or outlier gradients (``on_finding="warn"``, the default)."""
+
+
+class ReplicaDivergenceError(GradauditError):
+    """A :class:`~gradaudit.GradientMonitor` told to raise (``on_divergence="raise"``) found
+    a replicated (DDP) gradient that is not bit-identical on every rank.
+
+    Carries the step, the first differing tensor, the ranks that differ from the reference
+    (the ranks most of which agree), every differing tensor and this rank's dump (or
+    ``None``). Every rank sees the same gathered digests, so every rank raises together.
+    """
+
+    exit_code = ExitCode.FINDINGS
+
+    def __init__(
+        self,
+        step: int,
+        tensor: str,
+        ranks: tuple[int, ...],
+        tensors: tuple[str, ...],
+        dump: Path | None,
+        message: str,
+    ) -> None:
+        self.step = step
+        self.tensor = tensor
+        self.ranks = ranks
+        self.tensors = tensors
+        self.dump = dump
+        super().__init__(message)
+
+
+class ReplicaDivergenceWarning(RuntimeWarning):
+    """Issued by a :class:`~gradaudit.GradientMonitor` whose DDP replicas' gradients differ
+    across ranks (``on_divergence="dump"`` or ``"warn"``)."""

@@ -21,6 +21,7 @@ from gradaudit.results.comparison import (
     Mismatch,
     ParameterComparison,
 )
+from gradaudit.results.replicas import first_divergence
 from gradaudit.results.stats_table import StatsTable, same_shapes
 
 
@@ -66,6 +67,9 @@ def compare_tensors(
         for i, j in ((int(pair_a[k]), int(pair_b[k])),)
     )
     compared = np.flatnonzero(same_shape)
+    divergence = first_divergence(
+        shared, np.stack([_digests(table, pair_a, same_shape), _digests(table, pair_b, None)])
+    )
     # Every name of B shared (two dumps of one model): no set of A's names is needed.
     in_a = set(shared) if len(shared) < len(keys_b) else None
     return ParameterComparison(
@@ -79,6 +83,23 @@ def compare_tensors(
         only_in_a=tuple(itertools.compress(keys_a, (not found for found in in_b))),
         only_in_b=() if in_a is None else tuple(key for key in keys_b if key not in in_a),
         mismatches=mismatches,
+        first_difference=None if divergence is None else divergence.tensor,
+        differing=0 if divergence is None else len(divergence.tensors),
+    )
+
+
+def _digests(table: StatsTable, rows: np.ndarray, same_shape: np.ndarray | None) -> np.ndarray:
+    """Each tensor's digest as two ranks' dumps are compared: its exact stats (counts, peak,
+    norm) and dtype, and on A's side whether B's shape equals it (B's side holds 1)."""
+    shape = np.ones(len(rows)) if same_shape is None else same_shape.astype(np.float64)
+    columns = (table.nan, table.pos_inf, table.neg_inf, table.zeros, table.dtype_codes)
+    return np.column_stack(
+        [
+            *(column[rows].astype(np.float64) for column in columns),
+            table.max_abs[rows],
+            table.norm[rows],
+            shape,
+        ]
     )
 
 

@@ -14,6 +14,9 @@ TensorBoard or W&B shows the same keys:
 * ``gradaudit/findings/exploding``, ``…/vanishing``, ``…/outlier``: how many gradients
   have that finding (not ignored), always present so a dashboard has a steady series;
   ``gradaudit/findings/other`` counts the rarer kinds;
+* ``gradaudit/replicas/differing``: how many of a ``DistributedDataParallel`` model's
+  replicated gradients are not bit-identical on every rank (0 on a healthy step); present
+  when the record was checked across ranks (``record.replicas``), absent otherwise;
 * ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
   record only in the row of its own step, so there it equals the row's step);
 * ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on (NaN / ``inf`` for
@@ -55,6 +58,11 @@ def record_scalars(
             other += 1
     values.update({f"{prefix}/findings/{kind.value}": float(n) for kind, n in counts.items()})
     values[f"{prefix}/findings/other"] = float(other)
+    if record.replicas is not None:
+        divergence = record.replicas.divergence
+        values[f"{prefix}/replicas/differing"] = float(
+            0 if divergence is None else len(divergence.tensors)
+        )
     if per_layer:
         values.update({f"{prefix}/norm/{name}": norm for name, norm in record.norms.items()})
     return values

@@ -283,6 +283,21 @@ def dtype_line(parameters: ParameterComparison) -> str | None:
     )
 
 
+def identity_line(parameters: ParameterComparison) -> str:
+    """Whether the sides are the same tensors, bit for bit, or which shared tensor differs
+    first: what two DDP ranks' dumps of one step are compared for (``identical`` must hold)."""
+    if parameters.identical:
+        return "identical: every tensor's stats, shape and dtype agree bit for bit"
+    if parameters.first_difference is None:
+        return "the shared tensors' stats agree bit for bit; the names differ"
+    return (
+        f"first differing tensor: {printable(parameters.first_difference)} "
+        f"({parameters.differing:,} of "
+        f"{plural(len(parameters.changes) + len(shape_mismatches(parameters)), 'shared tensor')}"
+        " differ)"
+    )
+
+
 def shape_mismatches(parameters: ParameterComparison) -> list[Mismatch]:
     """Shared names whose shapes differ: these are not compared and each is listed."""
     return [m for m in parameters.mismatches if m.shape_differs]

@@ -280,6 +280,18 @@ class ParameterComparison:
     only_in_a: tuple[str, ...]
     only_in_b: tuple[str, ...]
     mismatches: tuple[Mismatch, ...]
+    #: The first shared name (in A's order) whose stats are not bit-identical on both
+    #: sides, or whose shape or dtype differs; ``None`` when none is
+    #: (:func:`~gradaudit.results.replicas.first_divergence`, the judge of DDP replicas).
+    first_difference: str | None = None
+    #: How many shared names differ so.
+    differing: int = 0
+
+    @property
+    def identical(self) -> bool:
+        """Both sides hold the same names, and every one's stats (counts, peak, norm), shape
+        and dtype are bit-identical: what two DDP ranks' dumps of one step must show."""
+        return self.first_difference is None and not self.only_in_a and not self.only_in_b
 
     @property
     def flagged(self) -> Sequence[ParameterChange]:

@@ -143,6 +143,15 @@ class GradientLister:
             self._walk(self._params)
         return [(name, param.grad) for name, param in self._pairs if param.grad is not None]
 
+    def names(self) -> list[str]:
+        """The name of every parameter, with or without a gradient, in order (a module's
+        walk is kept as for :meth:`__call__`)."""
+        if not isinstance(self._params, torch.nn.Module):
+            return [name for name, _ in named_parameters(self._params, prefix=self._prefix)]
+        if self._root is None or not self._unchanged(self._params):
+            self._walk(self._params)
+        return [name for name, _ in self._pairs]
+
     def _walk(self, module: torch.nn.Module) -> None:
         self._root = unwrap_module(module)
         self._pairs = list(named_parameters(module, prefix=self._prefix))

@@ -18,6 +18,7 @@ them. Chasing a NaN, use ``sync=True``; watching a healthy run, the default.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import deque
@@ -37,9 +38,12 @@ from gradaudit.errors import (
     GradientFindingWarning,
     NonFiniteGradientError,
     NonFiniteGradientWarning,
+    ReplicaDivergenceError,
+    ReplicaDivergenceWarning,
 )
 from gradaudit.policy import FindingKind, Severity, Thresholds
 from gradaudit.results import Finding, Report, TensorStats
+from gradaudit.results.replicas import ReplicaCheck
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.scan.finding_table import FindingTable
 from gradaudit.training.dump import save_gradients
@@ -50,6 +54,12 @@ from gradaudit.training.gradients import (
     named_gradients,
 )
 from gradaudit.training.locate import Location, NanLocator, StepReplay
+from gradaudit.training.replicas import (
+    GatheredDigests,
+    gather_digests,
+    model_device,
+    replica_group,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -58,6 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdapterOptions",
+    "DivergenceAction",
     "FindingAction",
     "GradientMonitor",
     "MonitorOptions",
@@ -77,6 +88,12 @@ NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
 #: warns, dumps and raises :class:`~gradaudit.GradientFindingError` on a failing one;
 #: ``ignore`` only records them (history, logged counts).
 FindingAction = Literal["dump", "raise", "warn", "ignore"]
+#: What a monitor of a ``DistributedDataParallel`` model does when a replicated gradient is
+#: not bit-identical on every rank (:mod:`gradaudit.training.replicas`): ``dump`` (default)
+#: writes each rank's dump and warns; ``raise`` dumps and raises
+#: :class:`~gradaudit.ReplicaDivergenceError`; ``warn`` only warns; ``ignore`` only records
+#: it (``record.replicas``, the logged count); ``off`` does not check (no collective).
+DivergenceAction = Literal["dump", "raise", "warn", "ignore", "off"]
 #: NaN and Inf are ``on_nonfinite``'s; every other kind is ``on_finding``'s.
 _NONFINITE_KINDS = frozenset({FindingKind.NAN, FindingKind.INF})
 #: When a monitor arms a :class:`~gradaudit.NanLocator` (see ``docs/locate.md``):
@@ -98,6 +115,7 @@ class AdapterOptions(TypedDict, total=False):
     dump_dir: str | Path | None
     on_nonfinite: NonFiniteAction
     on_finding: FindingAction
+    on_divergence: DivergenceAction
     sync: bool
     history: int
     max_dumps: int
@@ -129,6 +147,9 @@ class MonitorRecord:
     dump: Path | None = None
     #: Why a dump this record called for could not be written, or ``None``.
     dump_error: str | None = None
+    #: The cross-rank check of a DDP model's replicated gradients, or ``None`` when the
+    #: step was not checked (not DDP, one rank, ``on_divergence="off"``, DTensor gradients).
+    replicas: ReplicaCheck | None = None
 
     # The properties below are asked for several times per step (acting on the record,
     # logging it): cached, and worked out on the report's columns where it has them, so
@@ -248,6 +269,7 @@ class GradientMonitor:
         dump_dir: str | Path | None = "grad_dumps",
         on_nonfinite: NonFiniteAction = "dump",
         on_finding: FindingAction = "warn",
+        on_divergence: DivergenceAction = "dump",
         sync: bool = False,
         history: int = 32,
         max_dumps: int = 3,
@@ -276,6 +298,9 @@ class GradientMonitor:
         if on_finding not in get_args(FindingAction):
             choices = ", ".join(repr(a) for a in get_args(FindingAction))
             raise ValueError(f"on_finding must be one of {choices}; got {on_finding!r}")
+        if on_divergence not in get_args(DivergenceAction):
+            choices = ", ".join(repr(a) for a in get_args(DivergenceAction))
+            raise ValueError(f"on_divergence must be one of {choices}; got {on_divergence!r}")
         # A generator of parameters would be used up by the first collection.
         self._params: ParametersInput = model
         if not isinstance(model, torch.nn.Module | Mapping | list | tuple):
@@ -284,6 +309,7 @@ class GradientMonitor:
         self.dump_dir = None if dump_dir is None else Path(dump_dir)
         self.on_nonfinite: NonFiniteAction = on_nonfinite
         self.on_finding: FindingAction = on_finding
+        self.on_divergence: DivergenceAction = on_divergence
         # The rate limit of finding warnings: (kind, tensor) -> the record that last warned.
         self._warned_at: dict[tuple[str, str], int] = {}
         self._acted = 0  # records acted on
@@ -296,7 +322,7 @@ class GradientMonitor:
         self.dumps_written = 0
         self._history: deque[MonitorRecord] = deque(maxlen=history)
         self._collector = StatsCollector()
-        self._pending: tuple[int, PendingStats] | None = None
+        self._pending: tuple[int, PendingStats, GatheredDigests | None] | None = None
         self._next_step = 0
         self.locate: LocateMode = locate
         self.locate_every = locate_every
@@ -348,16 +374,14 @@ class GradientMonitor:
         self._next_step = current + 1
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
-            pending = collect_gradients(
-                self._gradients(),
-                group=self.group,
-                collector=self._collector,
-            )
+            gradients = self._gradients()
+            pending = collect_gradients(gradients, group=self.group, collector=self._collector)
+            digests = self._gather_digests(pending, gradients)
             if self.sync:
-                record = self._finish(current, pending, current)
+                record = self._finish(current, pending, current, digests)
             else:
                 pending.prefetch()
-                self._pending = (current, pending)
+                self._pending = (current, pending, digests)
         # With this step's own stats at hand (sync), they name the poisoned gradients.
         same_step = record is not None and record.step == current
         acting_on_it = record is not None and same_step and bool(record.nonfinite)
@@ -380,6 +404,19 @@ class GradientMonitor:
         if record is not None:
             self._act(record, current)
         return record
+
+    def _gather_digests(
+        self, pending: PendingStats, gradients: list[tuple[str, torch.Tensor]]
+    ) -> GatheredDigests | None:
+        """Every rank's digests of a DDP model's replicated gradients (collective), or
+        ``None`` when this step is not checked (see :mod:`gradaudit.training.replicas`)."""
+        if self.on_divergence == "off":
+            return None
+        group = replica_group(self._params, self.group)
+        if group is None or any(is_dtensor(grad) for _, grad in gradients):
+            return None
+        assert isinstance(self._params, torch.nn.Module)  # a DDP wrapper: replica_group
+        return gather_digests(pending, self._gradients.names(), group, model_device(self._params))
 
     def _location_of(self, step: int) -> Location | None:
         """The location found for ``step``, if it was located and held NaN/Inf."""
@@ -428,15 +465,23 @@ class GradientMonitor:
     def _complete(self, now: int) -> MonitorRecord | None:
         if self._pending is None:
             return None
-        collected, pending = self._pending
+        collected, pending, digests = self._pending
         self._pending = None
-        return self._finish(collected, pending, now)
+        return self._finish(collected, pending, now, digests)
 
-    def _finish(self, collected: int, pending: PendingStats, now: int) -> MonitorRecord:
-        """The one host read for step ``collected``; a dump holds the gradients of ``now``."""
-        record = MonitorRecord(collected, pending.materialize(self.thresholds))
+    def _finish(
+        self, collected: int, pending: PendingStats, now: int, digests: GatheredDigests | None
+    ) -> MonitorRecord:
+        """The one host read for step ``collected`` (the gathered digests are read right
+        after it); a dump holds the gradients of ``now``."""
+        report = pending.materialize(self.thresholds)
+        replicas = None if digests is None else digests.read()
+        record = MonitorRecord(collected, report, replicas=replicas)
+        divergence = None if replicas is None else replicas.divergence
         if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
             record = self._dump(record, now, _nonfinite_metadata(record))
+        elif divergence is not None and self.on_divergence in ("dump", "raise"):
+            record = self._dump(record, now, _divergence_metadata(record))
         elif record.failing_findings and self.on_finding in ("dump", "raise"):
             record = self._dump(record, now, _finding_metadata(record))
         self._history.append(record)
@@ -453,7 +498,26 @@ class GradientMonitor:
                     record.step, record.nonfinite, record.dump, message, location
                 )
             warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
+        self._act_on_divergence(record, now)
         self._act_on_findings(record, now)
+
+    def _act_on_divergence(self, record: MonitorRecord, now: int) -> None:
+        """Warn or raise about replicated gradients that differ across ranks: on every
+        collected step that shows it (a diverged replica rarely comes back)."""
+        divergence = None if record.replicas is None else record.replicas.divergence
+        if divergence is None or self.on_divergence == "ignore":
+            return
+        message = f"step {record.step}: {divergence.describe()}" + _dump_note(record, now)
+        if self.on_divergence == "raise":
+            raise ReplicaDivergenceError(
+                record.step,
+                divergence.tensor,
+                divergence.ranks,
+                divergence.tensors,
+                record.dump,
+                message,
+            )
+        warnings.warn(message, ReplicaDivergenceWarning, stacklevel=4)
 
     def _act_on_findings(self, record: MonitorRecord, now: int) -> None:
         """Findings warn (rate-limited); failing ones raise if asked.
@@ -492,17 +556,17 @@ class GradientMonitor:
             return record
         gradients = named_gradients(self._params, prefix=self.prefix)
         if not gradients:
-            return MonitorRecord(record.step, record.report, None, "no gradients to dump")
+            return dataclasses.replace(record, dump=None, dump_error="no gradients to dump")
         path = self.dump_dir / _dump_name(now, gathered=any(is_dtensor(g) for _, g in gradients))
         try:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             save_gradients(gradients, path, step=now, metadata=metadata)
         except OSError as error:
-            return MonitorRecord(
-                record.step, record.report, None, f"{type(error).__name__}: {error}"
+            return dataclasses.replace(
+                record, dump=None, dump_error=f"{type(error).__name__}: {error}"
             )
         self.dumps_written += 1
-        return MonitorRecord(record.step, record.report, path)
+        return dataclasses.replace(record, dump=path)
 
 
 def _with_nonfinite(norm: float, tensors: Sequence[TensorStats]) -> float:
@@ -527,6 +591,17 @@ def _dump_name(step: int, *, gathered: bool) -> str:
 
 def _nonfinite_metadata(record: MonitorRecord) -> dict[str, str]:
     return {"nonfinite_step": str(record.step), "nonfinite_tensors": _names(record)}
+
+
+def _divergence_metadata(record: MonitorRecord) -> dict[str, str]:
+    assert record.replicas is not None
+    assert record.replicas.divergence is not None
+    divergence = record.replicas.divergence
+    return {
+        "divergence_step": str(record.step),
+        "divergent_tensor": divergence.tensor,
+        "divergent_ranks": ",".join(map(str, divergence.ranks)),
+    }
 
 
 def _finding_metadata(record: MonitorRecord) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,13 +120,22 @@ def reference(stats: list[TensorStats], max_change: float) -> ParameterCompariso
                 key, ta.shape, ta.dtype, tb.dtype, ta.norm, tb.norm, ratio, flagged, note
             )
         )
+    differing = [key for key in shared if _digest(a[key]) != _digest(b[key])]
     return ParameterComparison(
         max_change,
         tuple(changes),
         tuple(key for key in a if key not in b),
         tuple(key for key in b if key not in a),
         tuple(mismatches),
+        differing[0] if differing else None,
+        len(differing),
     )
+
+
+def _digest(t: TensorStats) -> tuple[object, ...]:
+    """What two ranks' dumps must share, bit for bit (struct packs -0.0 apart from 0.0)."""
+    counts = (t.nan, t.pos_inf, t.neg_inf, t.zeros)
+    return (*counts, struct.pack("<dd", t.max_abs, t.norm), t.shape, t.dtype)
 
 
 def reference_order(change: ParameterChange) -> tuple[int, float]:

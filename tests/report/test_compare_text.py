@@ -45,7 +45,9 @@ def test_top_and_all_choose_the_unflagged_rows() -> None:
     b = {f"p{i:02d}": torch.full((4,), 1.0 + i / 100) for i in range(30)}
     c = compare(a, b)
     top = render_text(c, OutputFormat.TABLE, RenderOptions(top=3))
-    assert [f"p{i:02d}" for i in range(30) if f"p{i:02d} " in top] == ["p27", "p28", "p29"]
+    rows = "\n".join(line for line in top.splitlines() if line.startswith("│"))
+    assert [f"p{i:02d}" for i in range(30) if f"p{i:02d} " in rows] == ["p27", "p28", "p29"]
+    assert "first differing tensor: p01 (29 of 30 shared tensors differ)" in top
     assert "27 more shared tensors not shown" in top
     everything = render_text(c, OutputFormat.TABLE, RenderOptions(show_all=True))
     assert all(f"p{i:02d} " in everything for i in range(30))

@@ -400,6 +400,9 @@ def _parameters(
         "changes": _Streamed(len(changes), ordered) if stream else list(ordered()),
         "only_in_a": list(parameters.only_in_a),
         "only_in_b": list(parameters.only_in_b),
+        "identical": parameters.identical,
+        "first_difference": parameters.first_difference,
+        "differing": parameters.differing,
         "mismatches": [
             {
                 "name": m.name,

@@ -48,6 +48,7 @@ from gradaudit.report.compare_text import (
     compared,
     compared_line,
     dtype_line,
+    identity_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
@@ -337,6 +338,7 @@ def _name_lines(parameters: ParameterComparison) -> list[str]:
     lines = [_listed(title, items) for title, items in lists if items]
     if (dtypes := dtype_line(parameters)) is not None:
         lines.append(f"- {escape(dtypes)}")
+    lines.append(f"- {escape(identity_line(parameters))}")
     return lines
 
 

@@ -56,6 +56,7 @@ from gradaudit.report.compare_text import (
     compared,
     compared_line,
     dtype_line,
+    identity_line,
     interpretation,
     merged_tensor_findings,
     mismatch_parts,
@@ -497,6 +498,7 @@ def _parameter_lines(parameters: ParameterComparison, hidden: int) -> list[Text]
         lines.append(Text(f"… and {len(mismatches) - _LIST_LIMIT} more mismatches"))
     if (dtypes := dtype_line(parameters)) is not None:
         lines.append(Text(dtypes))
+    lines.append(Text(identity_line(parameters)))
     return lines
 
 
