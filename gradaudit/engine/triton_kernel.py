@@ -176,10 +176,12 @@ def compile_worth(device: torch.device) -> bool:
     return False
 
 
-def defer(nbytes: int) -> None:
-    """Count bytes the eager kernel took because the kernels were not compiled yet."""
+def defer(nbytes: int) -> bool:
+    """Count bytes the eager kernel took because the kernels were not compiled yet;
+    returns whether ``COMPILE_AFTER_BYTES`` is reached (the caller's cold route ends)."""
     global _deferred_bytes
     _deferred_bytes += nbytes
+    return _deferred_bytes >= COMPILE_AFTER_BYTES
 
 
 def mark_warm(device: torch.device) -> None:
