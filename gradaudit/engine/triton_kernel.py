@@ -61,6 +61,12 @@ KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 VECTOR_BYTES = 16
 #: Columns of a table row (see :mod:`gradaudit.engine._triton_rows`).
 TABLE_WIDTH = 4
+#: Compile options of every launch, pinned instead of left to Triton's defaults: with
+#: fusion on, each float64 square is added by one DFMA; Triton's default has changed
+#: between versions (``TRITON_DEFAULT_FP_FUSION=0`` emulates one that turns it off),
+#: and without it the loop pays a DMUL and a DADD per element. The budget test compiles
+#: the launches themselves, these options included.
+LAUNCH_OPTIONS: dict[str, Any] = {"enable_fp_fusion": True}
 
 
 @functools.cache
@@ -377,11 +383,12 @@ class TritonBatch:
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
                     FP32_ACC=kind != 0 and self._fp32_accumulate,
+                    **LAUNCH_OPTIONS,
                 )
                 if stream is not None:
                     for tensor in group.tensors:
                         tensor.record_stream(stream)
-            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS)
+            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS, **LAUNCH_OPTIONS)
         self._groups = {}
         return out, tickets
 
