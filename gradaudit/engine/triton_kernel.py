@@ -284,9 +284,11 @@ class TritonBatch:
     in between (the collector launches at every settle).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, sms: int | None = None) -> None:
+        """``sms``: the SMs spans are sized for (default: the device's own, ``DEFAULT_SMS``
+        off CUDA); fewer make longer spans on any device (the tests' longest span)."""
         self.device = device
-        self._sms = _sms(device)
+        self._sms = _sms(device) if sms is None else sms
         self._fp32_accumulate = fp32_accumulate(device)
         #: Elements of a program's step times the programs a tensor should have.
         self._quarter_share = BLOCK * 4 * self._sms

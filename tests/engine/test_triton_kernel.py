@@ -333,21 +333,25 @@ def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.Monkey
 
 
 @needs_triton
-def test_byte_counters_do_not_carry_at_the_longest_span(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One SM: spans grow to MAX_SPAN; every element NaN (or zero) fills each lane's byte
-    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact."""
-    monkeypatch.setattr(triton_kernel, "DEFAULT_SMS", 1)
+def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
+    """Spans sized for one SM grow to MAX_SPAN on any device (the batch is told, not a
+    module default that CUDA ignores); every element NaN (or zero) fills each lane's byte
+    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact.
+    ``tests/engine/test_cuda.py`` runs the longest span with the GPU's real SM count."""
     length = 4 * triton_kernel.MAX_SPAN + 3
     assert triton_kernel.span_for(length, 1) == triton_kernel.MAX_SPAN
     nan = torch.full((length + 1,), math.nan, dtype=torch.bfloat16, device=DEVICE)[1:]  # both edges
     zeros = torch.zeros(length, dtype=torch.float16, device=DEVICE)
     # An aligned first tensor: the group's base.
     anchor = torch.ones(8, dtype=torch.bfloat16, device=DEVICE)
-    pending = PendingStats(engine="triton")
-    pending.add_all({"anchor": anchor, "nan": nan, "zeros": zeros})
-    assert pending._collector.engine_used == "triton"
-    rows = read_rows(list(pending.rows)).tolist()
-    got_nan, got_zeros = (HostRow.from_values(v) for v in rows[1:])
+    batch = triton_kernel.TritonBatch(DEVICE, sms=1)
+    for ticket, tensor in enumerate((anchor, nan, zeros)):
+        assert batch.add(tensor, ticket)
+    spans = [list(group.table)[3 :: triton_kernel.TABLE_WIDTH] for group in batch._groups.values()]
+    assert spans == [[triton_kernel.MIN_SPAN, triton_kernel.MAX_SPAN], [triton_kernel.MAX_SPAN]]
+    out, tickets = batch.launch()
+    rows = dict(zip(tickets, out.cpu().tolist(), strict=True))
+    got_nan, got_zeros = HostRow.from_values(rows[1]), HostRow.from_values(rows[2])
     assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
     assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
 
