@@ -215,9 +215,11 @@ def _kernels() -> tuple[Any, Any]:
     return table_rows, merge_partials
 
 
-#: GPUs whose float64 runs at 2 operations per clock per SM (A10, L4, L40S, RTX 30xx,
-#: 40xx, 50xx): compute capability 8.6, 8.7, 8.9 and 12.x.
-SLOW_FP64 = frozenset({(8, 6), (8, 7), (8, 9)})
+#: GPUs whose float64 runs at about 2 operations per clock per SM, by compute capability:
+#: T4 (7.5), A10/A40/RTX 30xx (8.6), Orin (8.7), L4/L40S/RTX 40xx (8.9), B300 (10.3),
+#: Thor (11.0), RTX 50xx/RTX PRO (12.0), GB10 (12.1). Data-centre parts (7.0, 8.0, 9.0,
+#: 10.0) run 32-64 per clock. A later 12.x or 11.x is taken as slow too (``_slow_fp64``).
+SLOW_FP64 = frozenset({(7, 5), (8, 6), (8, 7), (8, 9), (10, 3), (11, 0), (12, 0), (12, 1)})
 #: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
 #: the tests set it to run that variant through the interpreter).
 FP32_ACCUMULATE: bool | None = None
@@ -238,7 +240,7 @@ def fp32_accumulate(device: torch.device) -> bool:
 @functools.cache
 def _slow_fp64(device: torch.device) -> bool:
     capability = torch.cuda.get_device_capability(device)
-    return capability in SLOW_FP64 or capability[0] == 12
+    return capability in SLOW_FP64 or capability[0] in (11, 12)
 
 
 def _sms(device: torch.device) -> int:
