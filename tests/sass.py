@@ -104,83 +104,128 @@ def _analyse(cubin: bytes) -> dict[str, Any]:
                     {
                         "instructions": len(body),
                         "global_loads": [op for op in loads if op.startswith("LDG")],
+                        "opcodes": [op.split(".")[0] for op in loads],
                     }
                 )
     return {"registers": registers, "local_bytes": local, "stack_bytes": stack, "loops": loops}
 
 
-def compile_all(targets: list[int]) -> list[dict[str, Any]]:
-    """Every kernel variant for every target: registers, spills and loops."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def recorded_launches(fp32_sums: bool) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """The kernel launches of one real flush, recorded instead of run: kernel, args, kwargs.
+
+    ``TritonBatch.launch`` itself builds them, on CPU tensors: per dtype a fresh tensor
+    (the group's base) and views of it at odd element offsets (misaligned starts), so
+    what is compiled below is what the collector launches, options and alignment included.
+    """
+    import torch
 
     from gradaudit.engine import triton_kernel
     from gradaudit.engine._triton_rows import merge_partials, table_rows
 
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(3)}
-    results = []
-    variants = [(cc, kind, False) for cc in targets for kind in KINDS]
+    recorded: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    class Recorder:
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                recorded.append((self.kernel, args, kwargs))
+
+            return launch
+
+    kernels, accumulate = triton_kernel._kernels, triton_kernel.FP32_ACCUMULATE
+    triton_kernel._kernels = lambda: (Recorder(table_rows), Recorder(merge_partials))  # type: ignore[assignment]
+    triton_kernel.FP32_ACCUMULATE = fp32_sums
+    try:
+        batch = triton_kernel.TritonBatch(torch.device("cpu"))
+        ticket = 0
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            parent = torch.zeros(70_000, dtype=dtype)
+            # A misaligned view first: it must not become the group's base (a batch
+            # refuses it and a later tensor may take it).
+            batch.add(parent[1:], ticket)
+            for view in (parent, parent[1:], parent[3:40_000], parent[5:]):
+                ticket += 1
+                assert batch.add(view, ticket)
+        batch.launch()
+    finally:
+        triton_kernel._kernels = kernels  # type: ignore[method-assign]
+        triton_kernel.FP32_ACCUMULATE = accumulate
+    return recorded
+
+
+def specialise_and_compile(
+    kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cc: int
+) -> Any:
+    """``kernel[grid](*args, **kwargs)``'s compile for ``sm_<cc>``, as Triton's launcher does it.
+
+    Triton's own binder specialises on the real arguments (a pointer's 16-byte alignment,
+    integers' divisibility) and parses the launch's options; only the target is ours.
+    """
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", cc, 32)
+    backend = make_backend(target)
+    kwargs = {
+        **kwargs,
+        "debug": kwargs.get("debug", kernel.debug) or knobs.runtime.debug,
+        "instrumentation_mode": knobs.compilation.instrumentation_mode,
+    }
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=target, options=options.__dict__)
+
+
+def compile_all(targets: list[int]) -> list[dict[str, Any]]:
+    """Every kernel variant for every target, from a real flush's launches: registers,
+    spills, loops and the options the launch gave."""
+    from gradaudit.engine import triton_kernel
+
+    launches = recorded_launches(False)
+    table = {launch[2]["KIND"]: launch for launch in launches if "KIND" in launch[2]}
+    (merge,) = [launch for launch in launches if "KIND" not in launch[2]]
+    sums = {
+        launch[2]["KIND"]: launch for launch in recorded_launches(True) if launch[2].get("FP32_ACC")
+    }
+    assert sorted(table) == [0, 1, 2]
+    assert sorted(sums) == [1, 2]
     # The float32-sum variant, for 2-byte dtypes on GPUs with slow float64: an
     # sm_86 (A10) and the newest target (12.x).
-    variants += [(cc, kind, True) for cc in (86, targets[-1]) for kind in (1, 2)]
-    for cc, kind, fp32_sums in variants:
-        target = GPUTarget("cuda", cc, 32)
-        pointer, itemsize = KINDS[kind]
-        source = ASTSource(
-            table_rows,
-            {
-                "x_ptr": pointer,
-                "table_ptr": "*i64",
-                "out_ptr": "*fp64",
-                "program_base": "i64",
-                "tensors": "i32",
-                "search_steps": "i32",
-                "BLOCK": "constexpr",
-                "VEC": "constexpr",
-                "KIND": "constexpr",
-                "FP32_ACC": "constexpr",
-            },
-            constexprs={
-                "BLOCK": triton_kernel.BLOCK,
-                "VEC": triton_kernel.VECTOR_BYTES // itemsize,
-                "KIND": kind,
-                "FP32_ACC": fp32_sums,
-            },
-            attrs=aligned,
-        )
-        kernel = triton.compile(source, target=target)
+    variants = [(cc, table[kind], False) for cc in targets for kind in KINDS]
+    variants += [(cc, sums[kind], True) for cc in (86, targets[-1]) for kind in (1, 2)]
+    results = []
+    for cc, (kernel, args, kwargs), fp32_sums in variants:
+        compiled = specialise_and_compile(kernel, args, kwargs, cc)
+        kind = kwargs["KIND"]
         results.append(
             {
                 "kernel": f"table_rows[{NAMES[kind]}{', fp32 sums' if fp32_sums else ''}]",
                 "cc": cc,
-                "itemsize": itemsize,
-                "warps": kernel.metadata.num_warps,
+                "itemsize": KINDS[kind][1],
+                "warps": compiled.metadata.num_warps,
                 "block": triton_kernel.BLOCK,
-                **_analyse(kernel.asm["cubin"]),
+                "fp_fusion": compiled.metadata.enable_fp_fusion,
+                **_analyse(compiled.asm["cubin"]),
             }
         )
     for cc in targets:
-        target = GPUTarget("cuda", cc, 32)
-        source = ASTSource(
-            merge_partials,
-            {
-                "partial_ptr": "*fp64",
-                "first_ptr": "*i64",
-                "out_ptr": "*fp64",
-                "tensors": "i32",
-                "PARTS": "constexpr",
-            },
-            constexprs={"PARTS": triton_kernel.MERGE_PARTS},
-            attrs=aligned,
-        )
-        kernel = triton.compile(source, target=target)
+        compiled = specialise_and_compile(*merge, cc)
         results.append(
             {
                 "kernel": "merge_partials",
                 "cc": cc,
-                "warps": kernel.metadata.num_warps,
-                **_analyse(kernel.asm["cubin"]),
+                "warps": compiled.metadata.num_warps,
+                "fp_fusion": compiled.metadata.enable_fp_fusion,
+                **_analyse(compiled.asm["cubin"]),
             }
         )
     return results

@@ -359,18 +359,30 @@ class StatsCollector:
         key = (tensor.device, tensor.dtype)
         batch = self._triton_routes.get(key, _UNDECIDED)
         if batch is _UNDECIDED:
-            batch = None
-            if self._takes_triton(tensor):
-                batch = self._triton_batches.get(key[0])
-                if batch is None:
-                    batch = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
-            elif self._cold(tensor):
-                batch = _COLD
-            self._triton_routes[key] = batch
+            batch = self._route(key, tensor)
         if batch is _COLD:
-            triton_kernel.defer(tensor.numel() * tensor.element_size())
-            return None
+            if not triton_kernel.defer(tensor.numel() * tensor.element_size()):
+                return None
+            # This tensor reached COMPILE_AFTER_BYTES: decided again, it and the later ones
+            # join the batch. A kept cold route sent each of them through row() alone (two
+            # launches, a table copy and two allocations per tensor).
+            batch = self._route(key, tensor)
+            if batch is _COLD:
+                return None
         return batch  # type: ignore[return-value]
+
+    def _route(self, key: tuple[torch.device, torch.dtype], tensor: torch.Tensor) -> object:
+        """Decide (and remember until the next settle) where ``key``'s tensors go: a
+        Triton batch, ``_COLD`` (eager while ``auto`` waits to compile) or ``None``."""
+        route: object = None
+        if self._takes_triton(tensor):
+            route = self._triton_batches.get(key[0])
+            if route is None:
+                route = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
+        elif self._cold(tensor):
+            route = _COLD
+        self._triton_routes[key] = route
+        return route
 
     def _cold(self, tensor: torch.Tensor) -> bool:
         """Whether Triton would take ``tensor`` but ``auto`` waits before compiling for it."""
@@ -575,6 +587,8 @@ class StatsCollector:
             self._reduce_batch()
         if self._triton_batches:
             self._launch_triton()
+        # Routes are decided once per settle: a cold one must not outlive it either.
+        self._triton_routes = {}
         if self._touched:
             for device in self._touched:
                 stream = torch.cuda.current_stream(device)

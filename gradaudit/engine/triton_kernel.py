@@ -61,6 +61,12 @@ KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 VECTOR_BYTES = 16
 #: Columns of a table row (see :mod:`gradaudit.engine._triton_rows`).
 TABLE_WIDTH = 4
+#: Compile options of every launch, pinned instead of left to Triton's defaults: with
+#: fusion on, each float64 square is added by one DFMA; Triton's default has changed
+#: between versions (``TRITON_DEFAULT_FP_FUSION=0`` emulates one that turns it off),
+#: and without it the loop pays a DMUL and a DADD per element. The budget test compiles
+#: the launches themselves, these options included.
+LAUNCH_OPTIONS: dict[str, Any] = {"enable_fp_fusion": True}
 
 
 @functools.cache
@@ -176,10 +182,12 @@ def compile_worth(device: torch.device) -> bool:
     return False
 
 
-def defer(nbytes: int) -> None:
-    """Count bytes the eager kernel took because the kernels were not compiled yet."""
+def defer(nbytes: int) -> bool:
+    """Count bytes the eager kernel took because the kernels were not compiled yet;
+    returns whether ``COMPILE_AFTER_BYTES`` is reached (the caller's cold route ends)."""
     global _deferred_bytes
     _deferred_bytes += nbytes
+    return _deferred_bytes >= COMPILE_AFTER_BYTES
 
 
 def mark_warm(device: torch.device) -> None:
@@ -207,9 +215,11 @@ def _kernels() -> tuple[Any, Any]:
     return table_rows, merge_partials
 
 
-#: GPUs whose float64 runs at 2 operations per clock per SM (A10, L4, L40S, RTX 30xx,
-#: 40xx, 50xx): compute capability 8.6, 8.7, 8.9 and 12.x.
-SLOW_FP64 = frozenset({(8, 6), (8, 7), (8, 9)})
+#: GPUs whose float64 runs at about 2 operations per clock per SM, by compute capability:
+#: T4 (7.5), A10/A40/RTX 30xx (8.6), Orin (8.7), L4/L40S/RTX 40xx (8.9), B300 (10.3),
+#: Thor (11.0), RTX 50xx/RTX PRO (12.0), GB10 (12.1). Data-centre parts (7.0, 8.0, 9.0,
+#: 10.0) run 32-64 per clock. A later 12.x or 11.x is taken as slow too (``_slow_fp64``).
+SLOW_FP64 = frozenset({(7, 5), (8, 6), (8, 7), (8, 9), (10, 3), (11, 0), (12, 0), (12, 1)})
 #: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
 #: the tests set it to run that variant through the interpreter).
 FP32_ACCUMULATE: bool | None = None
@@ -230,7 +240,7 @@ def fp32_accumulate(device: torch.device) -> bool:
 @functools.cache
 def _slow_fp64(device: torch.device) -> bool:
     capability = torch.cuda.get_device_capability(device)
-    return capability in SLOW_FP64 or capability[0] == 12
+    return capability in SLOW_FP64 or capability[0] in (11, 12)
 
 
 def _sms(device: torch.device) -> int:
@@ -276,9 +286,11 @@ class TritonBatch:
     in between (the collector launches at every settle).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, sms: int | None = None) -> None:
+        """``sms``: the SMs spans are sized for (default: the device's own, ``DEFAULT_SMS``
+        off CUDA); fewer make longer spans on any device (the tests' longest span)."""
         self.device = device
-        self._sms = _sms(device)
+        self._sms = _sms(device) if sms is None else sms
         self._fp32_accumulate = fp32_accumulate(device)
         #: Elements of a program's step times the programs a tensor should have.
         self._quarter_share = BLOCK * 4 * self._sms
@@ -375,11 +387,12 @@ class TritonBatch:
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
                     FP32_ACC=kind != 0 and self._fp32_accumulate,
+                    **LAUNCH_OPTIONS,
                 )
                 if stream is not None:
                     for tensor in group.tensors:
                         tensor.record_stream(stream)
-            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS)
+            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS, **LAUNCH_OPTIONS)
         self._groups = {}
         return out, tickets
 

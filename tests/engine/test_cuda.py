@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,6 +27,38 @@ pytestmark = [
 ]
 
 
+@dataclass
+class Forced:
+    """The kernel a test forced for CUDA tensors, and the Triton flushes that ran."""
+
+    engine: str
+    flushes: int = 0
+
+    def check(self, *, takes_triton: bool = True) -> None:
+        """Triton ran exactly when it was forced (and takes the tensors)."""
+        assert (self.flushes > 0) == (self.engine == "triton" and takes_triton), self
+
+
+@pytest.fixture(params=["triton", "eager"])
+def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Forced:
+    """Each kernel explicitly: on a fresh GPU ``auto`` is eager until 1 GiB went through it,
+    so a test left to ``auto`` would test eager alone. ``auto``'s one decision
+    (``compile_worth``) is pinned too, for paths that take no engine (the monitor)."""
+    engine = request.param
+    if engine == "triton" and not triton_kernel.installed():
+        pytest.skip("Triton is not installed")
+    state = Forced(engine)
+    launch = triton_kernel.TritonBatch.launch
+
+    def counted(batch: triton_kernel.TritonBatch) -> Any:
+        state.flushes += 1
+        return launch(batch)
+
+    monkeypatch.setattr(triton_kernel.TritonBatch, "launch", counted)
+    monkeypatch.setattr(triton_kernel, "compile_worth", lambda device: engine == "triton")
+    return state
+
+
 @pytest.fixture
 def sync_debug_error() -> Iterator[None]:
     """Make any implicit device->host synchronisation raise."""
@@ -37,7 +71,9 @@ def sync_debug_error() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("dtype", sorted(AUDITED_DTYPES, key=str))
-def test_collection_does_not_sync(dtype: torch.dtype, sync_debug_error: None) -> None:
+def test_collection_does_not_sync(
+    dtype: torch.dtype, forced: Forced, sync_debug_error: None
+) -> None:
     tensors = {
         "big": torch.randn(3000, 7, device="cuda").to(dtype),
         "odd": torch.randn(5, 9, device="cuda").to(dtype).t(),
@@ -45,8 +81,9 @@ def test_collection_does_not_sync(dtype: torch.dtype, sync_debug_error: None) ->
         "empty": torch.empty(0, device="cuda", dtype=dtype),
         "int": torch.ones(4, device="cuda", dtype=torch.int32),
     }
-    pending = collect_async(tensors, chunk_elements=1000)
+    pending = collect_async(tensors, chunk_elements=1000, engine=forced.engine)
     assert len(pending) == 4
+    forced.check(takes_triton=dtype in triton_kernel.KINDS)
 
 
 def test_cuda_results_match_the_reference() -> None:
@@ -92,7 +129,7 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     assert on_cuda.dual.normalized_ratio == pytest.approx(on_cpu.dual.normalized_ratio, rel=1e-6)
 
 
-def test_prefetched_rows_are_read_without_a_sync(sync_debug_error: None) -> None:
+def test_prefetched_rows_are_read_without_a_sync(forced: Forced, sync_debug_error: None) -> None:
     """A monitor's default mode: collect + prefetch, then read, all without a stream sync."""
     from gradaudit import GradientMonitor
 
@@ -104,16 +141,18 @@ def test_prefetched_rows_are_read_without_a_sync(sync_debug_error: None) -> None
         records.append(monitor.step())
     assert records[0] is None
     assert [r.step for r in records[1:] if r is not None] == [0, 1]
+    forced.check()
 
 
-def test_rows_added_after_a_prefetch_are_read_too() -> None:
-    pending = collect_async({"a": torch.ones(3, device="cuda")})
+def test_rows_added_after_a_prefetch_are_read_too(forced: Forced) -> None:
+    pending = collect_async({"a": torch.ones(3, device="cuda")}, engine=forced.engine)
     pending.prefetch()
     pending.add("b", torch.full((2,), math.nan, device="cuda"))
     report = pending.materialize()
     assert [t.name for t in report.tensors] == ["a", "b"]
     assert report.tensors[1].nan == 2
     assert report.tensors[0].norm == pytest.approx(math.sqrt(3))
+    forced.check()
 
 
 def test_a_file_streams_to_cuda_through_the_staging_ring(
@@ -231,20 +270,21 @@ def _assert_matches_host(report: gradaudit.Report, tensors: dict[str, torch.Tens
 
 
 @needs_two_gpus
-def test_prefetch_of_a_model_on_a_non_current_gpu() -> None:
+def test_prefetch_of_a_model_on_a_non_current_gpu(forced: Forced) -> None:
     """Rows on cuda:1 while cuda:0 is current: copied on cuda:1 after its settle event."""
     tensors = _planted("cuda:1")
     with torch.cuda.device(0):
         torch.cuda._sleep(50_000_000)  # a busy cuda:0 must not matter
-        pending = collect_async(tensors)
+        pending = collect_async(tensors, engine=forced.engine)
         pending.prefetch()
         assert pending._prefetched is not None
         assert set(pending._prefetched[1]) == {torch.device("cuda", 1)}
         _assert_matches_host(pending.materialize(), tensors)
+    forced.check()
 
 
 @needs_two_gpus
-def test_prefetch_with_rows_on_two_gpus() -> None:
+def test_prefetch_with_rows_on_two_gpus(forced: Forced) -> None:
     """One copy per device, both queued without a sync; the read waits for both."""
     on_0 = _planted("cuda:0")
     on_1 = {f"{name}.1": t.to("cuda:1") for name, t in on_0.items()}
@@ -252,30 +292,34 @@ def test_prefetch_with_rows_on_two_gpus() -> None:
         torch.cuda.synchronize(device)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        pending = collect_async({**on_0, **on_1})
+        pending = collect_async({**on_0, **on_1}, engine=forced.engine)
         pending.prefetch()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert pending._prefetched is not None
     assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
     _assert_matches_host(pending.materialize(), {**on_0, **on_1})
+    forced.check()
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_collected_on_a_side_stream_read_on_the_default_one(prefetch: bool) -> None:
+def test_collected_on_a_side_stream_read_on_the_default_one(prefetch: bool, forced: Forced) -> None:
     """The kernels run late on the side stream; the read on the default stream waits for them."""
     tensors = _planted("cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # ~0.1 s: the rows are written long after this returns
-        pending = collect_async(tensors)
+        pending = collect_async(tensors, engine=forced.engine)
     if prefetch:
         pending.prefetch()
     _assert_matches_host(pending.materialize(), tensors)
+    forced.check()
 
 
-def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values() -> None:
+def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values(
+    forced: Forced,
+) -> None:
     """``record_stream``: memory freed by zero_grad(set_to_none=True) is not reused early."""
     gen = torch.Generator().manual_seed(1)
     host = torch.randn(1 << 22, generator=gen)
@@ -284,10 +328,36 @@ def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values() -> 
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)
-        pending = collect_async({"g": grad})
+        pending = collect_async({"g": grad}, engine=forced.engine)
     del grad  # freed on the default stream while the side stream has not read it
     reuse = torch.full((1 << 22,), math.nan, device="cuda")  # same size: the freed block
     (stats,) = pending.materialize().tensors
     assert reuse.isnan().all()
     assert stats.nan == 0
     assert stats.norm == pytest.approx(reference_stats(host).norm, rel=1e-9)
+    forced.check()
+
+
+@pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed")
+def test_byte_counters_do_not_carry_at_the_longest_span_with_the_real_sm_count() -> None:
+    """Tensors long enough for MAX_SPAN on this GPU's own SMs, all NaN or all zero: each lane's
+    byte counters fill as far as they go (MAX_STEPS steps plus both edges), counts exact."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    length = 4 * sms * triton_kernel.MAX_SPAN + 3
+    assert triton_kernel.span_for(length, sms) == triton_kernel.MAX_SPAN
+    tensors = {
+        "anchor": torch.ones(8, dtype=torch.bfloat16, device=device),  # the aligned base
+        "nan": torch.full((length + 1,), math.nan, dtype=torch.bfloat16, device=device)[1:],
+        "zeros": torch.zeros(length, dtype=torch.float16, device=device),
+    }
+    report = collect_async(tensors, engine="triton").materialize()
+    assert report.engine == "triton"
+    got = {stats.name: stats for stats in report.tensors}
+    assert (got["nan"].nan, got["nan"].zeros, got["nan"].pos_inf, got["nan"].neg_inf) == (
+        length,
+        0,
+        0,
+        0,
+    )
+    assert (got["zeros"].nan, got["zeros"].zeros, got["zeros"].norm) == (0, length, 0.0)

@@ -4,14 +4,21 @@ Every kernel variant (three dtypes of ``table_rows``, and ``merge_partials``)
 is compiled for sm_80 (A100), sm_90 (H100) and the newest target the bundled
 ``ptxas`` knows, and the float32-sum variant (float16, bfloat16) for sm_86
 (A10) and the newest target, by ``tests/sass.py`` in a subprocess (once per
-test session, about 15-40 s: sixteen compilations). What the machine code
-must show:
+test session, about 15-40 s: sixteen compilations). What is compiled is what
+the collector launches: ``TritonBatch.launch`` runs on real CPU tensors (aligned
+bases, views at odd offsets, a misaligned tensor offered as a base first) with the
+launches recorded, and Triton's own launch-time binder specialises each recorded
+call (alignment, options) for the target. The subprocess runs with
+``TRITON_DEFAULT_FP_FUSION=0``, a Triton whose default turns fusion off, so only
+the launch's pinned option can give the DFMA. What the machine code must show:
 
 * no spills and no stack (local memory is where spills go);
 * at most 64 registers on sm_90: a program is 128 threads, so at 64
   registers 8 programs fit in an SM's 64 K registers (at the 86 the kernel
   took before, 5): more loads in flight per SM;
-* the inner loop's global loads are all 128-bit (``LDG.E.128``);
+* the inner loop's global loads are all 128-bit (``LDG.E.128``): a launch that lost
+  the base's alignment fails here;
+* one DFMA per float64 square in the inner loop, no DMUL or DADD (fusion pinned);
 * the inner loop's SASS instructions per element within the issue budget that
   keeps up with the GPU's HBM (``tests/sass.py`` derives it; ``docs/gpu.md``
   states the model and what it predicts).
@@ -59,6 +66,7 @@ def compiled() -> tuple[dict[str, Any], ...]:
     # Without TRITON_INTERPRET (set by the interpreter tests in this process):
     # Triton reads it once, at import, and an interpreting Triton cannot compile.
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "0"  # only the launch's own option may fuse
     done = subprocess.run(
         [sys.executable, "-m", "tests.sass"],
         cwd=ROOT,
@@ -120,6 +128,21 @@ def test_the_inner_loop_loads_128_bits_at_a_time() -> None:
             assert set(loads) == {"LDG.E.128"}, (result["kernel"], result["cc"], loads)
             # float32: 8 elements per thread per step are two 16-byte loads; 2-byte: one.
             assert len(loads) == (2 if result["itemsize"] == 4 else 1)
+
+
+def test_float64_squares_are_fused_multiply_adds() -> None:
+    """Each element's square is one DFMA (8 per thread and step), never a DMUL + DADD."""
+    for result in compiled():
+        assert result["fp_fusion"] is True, (result["kernel"], result["cc"])
+        if result["kernel"].startswith("table_rows") and not result["kernel"].endswith(FP32_SUMS):
+            opcodes = inner_loop(result)["opcodes"]
+            per_thread = result["block"] // (32 * result["warps"])
+            counts = {op: opcodes.count(op) for op in ("DFMA", "DMUL", "DADD")}
+            assert counts == {"DFMA": per_thread, "DMUL": 0, "DADD": 0}, (
+                result["kernel"],
+                result["cc"],
+                counts,
+            )
 
 
 @pytest.mark.parametrize(

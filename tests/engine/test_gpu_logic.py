@@ -145,3 +145,48 @@ def test_compiled_once_is_warm_in_the_next_process(cold_cache: Any) -> None:
     assert marker.name.endswith(f"-sm_90-triton{triton.__version__}")
     triton_kernel._warm.clear()  # a new process: only the marker remains
     assert triton_kernel.compile_worth(gpu)
+
+
+def test_tensors_after_the_compile_threshold_join_the_batch(
+    triton_on_meta: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto`` reduces with eager until ``COMPILE_AFTER_BYTES`` went through it; the tensors
+    after that, in the same collector and before any settle, join the one batched launch
+    instead of a launch, a merge and a table copy each (the cold route is not kept)."""
+    monkeypatch.setattr(triton_kernel, "COMPILE_AFTER_BYTES", 8_000_000)
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    monkeypatch.setattr(
+        triton_kernel,
+        "compile_worth",
+        lambda device: triton_kernel._deferred_bytes >= triton_kernel.COMPILE_AFTER_BYTES,
+    )
+    collector = StatsCollector(engine="auto")
+    big = [torch.empty(1_000_000, device="meta") for _ in range(6)]  # 4 MB each
+    for tensor in big:
+        collector.submit(tensor)
+    # The first went through eager; the second reached the threshold and joined the batch.
+    assert triton_kernel._deferred_bytes == 8_000_000
+    assert triton_on_meta == []  # nothing launched before the settle
+    blocks = collector.flush()
+    programs = -(-1_000_000 // triton_kernel.span_for(1_000_000))
+    assert triton_on_meta == [5 * programs, 6]  # one launch for the five, one merge
+    assert collector.engine_used == "eager+triton"
+    assert sum(block.shape[0] for block in blocks) == 1 + 6  # and the group's sentinel row
+
+
+def test_a_cold_route_ends_at_the_settle(
+    triton_on_meta: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warm since the last settle (another collector compiled): the next tensor joins a batch."""
+    warm = False
+    monkeypatch.setattr(triton_kernel, "compile_worth", lambda device: warm)
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    collector = StatsCollector(engine="auto")
+    collector.submit(torch.empty(100_000, device="meta"))
+    collector.settle()
+    warm = True
+    collector.submit(torch.empty(100_000, device="meta"))
+    assert triton_on_meta == []  # queued in a batch, not launched alone
+    collector.flush()
+    assert triton_on_meta == [-(-100_000 // triton_kernel.span_for(100_000)), 2]
+    assert collector.engine_used == "eager+triton"

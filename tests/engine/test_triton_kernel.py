@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 from gradaudit import audit
 from gradaudit.engine import triton_kernel
 from gradaudit.engine.kernels import Engine
-from gradaudit.engine.stats import HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit.engine.stats import SCALE, SSQ, HostRow, StatsCollector, read_rows, uses_triton
 from gradaudit.scan.pending import PendingStats
 from tests.engine.test_native import flat_tensors
 from tests.engine.test_stats import assert_matches_reference
@@ -333,21 +333,25 @@ def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.Monkey
 
 
 @needs_triton
-def test_byte_counters_do_not_carry_at_the_longest_span(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One SM: spans grow to MAX_SPAN; every element NaN (or zero) fills each lane's byte
-    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact."""
-    monkeypatch.setattr(triton_kernel, "DEFAULT_SMS", 1)
+def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
+    """Spans sized for one SM grow to MAX_SPAN on any device (the batch is told, not a
+    module default that CUDA ignores); every element NaN (or zero) fills each lane's byte
+    as far as it goes (MAX_STEPS steps plus both edges), and the counts stay exact.
+    ``tests/engine/test_cuda.py`` runs the longest span with the GPU's real SM count."""
     length = 4 * triton_kernel.MAX_SPAN + 3
     assert triton_kernel.span_for(length, 1) == triton_kernel.MAX_SPAN
     nan = torch.full((length + 1,), math.nan, dtype=torch.bfloat16, device=DEVICE)[1:]  # both edges
     zeros = torch.zeros(length, dtype=torch.float16, device=DEVICE)
     # An aligned first tensor: the group's base.
     anchor = torch.ones(8, dtype=torch.bfloat16, device=DEVICE)
-    pending = PendingStats(engine="triton")
-    pending.add_all({"anchor": anchor, "nan": nan, "zeros": zeros})
-    assert pending._collector.engine_used == "triton"
-    rows = read_rows(list(pending.rows)).tolist()
-    got_nan, got_zeros = (HostRow.from_values(v) for v in rows[1:])
+    batch = triton_kernel.TritonBatch(DEVICE, sms=1)
+    for ticket, tensor in enumerate((anchor, nan, zeros)):
+        assert batch.add(tensor, ticket)
+    spans = [list(group.table)[3 :: triton_kernel.TABLE_WIDTH] for group in batch._groups.values()]
+    assert spans == [[triton_kernel.MIN_SPAN, triton_kernel.MAX_SPAN], [triton_kernel.MAX_SPAN]]
+    out, tickets = batch.launch()
+    rows = dict(zip(tickets, out.cpu().tolist(), strict=True))
+    got_nan, got_zeros = HostRow.from_values(rows[1]), HostRow.from_values(rows[2])
     assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
     assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
 
@@ -381,10 +385,43 @@ def test_float32_sums_across_the_range(
     assert row.norm == pytest.approx(ref.norm, rel=1e-12)
 
 
+def _adversarial(dtype: torch.dtype) -> torch.Tensor:
+    """Four programs at the longest span; in every lane one element in seven is 2**15 and
+    the rest are values in [1, 2) with every mantissa bit used (odd last bit): each
+    addition of a small square drops bits that only the error terms keep (the worst of
+    the cases tried for docs/gpu.md)."""
+    gen = torch.Generator().manual_seed(31)
+    mantissa = 10 if dtype == torch.float16 else 7
+    odd = torch.randint(0, 1 << (mantissa - 1), (4 * triton_kernel.MAX_SPAN,), generator=gen)
+    values = 1 + (2 * odd.double() + 1) / (1 << mantissa)
+    values[::7] = 2.0**15
+    return values.to(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("fp32_sums", "bound"), [(True, 6e-11), (False, 1e-13)])
+def test_sum_of_squares_error_on_adversarial_data_is_within_the_documented_bound(
+    dtype: torch.dtype, fp32_sums: bool, bound: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/gpu.md: compensated float32 sums within (n - 1)**2 * 2**-48 of the sum of squares
+    (n = 130 elements per lane: 5.9e-11); float64 sums within about n * 2**-53."""
+    monkeypatch.setattr(triton_kernel, "FP32_ACCUMULATE", fp32_sums)
+    tensor = _adversarial(dtype)
+    batch = triton_kernel.TritonBatch(tensor.device, sms=1)  # MAX_SPAN: 130 per lane
+    assert batch.add(tensor.to(DEVICE), 0)
+    out, _ = batch.launch()
+    row = out[0].cpu().tolist()
+    exact = math.fsum((tensor.double() ** 2).tolist())  # squares exact in float64
+    assert abs(row[SCALE] ** 2 * row[SSQ] - exact) <= bound * exact
+
+
 def test_float32_sums_are_chosen_where_float64_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compute capability 8.6, 8.7, 8.9 and 12.x: 2 float64 operations per clock per SM."""
-    cases = {(8, 0): False, (8, 6): True, (8, 7): True, (8, 9): True, (9, 0): False}
-    cases |= {(10, 0): False, (12, 0): True, (12, 1): True}
+    """Compute capability 7.5, 8.6, 8.7, 8.9, 10.3, 11.x and 12.x: about 2 float64
+    operations per clock per SM (B300, cc 10.3, cut them from B200's 64)."""
+    cases = {(7, 0): False, (7, 5): True, (8, 0): False, (8, 6): True, (8, 7): True}
+    cases |= {(8, 9): True, (9, 0): False, (10, 0): False, (10, 3): True, (11, 0): True}
+    cases |= {(12, 0): True, (12, 1): True, (12, 3): True}
     for capability, expected in cases.items():
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
         triton_kernel._slow_fp64.cache_clear()
