@@ -176,10 +176,27 @@ def fused_rows(block: torch.Tensor) -> torch.Tensor:
 
 
 _compiled: Any = None
+# Module globals, so the product below is computed at run time, in the calling thread's
+# floating-point mode, never folded by the compiler.
+_SMALLEST_SUBNORMAL = 5e-324
+_ONE = 1.0
+
+
+def subnormals_survive() -> bool:
+    """False while the calling thread flushes subnormals to zero (x86's FTZ/DAZ)."""
+    return _SMALLEST_SUBNORMAL * _ONE != 0.0
 
 
 class CompiledKernel:
-    """:func:`fused_rows` through ``torch.compile`` (dynamic shapes, one graph per dtype)."""
+    """:func:`fused_rows` through ``torch.compile`` (dynamic shapes, one graph per dtype).
+
+    Older PyTorch (2.4 measured; recent releases do not) builds inductor's CPU kernels
+    with ``-ffast-math``, so loading each newly compiled kernel runs ``crtfastmath``'s
+    constructor, which switches the loading thread to flush-to-zero: from then on the
+    host process - its training included - reads every subnormal as 0, and this kernel's
+    first block with it (a tensor of 1e-310 reported as ``max_abs`` 0). A call that
+    flipped the mode puts IEEE mode back and computes its block again.
+    """
 
     def __init__(self) -> None:
         global _compiled
@@ -188,7 +205,11 @@ class CompiledKernel:
         self._fn = _compiled
 
     def __call__(self, block: torch.Tensor) -> torch.Tensor:
+        ieee = subnormals_survive()
         result: torch.Tensor = self._fn(block)
+        if ieee and not subnormals_survive():
+            torch.set_flush_denormal(False)
+            result = self._fn(block)
         return result
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gradaudit import TensorStats, audit, collect_async
 from gradaudit.engine import native
 from gradaudit.engine.dtypes import AUDITED_DTYPES
+from gradaudit.engine.kernels import CompiledKernel, fused_rows, subnormals_survive
 from gradaudit.engine.stats import (
     NAN,
     ROW_WIDTH,
@@ -376,3 +377,29 @@ def test_negative_zeros_have_max_abs_plus_zero(engine: str, values: list[float])
     for shape in ((len(values),), (1, len(values))):
         report = audit({"w": torch.tensor(values).reshape(shape)}, engine=engine)
         assert math.copysign(1.0, report.tensors[0].max_abs) == 1.0
+
+
+def test_a_compiled_kernel_that_turns_on_flush_to_zero_is_undone() -> None:
+    """torch 2.4's inductor loads its CPU kernels built with ``-ffast-math``: the first call
+    of each one sets FTZ/DAZ for the thread. The kernel puts IEEE mode back and its rows
+    keep a subnormal (simulated here on any torch: the first call flips the mode)."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode to set")
+    torch.set_flush_denormal(False)
+    calls = []
+
+    def loads_a_fast_math_kernel(block: torch.Tensor) -> torch.Tensor:
+        if not calls:
+            torch.set_flush_denormal(True)
+        calls.append(block)
+        return fused_rows(block)
+
+    kernel = CompiledKernel.__new__(CompiledKernel)
+    kernel._fn = loads_a_fast_math_kernel
+    try:
+        rows = kernel(torch.tensor([[1e-310, 0.0]], dtype=torch.float64))
+        assert subnormals_survive()
+    finally:
+        torch.set_flush_denormal(False)
+    assert len(calls) == 2  # computed again in IEEE mode
+    assert rows[0, 4].item() == 1e-310  # max |x|, not flushed to 0
