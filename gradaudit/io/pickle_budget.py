@@ -12,9 +12,11 @@ count that hurts. So before a pickle from a file is handed to an unpickler (DCP
 the bytes that remain — and adds up an upper bound of the memory each opcode can make
 live (:data:`_COST`: a stack slot, plus the object it creates). The pickle is refused when
 
-* the estimate exceeds ``max(FLOOR_BYTES, RATIO * len(pickle))``: real checkpoints need
-  about 14 bytes of Python objects per pickled byte (a DCP ``.metadata`` of 100,000
-  tensors: 26 MB pickled, 354 MB unpickled), a bomb of empty sets 216;
+* the estimate exceeds ``max(FLOOR_BYTES, RATIO * len(pickle))`` over the bytes walked so
+  far: real checkpoints need about 14 bytes of Python objects per pickled byte (a DCP
+  ``.metadata`` of 100,000 tensors: 26 MB pickled, 354 MB unpickled), but the estimate,
+  an upper bound, reaches 35 over the state-dict part of a real ``dcp.save``'s metadata;
+  the one-opcode bombs estimate 64 (empty lists) to 232 (empty sets);
 * a memo store names an index beyond the opcodes read so far (pickle writers number
   them 0, 1, 2 …; the C unpickler sizes its memo table by the highest index);
 * the opcodes do not parse (an unknown opcode, a length past the end, a line without its
@@ -38,8 +40,10 @@ __all__ = ["FLOOR_BYTES", "RATIO", "budget_problem"]
 
 #: Every pickle may use this much memory, however small it is.
 FLOOR_BYTES = 256 << 20
-#: ... and this many bytes of memory per pickled byte (real checkpoints need about 14).
-RATIO = 32
+#: ... and this many bytes of estimated memory per pickled byte: between real checkpoints'
+#: estimates (up to 35: a ``dcp.save`` of 100,000 tensors was refused at 32) and the
+#: cheapest one-opcode bomb's (64, empty lists).
+RATIO = 48
 
 #: Bytes of memory an opcode can make live, an upper bound over CPython's C unpickler and
 #: PyTorch's pure-Python weights-only one: its stack slot plus what it creates. Opcodes
