@@ -11,7 +11,10 @@ command in CI and on laptops applies it. The rules, like ruff's:
 * a flag given on the command line overrides the file (lists are replaced, not
   extended, so what you read on the command line is what applies);
 * an unknown key or a bad value is a usage error naming the file and the key:
-  a typo in a CI gate must not silently weaken it;
+  a typo in a CI gate must not silently weaken it. That includes values out of
+  bounds: a number that is not a finite float64 (:func:`_number`, for flags
+  too) and what the TOML reader cannot take (integers over Python's 4,300
+  digits, nesting past its recursion limit: named by line, :func:`_read`);
 * relative paths in the file (``output``) are relative to the file's directory;
 * one file serves every command. Keys that several commands read sit in the
   table itself; a ``[tool.gradaudit.<command>]`` sub-table (``compare``,
@@ -38,6 +41,7 @@ import difflib
 import math
 import re
 import stat
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -184,9 +188,31 @@ def _default(value: Any, default: Any) -> Any:
 
 
 def _number(raw: object) -> float:
+    """Every number a setting holds, from a file or a flag: a float64, and finite.
+
+    The bound lives here, once, so no key can forget it: an integer beyond
+    float64's range (over 309 digits) would otherwise crash ``float()``, and
+    an infinity (TOML's ``inf``, or a flag like ``1e999`` that float parsing
+    rounds up) turns a gate into one that never or always fires. NaN is left
+    to each key's own range check, which names the range it needs.
+    """
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise ValueError(f"expected a number, got {_kind(raw)}")
-    return float(raw)
+    try:
+        value = float(raw)
+    except OverflowError:
+        raise ValueError(
+            f"out of range: {_kind(raw)} (numbers must be within ±{_MAX:.4g})"
+        ) from None
+    if math.isinf(value):
+        raise ValueError(f"must be a finite number (got {value!r})")
+    return value
+
+
+#: The largest magnitude a number setting may have (float64's).
+_MAX = sys.float_info.max
+#: Integers shown whole in messages; longer ones are described by their length.
+_SHOWN_DIGITS = 20
 
 
 def _boolean(raw: object) -> bool:
@@ -211,6 +237,9 @@ def _strings(raw: object) -> list[str]:
 
 
 def _kind(raw: object) -> str:
+    if type(raw) is int and abs(raw) >= 10**_SHOWN_DIGITS:
+        # repr() of a 5,000-digit integer raises; a 300-digit one helps no reader.
+        return f"an integer of {_digits(raw)} digits"
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     for kind, name in names.items():
         if type(raw) is kind:
@@ -220,6 +249,12 @@ def _kind(raw: object) -> str:
     if isinstance(raw, dict):
         return "a table"
     return type(raw).__name__
+
+
+def _digits(value: int) -> int:
+    """The decimal digits of ``value``, without ``str()`` (which refuses over 4,300)."""
+    digits = max(1, math.floor(abs(value).bit_length() * math.log10(2)) + 1)
+    return digits - 1 if abs(value) < 10 ** (digits - 1) else digits
 
 
 def _choice(enum: type[OutputFormat] | type[Engine]) -> Callable[[object], Any]:
@@ -298,6 +333,9 @@ def _output(raw: object) -> Path:
     text = str(raw) if isinstance(raw, PurePath) else _string(raw)
     if not text.strip():
         raise ValueError("expected a file name, got an empty string")
+    if "\0" in text:
+        # No file name can hold one: every os call on it would raise ValueError.
+        raise ValueError("a file name cannot hold a NUL byte")
     return Path(text)
 
 
@@ -516,13 +554,44 @@ def _read(path: Path) -> dict[str, Any]:
         if path.exists() and not stat.S_ISREG(path.stat().st_mode):
             raise UsageError(f"{path}: the config file is not a regular file")
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            text = handle.read().decode("utf-8")
     except OSError as error:
         raise UsageError(f"{path}: cannot read the config file: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise UsageError(f"{path}: not valid TOML: {error}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not valid TOML: not UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:
+        where = _culprit(text, _DEEP)
+        raise UsageError(f"{path}: {where}arrays or tables nested too deeply to read") from None
+    except ValueError:
+        # tomllib's int() of a literal over sys.get_int_max_str_digits() (4,300) digits.
+        where = _culprit(text, _LONG_INTEGER)
+        raise UsageError(
+            f"{path}: {where}an integer too long to read (numbers must be within ±{_MAX:.4g})"
+        ) from None
+
+
+#: What makes tomllib raise something other than TOMLDecodeError, per line: a run of
+#: digits too long for int(), and the opening of a deep nest of arrays or inline tables.
+_LONG_INTEGER = re.compile(r"[0-9_]{310,}")
+_DEEP = re.compile(r"(?:[\[{]\s*(?:[^\s\[{=,\]}]+\s*=\s*)?){50,}")
+_KEY_LINE = re.compile(r"\s*([^=#\[]+?)\s*=")
+
+
+def _culprit(text: str, pattern: re.Pattern[str]) -> str:
+    """``"line N: KEY: "`` for the first line ``pattern`` matches, else ``""``.
+
+    tomllib gives no position for these two failures; the key they sit under
+    is what the user needs to find and fix, so it is looked for by line.
+    """
+    for number, line in enumerate(text.splitlines(), start=1):
+        if pattern.search(line):
+            key = _KEY_LINE.match(line)
+            return f"line {number}: {key.group(1).strip()}: " if key else f"line {number}: "
+    return ""
 
 
 def _table(document: Mapping[str, Any], path: Path, *, required: bool) -> dict[str, Any] | None:

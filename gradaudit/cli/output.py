@@ -52,6 +52,8 @@ def check_output_path(
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
         mode = None
+    except OSError as error:  # a name too long, a directory we may not search
+        raise UsageError(f"--output {output}: {error.strerror or error}") from None
     if mode is not None and stat.S_ISLNK(mode):
         raise UsageError(
             f"--output {output}: is a symbolic link (name the file it points to; the report "

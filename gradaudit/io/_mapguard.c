@@ -21,6 +21,20 @@
  * Faults outside the registered ranges go to the handler that was there before
  * (faulthandler's, or the default action, which kills the process as before).
  * The fast path costs nothing: no system call per read, no copy.
+ *
+ * In a long-lived host (a notebook, a training loop calling the library) the host
+ * may install its own SIGBUS handler after gradaudit's first scan: a Python
+ * handler (which returns, so the fault repeats forever), faulthandler.enable()
+ * or SIG_DFL (both end the process). So every register() looks at the handler
+ * in place, one sigaction call, and when it is not this one installs this one
+ * again, chaining to the handler it found. A handler found that way may chain
+ * back to this one (faulthandler restores its predecessor, this one, and
+ * re-raises), or return without repairing anything (a Python handler), so two
+ * rules end a chain in the crash it would have been (after faulthandler's
+ * traceback), never in a loop: a SIGBUS that arrives while one is being forwarded
+ * takes the default action (SA_NODEFER delivers a re-raise at once, inside the
+ * forwarding), and so does a fault outside the ranges at the address just
+ * forwarded (the handler returned without repairing it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,22 +59,40 @@ static range_t ranges[MAX_RANGES];
 /* Where the search for a free slot starts: registering n ranges stays O(n), not O(n^2). */
 static size_t next_free = 0;
 static struct sigaction previous;
-static int installed = 0;
+/* Set while a signal is handed to `previous`. */
+static volatile sig_atomic_t forwarding = 0;
+/* The address of the last fault outside the ranges handed to `previous`: the same fault
+ * again means that handler did not repair it (see the header). */
+static uintptr_t last_forwarded = 0;
 static uintptr_t page_size = 4096;
 
+static void default_action(int sig) {
+    /* The default action: a fault re-executes and kills; a kill() is re-raised. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void forward(int sig, siginfo_t *info, void *context) {
+    if (forwarding) {
+        default_action(sig);
+        return;
+    }
     if (previous.sa_flags & SA_SIGINFO) {
-        if (previous.sa_sigaction != NULL) previous.sa_sigaction(sig, info, context);
+        if (previous.sa_sigaction != NULL) {
+            forwarding = 1;
+            previous.sa_sigaction(sig, info, context);
+            forwarding = 0;
+        }
         return;
     }
     if (previous.sa_handler == SIG_IGN) return;
     if (previous.sa_handler == SIG_DFL || previous.sa_handler == NULL) {
-        /* The default action: a fault re-executes and kills; a kill() is re-raised. */
-        signal(sig, SIG_DFL);
-        raise(sig);
+        default_action(sig);
         return;
     }
+    forwarding = 1;
     previous.sa_handler(sig);
+    forwarding = 0;
 }
 
 static void on_sigbus(int sig, siginfo_t *info, void *context) {
@@ -80,26 +112,37 @@ static void on_sigbus(int sig, siginfo_t *info, void *context) {
             }
             break;
         }
+        uintptr_t again = __atomic_exchange_n(&last_forwarded, address, __ATOMIC_ACQ_REL);
+        if (again == address) {
+            default_action(sig);
+            return;
+        }
     }
     forward(sig, info, context);
 }
 
-static int install(void) {
-    struct sigaction action;
+/* Make on_sigbus the SIGBUS handler unless it already is, chaining to the one in place.
+ * Called at every register(): the host may have replaced it since the last call. */
+static int ensure_installed(void) {
+    struct sigaction current, action;
+    if (sigaction(SIGBUS, NULL, &current) != 0) return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) return 0;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_sigbus;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
     sigemptyset(&action.sa_mask);
-    if (sigaction(SIGBUS, &action, &previous) != 0) return -1;
-    installed = 1;
-    return 0;
+    /* `previous` is written while on_sigbus is not the handler: no fault reads it half-set
+     * (a thread still inside an old on_sigbus call forwards to the old or the new one). */
+    previous = current;
+    return sigaction(SIGBUS, &action, NULL);
 }
 
 PyDoc_STRVAR(register_doc,
     "register(address, length) -> slot\n\n"
     "Guard the pages of [address, address + length): a SIGBUS there maps zero pages\n"
     "over the rest of the range and sets its flag instead of killing the process.\n"
-    "Installs the SIGBUS handler on first use (it forwards other faults).");
+    "Installs the SIGBUS handler unless it is in place (the host may have replaced it\n"
+    "since the last call); it forwards other faults to the handler it found.");
 
 static PyObject *py_register(PyObject *self, PyObject *args) {
     unsigned long long address, length;
@@ -110,7 +153,7 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
         return NULL;
     }
     /* The GIL serialises register/unregister; the handler only reads. */
-    if (!installed && install() != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (ensure_installed() != 0) return PyErr_SetFromErrno(PyExc_OSError);
     uintptr_t start = (uintptr_t)address - (uintptr_t)address % page_size;
     uintptr_t end = (uintptr_t)(address + length);
     end = (end + page_size - 1) / page_size * page_size;

@@ -19,8 +19,10 @@ Safety, in the order it is checked:
 * every storage entry is validated before a byte of data is read: a relative file name
   inside the directory (no absolute path, no ``..``), a regular file, and a byte range
   inside it; each tensor's chunks lie inside its shape and their volumes add up to it.
-* each chunk is loaded with ``torch.load(weights_only=True)`` from its byte range and must
-  be a plain tensor of the recorded dtype and chunk shape.
+* each chunk is a ``torch.save`` archive at a byte range; it passes the guards of a ``.pt``
+  file (:func:`load_chunk`: container and CRCs, the pickle budget, no expanded view), is
+  loaded with ``torch.load(weights_only=True)`` and must be a plain tensor of the recorded
+  dtype and chunk shape.
 
 Values saved as bytes (``step``, ``param_groups`` entries) are listed as skipped, and so
 is an optimizer's per-parameter ``step`` counter, as for nested ``torch.save`` checkpoints.
@@ -38,17 +40,19 @@ import stat
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
-from gradaudit.io.files import describe_os_error, open_checked, show
+from gradaudit.io.files import FileRange, describe_os_error, open_checked, show
 from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
 from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
 from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
+from gradaudit.io.nested import expanded_view
 from gradaudit.io.pickle_budget import budget_problem
+from gradaudit.io.torch_zip import data_pickle_problem, inspect_torch_zip
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
 from gradaudit.results.roles import TensorHint
@@ -382,49 +386,31 @@ def _is_step_counter(tensor: DcpTensor) -> bool:
     return tensor.shape == () and parts[-1] == "step" and "state" in parts[:-1]
 
 
-class _FileRange(io.RawIOBase):
-    """A read-only, seekable window ``[start, start + length)`` of an open file."""
-
-    def __init__(self, handle: BinaryIO, start: int, length: int) -> None:
-        super().__init__()
-        self._handle: Any = handle  # a buffered file: it has readinto
-        self._start, self._length, self._pos = start, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        count = max(0, min(len(view), self._length - self._pos))
-        if not count:
-            return 0
-        self._handle.seek(self._start + self._pos)
-        got = self._handle.readinto(view[:count])
-        self._pos += got or 0
-        return got or 0
-
-
 def load_chunk(directory: str, tensor: DcpTensor, chunk: Chunk) -> torch.Tensor:
-    """One chunk's values on the CPU, checked against the metadata; raises InputError."""
-    handle, _ = open_checked(os.path.join(directory, chunk.file))
+    """One chunk's values on the CPU, checked against the metadata; raises InputError.
+
+    A chunk is a ``torch.save`` archive inside a ``.distcp`` file, so it passes the
+    guards a ``.pt`` file does, in the same order: the container and its CRCs, the
+    pickle budget of its ``data.pkl`` (a memory bomb is refused unread), the weights-only
+    load, and no expanded view. The storage-size check of a ``.pt`` needs no second
+    implementation here: loading from a stream (not a map), torch itself refuses a
+    storage whose record holds other than the bytes ``data.pkl`` declares.
+    """
+    path = os.path.join(directory, chunk.file)
     where = f"{show(tensor.name)} (chunk at {list(chunk.offsets)} in {show(chunk.file)})"
+    try:
+        problem = data_pickle_problem(inspect_torch_zip(path, chunk.start, chunk.length))
+    except InputError as error:
+        raise _refuse(directory, f"{where}: {error.cause}") from None
+    if problem is not None:
+        raise _refuse(directory, f"{where}: {problem}")
+    handle, _ = open_checked(path)
     with handle:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 value = torch.load(
-                    io.BufferedReader(_FileRange(handle, chunk.start, chunk.length)),
+                    io.BufferedReader(FileRange(handle, chunk.start, chunk.length)),
                     map_location="cpu",
                     weights_only=True,
                 )
@@ -443,6 +429,9 @@ def load_chunk(directory: str, tensor: DcpTensor, chunk: Chunk) -> torch.Tensor:
             f"{where} holds {str(value.dtype).removeprefix('torch.')} {list(value.shape)}, "
             f"the metadata says {str(tensor.dtype).removeprefix('torch.')} {list(chunk.sizes)}",
         )
+    expanded = expanded_view(value)
+    if expanded is not None:
+        raise _refuse(directory, f"{where} holds {expanded}; refused unread")
     return value
 
 

@@ -9,10 +9,11 @@ the safetensors validator, which was the first reader to need them.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from gradaudit.errors import InputError
 
@@ -156,6 +157,55 @@ def open_checked(path: str) -> tuple[BinaryIO, int]:
     except OSError as error:
         os.close(fd)
         raise InputError(path, describe_os_error(error)) from None
+
+
+def read_at(path: str, offset: int, count: int) -> bytes:
+    """Up to ``count`` bytes of ``path`` from ``offset``; an OS error is the input's."""
+    handle, _ = open_checked(path)
+    with handle:
+        try:
+            handle.seek(offset)
+            return handle.read(count)
+        except OSError as error:
+            raise InputError(path, describe_os_error(error)) from None
+
+
+class FileRange(io.RawIOBase):
+    """A read-only, seekable window ``[start, start + length)`` of an open file.
+
+    A DCP ``.distcp`` file holds one ``torch.save`` archive per chunk at a byte
+    offset: zipfile and ``torch.load`` each see one archive through this window,
+    as they would a file of its own.
+    """
+
+    def __init__(self, handle: BinaryIO, start: int, length: int) -> None:
+        super().__init__()
+        self._handle: Any = handle  # a buffered file: it has readinto
+        self._start, self._length, self._pos = start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        count = max(0, min(len(view), self._length - self._pos))
+        if not count:
+            return 0
+        self._handle.seek(self._start + self._pos)
+        got = self._handle.readinto(view[:count])
+        self._pos += got or 0
+        return got or 0
 
 
 def plain_number(value: object) -> float | None:

@@ -6,7 +6,9 @@ a word. The C helper ``gradaudit.io._mapguard`` installs a SIGBUS handler that, 
 address inside a range registered here, maps zero pages over the rest of that range and
 sets the range's flag, so every reader (the native kernel's threads, torch's, zlib's)
 simply carries on. :meth:`MapGuard.changed` is asked before the file's results are
-kept; the zeros are never reported.
+kept; the zeros are never reported. Every registration re-installs the handler if the
+host replaced it since (a long-lived process may install its own after the first scan),
+chaining to the one it found.
 
 Without the helper (no C compiler at install time, or a platform without ``mmap``
 semantics like Linux's) a guard is inert and a truncation still kills the process, as

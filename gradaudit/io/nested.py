@@ -468,6 +468,20 @@ def _stored_elements(tensor: torch.Tensor) -> int | None:
         return None
 
 
+def expanded_view(tensor: torch.Tensor) -> str | None:
+    """What is wrong with a tensor that has more elements than its storage holds, or None.
+
+    ``torch.zeros(1).expand(2**40)`` is 1.5 KB on disk: reducing it would read (or copy)
+    2**40 elements. Its values are the storage's, repeated. Every reader that loads
+    tensors from a pickle asks this before handing one on (a checkpoint's tensors are
+    skipped, a DCP chunk is refused: the metadata promised stored elements).
+    """
+    stored = _stored_elements(tensor)
+    if stored is None or tensor.numel() <= stored:
+        return None
+    return f"an expanded view: {tensor.numel():,} elements over {stored:,} stored (a zero stride)"
+
+
 def _tensor_skip_reason(
     node: _Node, tensor: torch.Tensor, seen: dict[tuple[object, ...], str]
 ) -> str | None:
@@ -478,14 +492,9 @@ def _tensor_skip_reason(
         return "meta tensor (it holds no data); not audited"
     if node.in_optimizer_entry and tensor.dim() == 0 and (node.name or "").endswith(".step"):
         return "optimizer step counter; not audited"
-    stored = _stored_elements(tensor)
-    if stored is not None and tensor.numel() > stored:
-        # ``torch.zeros(1).expand(2**40)`` is 1.5 KB on disk: reducing it would read (or
-        # copy) 2**40 elements. Its values are the storage's, repeated; not judged here.
-        return (
-            f"an expanded view: {tensor.numel():,} elements over {stored:,} stored "
-            "(a zero stride); not audited"
-        )
+    expanded = expanded_view(tensor)
+    if expanded is not None:
+        return f"{expanded}; not audited"
     key = _tensor_key(tensor)
     if key is not None and key in seen:
         return f"same data as {show(seen[key])} (tied or shared); audited once"

@@ -147,7 +147,7 @@ class MappedSafetensors:
 
         ``code >= 0``: tensors ``first..stop-1`` form one run of that dtype code
         (consecutive tensors of one dtype for which ``runnable[code]`` holds, each at
-        most :data:`RUN_MAX_ELEMENTS`, not empty and aligned to its element size; at most
+        most :data:`RUN_MAX_ELEMENTS` and empty or aligned to its element size; at most
         :data:`RUN_TENSORS` of them). ``code == -1``: each of them on its own.
         """
         table = self.header.tensors
@@ -157,11 +157,12 @@ class MappedSafetensors:
         codes = np.frombuffer(table.codes, dtype=np.uint8)
         sizes = SIZES_BY_CODE[codes]
         numel = self.element_counts()
+        # An empty tensor reads no byte, so its alignment does not matter: it joins the
+        # run (1.75 M empty tensors, the most a header allows, cost a Python call each).
         fits = (
             runnable[codes]
-            & (numel > 0)
             & (numel <= RUN_MAX_ELEMENTS)
-            & ((self.data_start + table.begins) % sizes == 0)
+            & ((numel == 0) | ((self.data_start + table.begins) % sizes == 0))
         )
         key = np.where(fits, codes.astype(np.int64), -1)
         edges = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), count]

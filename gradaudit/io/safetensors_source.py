@@ -51,7 +51,7 @@ class SafetensorsSource(MappedSafetensors):
         """:meth:`items` without a selection; small tensors come as :class:`TensorRun` columns.
 
         Consecutive tensors (in file order) of one audited dtype, each at most
-        :data:`RUN_MAX_ELEMENTS` and aligned to its element size, form a run of
+        :data:`RUN_MAX_ELEMENTS` and empty or aligned to its element size, form a run of
         at most :data:`RUN_TENSORS`; every other tensor comes on its own.
         """
         mapping = self.map()
@@ -72,6 +72,12 @@ class SafetensorsSource(MappedSafetensors):
             pointers, counts, ranks, dims = self.run_columns(first, stop, numel)
             low = data_start + int(table.begins[first])
             high = data_start + int(table.ends[stop - 1])
+            # A run of empty tensors lies in no bytes (and frombuffer refuses a count of 0).
+            data = (
+                torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low)
+                if high > low
+                else torch.empty(0, dtype=torch.uint8)
+            )
             yield TensorRun(
                 names=table.names[first:stop],
                 dtype=TORCH_DTYPES[DTYPE_NAMES[code]],
@@ -79,7 +85,7 @@ class SafetensorsSource(MappedSafetensors):
                 dims=dims,
                 pointers=pointers,
                 counts=counts,
-                data=torch.frombuffer(mapping, dtype=torch.uint8, count=high - low, offset=low),
+                data=data,
             )
 
 

@@ -34,14 +34,19 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
-from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, show
+from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, read_at, show
 from gradaudit.io.layouts import PICKLE_EXTENSIONS as PICKLE_EXTENSIONS
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
 from gradaudit.io.sniff import Sniffed, sniff
-from gradaudit.io.torch_zip import TorchZip, check_storages, inspect_torch_zip
+from gradaudit.io.torch_zip import (
+    TorchZip,
+    check_storages,
+    data_pickle_problem,
+    inspect_torch_zip,
+)
 from gradaudit.results.roles import TensorHint
 
 #: File name endings read by this module (compared in lower case).
@@ -76,18 +81,8 @@ def _wrong_content(path: str, sniffed: Sniffed) -> str:
     return "not a PyTorch checkpoint (neither a zip archive nor a pickle)"
 
 
-def _read_prefix(path: str, offset: int, count: int) -> bytes:
-    handle, _ = open_checked(path)
-    with handle:
-        try:
-            handle.seek(offset)
-            return handle.read(count)
-        except OSError as error:
-            raise InputError(path, describe_os_error(error)) from None
-
-
 def _globals_of(path: str, max_pickles: int) -> list[str]:
-    return pickle_globals(io.BytesIO(_read_prefix(path, 0, _SCAN_BYTES)), max_pickles)
+    return pickle_globals(io.BytesIO(read_at(path, 0, _SCAN_BYTES)), max_pickles)
 
 
 def _without_advice(text: str) -> str:
@@ -228,9 +223,7 @@ class TorchPickleSource:
         torch unpickles it (:mod:`gradaudit.io.pickle_budget`): ``data.pkl`` of a zip
         checkpoint, or the pickles at the head of a legacy file (its storages follow)."""
         if self.archive is not None:
-            member = self.archive.records["data.pkl"]
-            data = _read_prefix(self.path, member.offset, member.size)
-            problem = budget_problem(data)
+            problem = data_pickle_problem(self.archive)
         else:
             with open_checked(self.path)[0] as handle:
                 try:
@@ -249,8 +242,8 @@ class TorchPickleSource:
                 "was run): scan its checkpoint directory to audit the model and optimizer"
             )
         if self.archive is None:
-            data = _read_prefix(self.path, 0, _SCAN_BYTES)
+            data = read_at(self.path, 0, _SCAN_BYTES)
             return explain_refusal(message, io.BytesIO(data), _LEGACY_PICKLES)
         member = self.archive.records["data.pkl"]
-        data = _read_prefix(self.path, member.offset, min(member.size, _SCAN_BYTES))
+        data = read_at(self.path, member.offset, min(member.size, _SCAN_BYTES))
         return explain_refusal(message, io.BytesIO(data))

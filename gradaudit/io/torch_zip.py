@@ -13,8 +13,14 @@ before anything is unpickled:
   state dict;
 * every member's CRC-32 is verified, reading the file through a read-only memory map, in a
   few threads (``zlib.crc32`` releases the GIL), at about the speed of one read of the file;
+* ``data.pkl`` must fit the pickle budget (:func:`data_pickle_problem`,
+  :mod:`gradaudit.io.pickle_budget`);
 * after loading, :func:`check_storages` verifies that each tensor storage lies exactly on
   its zip member.
+
+The archive may be a whole file (a ``.pt``) or a byte range of one (a chunk of a DCP
+``.distcp`` file, which holds one ``torch.save`` archive per chunk): the same checks
+serve both.
 
 Nothing here writes to the file, locks it or keeps it open.
 """
@@ -30,14 +36,16 @@ from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from io import BufferedReader
 from typing import BinaryIO
 
 import numpy as np
 import torch
 
 from gradaudit.errors import InputError
-from gradaudit.io.files import describe_os_error, open_checked, show
+from gradaudit.io.files import FileRange, describe_os_error, open_checked, read_at, show
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard
+from gradaudit.io.pickle_budget import budget_problem
 
 #: CRC-32 is computed over slices of this many bytes (a view into the map, never a copy).
 CRC_CHUNK_BYTES = 64 << 20
@@ -71,8 +79,11 @@ class TorchZip:
     path: str
     #: The archive folder every record lives in (``torch.save`` uses the file's stem).
     prefix: str
-    #: Members by name relative to ``prefix`` (``"data.pkl"``, ``"data/0"``, ...).
+    #: Members by name relative to ``prefix`` (``"data.pkl"``, ``"data/0"``, ...); their
+    #: offsets count from ``start``.
     records: dict[str, Member] = field(hash=False)
+    #: Where the archive starts in the file (0 but for a DCP chunk).
+    start: int = 0
 
 
 def _describe_bad_zip(error: Exception) -> str:
@@ -102,7 +113,7 @@ def _prefix(path: str, infos: list[zipfile.ZipInfo]) -> str:
     return first.split("/", 1)[0]
 
 
-def _locate(path: str, view: mmap.mmap, info: zipfile.ZipInfo) -> Member:
+def _locate(path: str, view: memoryview, info: zipfile.ZipInfo) -> Member:
     """Find a member's data from its local header, checked against the central directory."""
     name = show(info.filename)
     start = info.header_offset
@@ -154,7 +165,7 @@ def _crc(view: memoryview, member: Member) -> int:
     return crc
 
 
-def _verify_crcs(path: str, view: mmap.mmap, members: list[Member]) -> None:
+def _verify_crcs(path: str, view: memoryview, members: list[Member]) -> None:
     """Compare every member's CRC-32 with the archive's, biggest members first, in threads."""
     members = sorted(members, key=lambda m: m.size, reverse=True)
     total = sum(m.size for m in members)
@@ -182,15 +193,22 @@ def _address(view: mmap.mmap) -> int:
     return address
 
 
-def inspect_torch_zip(path: str) -> TorchZip:
+def inspect_torch_zip(path: str, start: int = 0, length: int | None = None) -> TorchZip:
     """Validate a zip checkpoint's container and every member's CRC; see the module docstring.
 
-    Raises :class:`InputError` for a container PyTorch would misread, a TorchScript archive,
-    a zip that is not a PyTorch checkpoint, or any CRC mismatch.
+    The archive is the file, or its bytes ``[start, start + length)`` when a length is
+    given. Raises :class:`InputError` for a container PyTorch would misread, a TorchScript
+    archive, a zip that is not a PyTorch checkpoint, or any CRC mismatch.
     """
     handle, size = open_checked(path)
+    end = size if length is None else start + length
+    if not 0 <= start <= end <= size:
+        raise InputError(path, f"bytes {start}..{end} lie past the end of the file (truncated?)")
     with handle:
-        infos = _infos(path, handle)
+        whole = length is None
+        infos = _infos(
+            path, handle if whole else BufferedReader(FileRange(handle, start, end - start))
+        )
         prefix = _prefix(path, infos)
         names = {info.filename for info in infos}
         if f"{prefix}/constants.pkl" in names:
@@ -212,14 +230,21 @@ def inspect_torch_zip(path: str) -> TorchZip:
         with view:
             guard = MapGuard(_address(view), size, owner=view)
             try:
-                members = [_locate(path, view, info) for info in infos]
-                _verify_crcs(path, view, members)
+                with memoryview(view) as mapped, mapped[start:end] as archive:
+                    members = [_locate(path, archive, info) for info in infos]
+                    _verify_crcs(path, archive, members)
             finally:
                 guard.release()
             if guard.changed():
                 raise InputError(path, CHANGED_SIZE)
     records = {m.name[len(prefix) + 1 :]: m for m in members if m.name.startswith(prefix + "/")}
-    return TorchZip(path=path, prefix=prefix, records=records)
+    return TorchZip(path=path, prefix=prefix, records=records, start=start)
+
+
+def data_pickle_problem(archive: TorchZip) -> str | None:
+    """Why the archive's ``data.pkl`` must not be unpickled (the pickle budget), or None."""
+    member = archive.records["data.pkl"]
+    return budget_problem(read_at(archive.path, archive.start + member.offset, member.size))
 
 
 def check_storages(path: str, archive: TorchZip, tensors: Iterable[torch.Tensor]) -> None:

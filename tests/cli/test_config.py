@@ -7,7 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from gradaudit import ExitCode
+from gradaudit.cli import app
 from gradaudit.cli.config import (
     COMMAND_KEYS,
     COMMANDS,
@@ -24,6 +27,7 @@ from gradaudit.policy import FindingKind
 from gradaudit.report import OutputFormat
 from gradaudit.results.comparison import ComparePolicy
 from gradaudit.results.trend import TrendKind
+from tests.conftest import WriteDump, runner
 
 
 def write(path: Path, text: str) -> Path:
@@ -425,3 +429,122 @@ def test_ratio_bounds_that_conflict_across_tables_name_the_file(tmp_path: Path) 
     assert str(error.value) == (
         f"min-ratio: must not exceed max-ratio (5 > 2) (settings from {path} and the command line)"
     )
+
+
+# --- numbers and values out of bounds: a usage error naming the key, never exit 4 ------
+
+HUGE = "9" * 310  # beyond float64's range
+LONGER_THAN_INT_STR = "9" * 5000  # beyond Python's int-to-str limit (4,300 digits)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        (
+            f"[tool.gradaudit]\nvanishing-threshold = {HUGE}\n",
+            "[tool.gradaudit] vanishing-threshold: ",
+            "out of range: an integer of 310 digits",
+        ),
+        (
+            f"[tool.gradaudit]\nmax-global-norm = -{HUGE}\n",
+            "[tool.gradaudit] max-global-norm: ",
+            "out of range: an integer of 310 digits",
+        ),
+        (
+            f"[tool.gradaudit.compare]\nmax-change = {HUGE}\n",
+            "[tool.gradaudit.compare] max-change: ",
+            "out of range",
+        ),
+        (
+            f"[tool.gradaudit]\nfail-on = {HUGE}\n",
+            "[tool.gradaudit] fail-on: ",
+            "got an integer of 310 digits",
+        ),
+        (
+            "[tool.gradaudit]\nexploding-threshold = inf\n",
+            "[tool.gradaudit] exploding-threshold: ",
+            "must be a finite number (got inf)",
+        ),
+        (
+            f"[tool.gradaudit]\nexploding-threshold = {LONGER_THAN_INT_STR}\n",
+            "line 2: exploding-threshold: ",
+            "an integer too long to read",
+        ),
+        (
+            f"[tool.gradaudit.trend]\nspike-factor = [1, {LONGER_THAN_INT_STR}]\n",
+            "line 2: spike-factor: ",
+            "an integer too long to read",
+        ),
+        (
+            "[tool.gradaudit]\nignore = " + "[" * 5000 + "]" * 5000 + "\n",
+            "line 2: ignore: ",
+            "nested too deeply",
+        ),
+        (
+            "[tool.gradaudit]\nkind = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
+            "line 2: kind: ",
+            "nested too deeply",
+        ),
+        (
+            '[tool.gradaudit]\noutput = "report\\u0000.md"\n',
+            "[tool.gradaudit] output: ",
+            "a file name cannot hold a NUL byte",
+        ),
+    ],
+)
+def test_values_out_of_bounds_are_usage_errors_naming_the_key(
+    tmp_path: Path, text: str, where: str, problem: str
+) -> None:
+    path = write(tmp_path / "pyproject.toml", text)
+    with pytest.raises(UsageError) as error:
+        load_config(path, "trend" if "trend" in text else "scan")
+    message = str(error.value)
+    assert message.startswith(f"{path}: {where}")
+    assert problem in message
+    assert len(message) < 300  # the number is described, not printed
+
+
+def test_the_largest_finite_numbers_are_still_settings() -> None:
+    assert parse_setting("exploding-threshold", 10**308) == ("exploding_threshold", 1e308)
+    assert parse_setting("max-change", 1.7976931348623157e308)[1] == 1.7976931348623157e308
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("scan", "--exploding-threshold", HUGE),
+        ("scan", "--max-global-norm", "1e999"),
+        ("scan", "--vanishing-threshold", "inf"),
+        ("compare", "--min-ratio", HUGE),
+        ("compare", "--max-change", LONGER_THAN_INT_STR),
+    ],
+)
+def test_flags_out_of_bounds_are_usage_errors_naming_the_flag(
+    write_dump: WriteDump, command: str, flag: str, value: str
+) -> None:
+    # Float parsing rounds these to inf: a gate that never (or always) fires, so refused.
+    dump = str(write_dump({"w": torch.ones(3)}))
+    inputs = [dump, dump] if command == "compare" else [dump]
+    result = runner.invoke(app, [command, "--no-config", flag, value, *inputs])
+    assert result.exit_code == ExitCode.USAGE_ERROR, result.output
+    assert f"{flag}: must be a finite number (got inf)" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"[tool.gradaudit]\nexploding-threshold = {HUGE}\n",
+        f"[tool.gradaudit]\nexploding-threshold = {LONGER_THAN_INT_STR}\n",
+        "[tool.gradaudit]\nignore = " + "[" * 5000 + "]" * 5000 + "\n",
+        '[tool.gradaudit]\noutput = "a\\u0000b"\n',
+    ],
+)
+def test_the_cli_exits_2_on_such_a_config(write_dump: WriteDump, tmp_path: Path, text: str) -> None:
+    config = write(tmp_path / "bad.toml", text)
+    result = runner.invoke(
+        app, ["scan", "--config", str(config), str(write_dump({"w": torch.ones(3)}))]
+    )
+    assert result.exit_code == ExitCode.USAGE_ERROR, result.output
+    assert result.stderr.startswith(f"gradaudit: error: {config}: ")
+    assert "Traceback" not in result.output

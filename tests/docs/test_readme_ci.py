@@ -198,3 +198,19 @@ def test_readme_config_examples_are_valid_for_every_command(tmp_path: Path) -> N
     assert trend.trend_policy().spike_factor == 5
     assert len(trend.trend_policy().fail_on) == 3
     assert trend.output != load_config(tmp_path / str(index) / "pyproject.toml", "scan").output
+
+
+def test_the_config_bounds_examples_print_what_docs_ci_shows(tmp_path: Path) -> None:
+    shown = [line for line in DOCS.splitlines() if "must be within" in line or "(got inf)" in line]
+    assert len(shown) == 2
+    project = tmp_path / "repo"
+    project.mkdir()
+    config = project / "pyproject.toml"
+    config.write_text("[tool.gradaudit]\nexploding-threshold = " + "9" * 400 + "\n")
+    dump = str(REPO / "fixtures" / "demo_grads.safetensors")
+    from_file = runner.invoke(app, ["scan", "--config", str(config), dump])
+    assert from_file.exit_code == ExitCode.USAGE_ERROR
+    assert from_file.stderr.strip() == shown[0].replace("/repo/", f"{project}/")
+    from_flag = runner.invoke(app, ["compare", "--no-config", "--max-ratio", "1e999", dump, dump])
+    assert from_flag.exit_code == ExitCode.USAGE_ERROR
+    assert from_flag.stderr.strip() == shown[1]

@@ -28,9 +28,9 @@ needs_guard = pytest.mark.skipif(
     not mapguard.available(), reason="the SIGBUS guard (gradaudit.io._mapguard) is not built"
 )
 
-#: Runs the CLI with one reader wrapped so that it truncates its file to one page once
-#: the first tensor has been handed out; every later read of the map is past the end.
-TRUNCATING_RUN = textwrap.dedent(
+#: Wraps the readers so that each truncates a ``victim*`` file to one page once the first
+#: tensor has been handed out; every later read of the map is past the end.
+TRUNCATING = textwrap.dedent(
     """
     import os, sys
     from gradaudit.io import safetensors_source, torch_pickle
@@ -60,6 +60,11 @@ TRUNCATING_RUN = textwrap.dedent(
     torch_free.NativeScan._read = read_then_truncate
     if os.environ.get("FORCE_TORCH"):
         torch_free.applies = lambda **_: False
+    """
+)
+#: Runs the CLI with :data:`TRUNCATING`'s readers.
+TRUNCATING_RUN = TRUNCATING + textwrap.dedent(
+    """
     from gradaudit.cli import run
     sys.argv = ["gradaudit", *sys.argv[1:]]
     run()
@@ -146,6 +151,92 @@ def test_a_fault_outside_gradaudits_maps_still_kills_the_process(tmp_path: Path)
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert result.returncode == -7  # SIGBUS, as without gradaudit
+
+
+#: A long-lived host: scans once (gradaudit's SIGBUS guard goes in), installs its own SIGBUS
+#: handler the way argv[1] says, then scans a file truncated under the map.
+HOST_REPLACING_THE_HANDLER = TRUNCATING + textwrap.dedent(
+    """
+    import faulthandler, json, signal
+    from gradaudit import scan_paths
+    victim, good, how = sys.argv[1:]
+    assert not scan_paths([good], device="cpu").errors
+    if how == "python":
+        signal.signal(signal.SIGBUS, lambda signum, frame: None)  # returns: the fault repeats
+    elif how == "faulthandler":
+        faulthandler.enable()
+    else:
+        signal.signal(signal.SIGBUS, signal.SIG_DFL)
+    report = scan_paths([victim, good], device="cpu")
+    errors = [[e.path, e.message] for e in report.errors]
+    print(json.dumps({"errors": errors, "tensors": [t.name for t in report.tensors]}))
+    """
+)
+
+
+@needs_guard
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["python", "faulthandler", "default"])
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_the_guard_reasserts_itself_when_the_host_replaces_the_handler(
+    tmp_path: Path, how: str, suffix: str
+) -> None:
+    """Issue 29 item 9: the host's handler, installed after the first scan, was the one
+    the truncation met: a Python handler hung, faulthandler and SIG_DFL killed the host."""
+    victim = tmp_path / f"victim{suffix}"
+    if suffix == ".pt":
+        torch.save(many_tensors(), victim)
+    else:
+        save_file(many_tensors(), str(victim))
+    good = tmp_path / "good.safetensors"
+    save_file({"w": torch.ones(8)}, str(good))
+    env = {**os.environ, "MARK": str(tmp_path / "mark")}
+    command = [sys.executable, "-c", HOST_REPLACING_THE_HANDLER, str(victim), str(good), how]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    report = json.loads(result.stdout)
+    ((path, message),) = report["errors"]
+    assert path == str(victim)
+    assert "changed size while being read" in message
+    assert report["tensors"] == ["w"]
+    assert victim.stat().st_size == 4096
+
+
+@needs_guard
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["python", "faulthandler", "default"])
+def test_a_fault_outside_the_maps_under_a_host_handler_is_a_crash_not_a_hang(
+    tmp_path: Path, how: str
+) -> None:
+    """The re-installed guard chains to the host's handler; faulthandler chains back to the
+    guard and a Python handler repairs nothing, so a chain could loop: it ends in SIGBUS."""
+    path = tmp_path / "other.bin"
+    path.write_bytes(b"\1" * 8192)
+    script = textwrap.dedent(
+        f"""
+        import faulthandler, mmap, os, signal, torch
+        from gradaudit.io.mapguard import MapGuard
+        def guard():
+            own = mmap.mmap(-1, 4096)
+            MapGuard(torch.frombuffer(own, dtype=torch.uint8).data_ptr(), 4096, owner=own)
+            return own
+        first = guard()
+        if {how!r} == "python":
+            signal.signal(signal.SIGBUS, lambda signum, frame: None)
+        elif {how!r} == "faulthandler":
+            faulthandler.enable()
+        else:
+            signal.signal(signal.SIGBUS, signal.SIG_DFL)
+        second = guard()  # the guard goes back in, chaining to the host's handler
+        with open({str(path)!r}, "rb") as handle:
+            other = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        os.truncate({str(path)!r}, 0)
+        print(other[5000])
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert result.returncode == -7  # SIGBUS, as without gradaudit
+    assert (b"Fatal Python error: Bus error" in result.stderr) == (how == "faulthandler")
 
 
 def two_files(tmp_path: Path) -> tuple[Path, Path]:

@@ -8,11 +8,14 @@ state, and DTensors with NaN/Inf/huge/tiny values split unevenly along either di
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import pickle
+import resource
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,8 @@ from gradaudit.policy import Role
 from gradaudit.results import Report, TensorStats
 from tests.conftest import runner
 from tests.dcp_worker import planted
-from tests.hostile import OpenMarker, marker
+from tests.hostile import OpenMarker, marker, member_names, member_span
+from tests.io.test_pickle_budget import bomb_pt
 from tests.reference import reference_stats
 from tests.scan.test_distributed import clean_env
 from tests.torch_features import requires_torch_2_6
@@ -396,3 +400,83 @@ def test_optimizer_state_in_a_dcp_checkpoint_keeps_its_role(tmp_path: Path) -> N
     assert roles["model.0.weight"] is Role.WEIGHT
     assert report.files[0].read_as == "training checkpoint"
     assert not report.files[0].evidence_thin
+
+
+# -- bombs inside .distcp chunks (issue 29 items 3 and 5): the guards of a .pt file --------
+
+
+def _with_chunk(tmp_path: Path, payload: bytes, sizes: list[int]) -> Path:
+    """A real ``dcp.save`` checkpoint whose tensor ``bomb`` is ``payload`` (a chunk archive)
+    of global shape ``sizes``, stored in a ``.distcp`` of its own."""
+    directory = tmp_path / "ckpt"
+    _dcp_save({"bomb": torch.zeros(4), "ok": torch.ones(3)}, directory)
+    metadata = _real_metadata(directory)
+    (directory / "__9_0.distcp").write_bytes(payload)
+    entry = metadata.state_dict_metadata["bomb"]
+    entry.size = entry.chunks[0].sizes = torch.Size(sizes)
+    for index, info in metadata.storage_data.items():
+        if index.fqn == "bomb":
+            info.relative_path, info.offset, info.length = "__9_0.distcp", 0, len(payload)
+    _rewrite(directory, metadata)
+    return directory
+
+
+def _saved(value: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_an_expanded_tensor_in_a_chunk_is_refused_unread(tmp_path: Path) -> None:
+    """``torch.zeros(1).expand(2**40)`` is 1.5 KB as a chunk; reducing it ran past 60 s."""
+    directory = _with_chunk(tmp_path, _saved(torch.zeros(1).expand(2**40)), [2**40])
+    started = time.monotonic()
+    result = _scan_beside_good(directory, tmp_path)
+    assert time.monotonic() - started < 30
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert result.stderr.count("\n") == 1
+    assert (
+        f'{directory}: "bomb" (chunk at [0] in "__9_0.distcp") holds an expanded view: '
+        "1,099,511,627,776 elements over 1 stored (a zero stride); refused unread"
+    ) in result.stderr
+
+
+def test_a_pickle_memory_bomb_in_a_chunk_is_refused_before_torch_load(tmp_path: Path) -> None:
+    """10 MB of ``EMPTY_SET`` as a chunk's ``data.pkl`` took 31 s and 2.6 GB to unpickle."""
+    writer_path = tmp_path / "chunk.pt"
+    bomb_pt(writer_path, b"\x80\x02" + b"\x8f" * (10 << 20) + b".")
+    directory = _with_chunk(tmp_path, writer_path.read_bytes(), [4])
+    before = _peak_mib()
+    result = _scan_beside_good(directory, tmp_path)
+    assert _peak_mib() - before < 150
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert '"bomb" (chunk at [0] in "__9_0.distcp"): pickle would build more than' in (
+        result.stderr
+    )
+    assert "memory bomb" in result.stderr
+
+
+def test_a_chunk_with_a_flipped_byte_fails_its_crc_check(tmp_path: Path) -> None:
+    """The container checks of a .pt file: torch reads a chunk's zip without CRCs, so a
+    flipped bit in its values loaded silently as a wrong value before."""
+    chunk = tmp_path / "chunk.pt"
+    chunk.write_bytes(_saved(torch.ones(4)))
+    (values,) = [name for name in member_names(chunk) if name.endswith("/data/0")]
+    start, length = member_span(chunk, values)
+    payload = bytearray(chunk.read_bytes())
+    payload[start + length - 1] ^= 0x40
+    directory = _with_chunk(tmp_path, bytes(payload), [4])
+    result = _scan_beside_good(directory, tmp_path)
+    assert result.exit_code == ExitCode.INPUT_ERROR
+    assert "fails its CRC-32 check" in result.stderr
+
+
+def test_a_chunk_at_an_offset_passes_the_same_checks(plain: tuple[Path, Path]) -> None:
+    """Real chunks sit at byte offsets inside shared .distcp files: still read."""
+    source = DcpSource(str(plain[0]))
+    assert any(chunk.start > 0 for tensor in source.tensors for chunk in tensor.chunks)
+    assert not scan_paths([plain[0]], device="cpu").errors

@@ -143,3 +143,28 @@ def test_a_legacy_checkpoint_still_loads(tmp_path: Path) -> None:
     result = scan(str(legacy), "--format", "json")
     assert result.exit_code == ExitCode.OK, result.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_real_dcp_metadata_fits_the_ratio_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A healthy ``dcp.save`` of 100,000 tensors (20.6 MB of ``.metadata``) was refused as a
+    memory bomb: its estimate reaches 35 bytes per pickled byte over its state-dict part,
+    past the old ratio of 32. A 5,000-tensor one has the same density; with the floor out of
+    the way, only the ratio judges it."""
+    import torch.distributed.checkpoint as dcp
+
+    directory = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(
+            {f"model.layers.{i}.weight": torch.ones(2) for i in range(5000)},
+            checkpoint_id=str(directory),
+        )
+    metadata = (directory / ".metadata").read_bytes()
+    import gradaudit.io.pickle_budget as module
+
+    monkeypatch.setattr(module, "FLOOR_BYTES", 1 << 20)
+    assert budget_problem(metadata) is None
+    for op in BOMBS.values():  # still over the ratio, without the floor's help
+        assert budget_problem(bytes([0x80, 4]) + op * 200_000 + b".") is not None

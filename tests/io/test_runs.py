@@ -55,7 +55,7 @@ def test_runs_match_reading_one_tensor_at_a_time(
     path, tensors = mixed_file(tmp_path / "mixed.safetensors")
     items = list(SafetensorsSource(str(path)).runs())
     runs = [item for item in items if isinstance(item, TensorRun)]
-    assert [len(run.names) for run in runs] == [42, 20, 1]  # a.*+scalar+nan, b.*, c.0
+    assert [len(run.names) for run in runs] == [43, 20, 1]  # a.*+scalar+nan+empty, b.*, c.0
     shapes = [tuple(tensor.shape) for _, tensor in runs[0].tensors()]
     assert shapes[:2] == [(3, 5), (3, 5)]
     assert shapes[40] == ()
@@ -106,3 +106,25 @@ def test_histograms_keep_one_per_tensor_when_the_file_has_runs(tmp_path: Path) -
     assert [t.name for t in report.tensors] == floats
     assert len(report.histograms) == len(floats)
     assert all(h is not None for h in report.histograms)
+
+
+@pytest.mark.skipif(not native.available(), reason="runs go to the native kernel")
+@pytest.mark.parametrize("engine", ["auto", "eager"])
+def test_empty_tensors_join_runs_even_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """1.75 M empty tensors (the most a 100 MB header holds) cost a Python call each when
+    each came on its own; a run of only empty tensors lies in no bytes at all."""
+    header = {f"e.{i}": {"dtype": "F32", "shape": [0, i], "data_offsets": [0, 0]} for i in range(5)}
+    path = raw_safetensors(tmp_path / "empty.safetensors", json.dumps(header))
+    (run,) = list(SafetensorsSource(str(path)).runs())
+    assert isinstance(run, TensorRun)
+    assert [tuple(tensor.shape) for _, tensor in run.tensors()] == [(0, i) for i in range(5)]
+
+    by_runs = scan_paths([path], device="cpu", engine=engine)
+    import gradaudit.io.safetensors_map as module
+
+    monkeypatch.setattr(module, "RUN_MAX_ELEMENTS", -1)
+    one_by_one = scan_paths([path], device="cpu", engine=engine)
+    assert by_runs.tensors == one_by_one.tensors
+    assert [(t.numel, t.norm, t.nan) for t in by_runs.tensors] == [(0, 0.0, 0)] * 5
