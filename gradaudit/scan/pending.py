@@ -48,6 +48,7 @@ from gradaudit.precision import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected, Routing
+from gradaudit.scan.layout import LayoutCache
 from gradaudit.scan.reading import read_file
 
 _CPU = torch.device("cpu")
@@ -515,11 +516,15 @@ class PendingStats(Collected):
                 offset += rows
         return host
 
-    def materialize(self, thresholds: Thresholds | None = None) -> Report:
+    def materialize(
+        self, thresholds: Thresholds | None = None, *, layouts: LayoutCache | None = None
+    ) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``.
 
         After the read, the rows are host data: :meth:`Collected.report` judges them
-        (the same code judges the rows of the torch-free scan).
+        (the same code judges the rows of the torch-free scan). ``layouts``: what the
+        last report of the same tensors worked out from their facts alone, to take again
+        (:mod:`gradaudit.scan.layout`; a training loop's monitor).
         """
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
@@ -533,6 +538,7 @@ class PendingStats(Collected):
             device=self._device_label(),
             engine=self._collector.engine_used,
             histograms=histograms,
+            layouts=layouts,
         )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
