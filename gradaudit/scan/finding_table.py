@@ -226,6 +226,8 @@ class FindingTable(ColumnView[Finding]):
     def in_tensor_order(self) -> FindingTable:
         """Grouped tensor by tensor in the tensors' order, each tensor's own order kept;
         findings on no tensor of the table last."""
+        if self.ordered:  # already so (judged on the columns, nothing added after)
+            return self
         key = np.where(self.rows < 0, len(self.table), self.rows)
         order = np.argsort(key, kind="stable")
         return FindingTable(

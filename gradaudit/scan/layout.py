@@ -90,6 +90,7 @@ class ReportLayout:
         arrays = (self.dims, self.starts, self.numel, self.dtype_codes, self.source_codes)
         for column in (*arrays, self.roles.role_codes, self.roles.evidence_codes):
             column.flags.writeable = False
+        self.outliers.candidates.flags.writeable = False
         self.outliers.eligible.flags.writeable = False
         self.outliers.shape_class.flags.writeable = False
         for members in self.outliers.members:

@@ -42,7 +42,9 @@ class OutlierGroups:
     when the eligible tensors are the same, instead of grouping them again every step.
     """
 
-    #: The eligible tensors (a mask over the table), the groups' input.
+    #: The tensors whose role and shape make them eligible (a mask over the table).
+    candidates: np.ndarray
+    #: Of those, the ones with a positive RMS: the groups' input.
     eligible: np.ndarray
     #: Each group of at least :data:`OUTLIER_MIN_TENSORS` tensors (indices, ascending), in
     #: the order their first tensors come.
@@ -51,11 +53,16 @@ class OutlierGroups:
     shape_class: np.ndarray
 
 
-def outlier_groups(table: StatsTable, eligible: np.ndarray | None = None) -> OutlierGroups:
+def outlier_groups(
+    table: StatsTable, candidates: np.ndarray | None = None, eligible: np.ndarray | None = None
+) -> OutlierGroups:
     """The groups of ``table``'s tensors that :func:`find_outliers` compares within: one per
-    file, role and shape class, of the eligible tensors (:func:`_eligible`, unless given)."""
+    file, role and shape class, of the eligible tensors (``candidates``: :func:`_candidates`,
+    ``eligible``: those with a positive RMS, worked out unless given)."""
+    if candidates is None:
+        candidates = _candidates(table)
     if eligible is None:
-        eligible = _eligible(table)
+        eligible = candidates & _positive(table)
     roles = table.role_codes
     gradient = roles == ROLES.index(Role.GRADIENT)
     weight = roles == ROLES.index(Role.WEIGHT)
@@ -71,25 +78,30 @@ def outlier_groups(table: StatsTable, eligible: np.ndarray | None = None) -> Out
         for key_index in np.argsort(first, kind="stable").tolist()  # in first-seen order
         if counts[key_index] >= OUTLIER_MIN_TENSORS
     )
-    return OutlierGroups(eligible, members, shape_class)
+    return OutlierGroups(candidates, eligible, members, shape_class)
 
 
-def _eligible(table: StatsTable) -> np.ndarray:
-    """The tensors compared at all: gradients and weight matrices with a positive RMS.
+def _candidates(table: StatsTable) -> np.ndarray:
+    """The tensors compared at all, by role and shape: gradients and weight matrices.
 
     Optimizer state is left out: its moments mirror the gradients, whose health the
     per-parameter estimates already judge, and an outlier there would only repeat it.
+    1-D weights (biases, normalisation scales) are not compared either: they start at 0
+    and 1 by design, and a bias a few steps from its zero initialisation sat 2+ decades
+    below the matrices in every healthy Trainer checkpoint of the corpus (corpus/).
     """
-    with np.errstate(invalid="ignore"):
-        eligible: np.ndarray = table.rms > 0  # NaN (no finite element) compares False
     roles = table.role_codes
-    # 1-D weights (biases, normalisation scales) are not compared at all: they start at 0
-    # and 1 by design, and a bias a few steps from its zero initialisation sat 2+ decades
-    # below the matrices in every healthy Trainer checkpoint of the corpus (corpus/).
-    eligible &= (roles == ROLES.index(Role.GRADIENT)) | (
+    candidates: np.ndarray = (roles == ROLES.index(Role.GRADIENT)) | (
         (roles == ROLES.index(Role.WEIGHT)) & (table.ranks > 1)
     )
-    return eligible
+    return candidates
+
+
+def _positive(table: StatsTable) -> np.ndarray:
+    """The tensors with a positive RMS (one of 0 or none, nothing finite: other checks)."""
+    with np.errstate(invalid="ignore"):
+        positive: np.ndarray = table.rms > 0  # NaN (no finite element) compares False
+    return positive
 
 
 def find_outliers(
@@ -120,9 +132,11 @@ def find_outliers(
     the two middle values), so the numbers are those of a loop over the tensors.
     """
     table = table_of(tensors)
-    eligible = _eligible(table)
+    # The layout's groups are of the same roles and shapes: only the RMS signs may differ.
+    candidates = _candidates(table) if groups is None else groups.candidates
+    eligible = candidates & _positive(table)
     if groups is None or not np.array_equal(groups.eligible, eligible):
-        groups = outlier_groups(table, eligible)
+        groups = outlier_groups(table, candidates, eligible)
     if not groups.members:
         return (), ()
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)

@@ -209,8 +209,10 @@ class MonitorRecord:
         """The findings other than NaN/Inf (exploding, vanishing, outlier …), not ignored,
         on gradients without NaN/Inf (``on_nonfinite`` speaks for those: the norm of
         their finite part says nothing)."""
-        poisoned = set(self.nonfinite)
         findings: Sequence[Finding] | Iterable[Finding] = self.report.findings
+        if not findings:  # a healthy step
+            return ()
+        poisoned = set(self.nonfinite)
         if isinstance(findings, FindingTable):
             # Only the findings that pass the columns' filters are made as objects.
             kept = ~findings.kind_is(*_NONFINITE_KINDS) & ~findings.severity_is(Severity.IGNORED)
