@@ -11,9 +11,10 @@ median time of one ``monitor.step()`` with ``every=1`` (every call collects), wi
 ``torch.nn.utils.get_total_norm(grads).item()`` on the same gradients, and their ratio.
 The gradients are swapped between two sets each step (as ``zero_grad(set_to_none=True)``
 and a backward make fresh ones) and the calls interleave, in an order that rotates, so a
-slow moment of a shared machine hits all of them alike. The CPU and the native kernel's
-ISA path are printed with it. The monitor's own defaults (``every=100``, ``sync=False``)
-collect one call in 100; the cost of that collecting call is the ``every=1`` figure.
+slow moment of a shared machine hits all of them alike. The CPU, the native kernel's
+ISA path and the load average are printed with it. The monitor's own defaults
+(``every=100``, ``sync=False``) collect one call in 100; the cost of that collecting call
+is the ``every=1`` figure.
 
 A small transformer (embedding, 2 encoder layers of width 256 with 8 heads and
 a feed-forward of 1024, a vocabulary head; batch 8 x 128 tokens) is trained
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -138,6 +140,14 @@ def _spread(values: Sequence[float]) -> str:
     return f"{1e3 * q1:.3f}-{1e3 * q3:.3f}"
 
 
+def _load() -> str:
+    """The load average over 1, 5 and 15 minutes: other jobs on a shared machine skew the
+    milliseconds (the ratios less, as the calls interleave)."""
+    if not hasattr(os, "getloadavg"):
+        return "load average unknown"
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _kernel_path() -> str:
     return native.path() if native.available() else "not built (eager engine)"
 
@@ -197,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(
         f"CPU: {cpu_model()}; native kernel path: {_kernel_path()}; "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {_load()}"
     )
     print(
         "tensors | M elements | get_total_norm().item() ms (IQR) "

@@ -280,13 +280,15 @@ def test_force_engine_pins_auto_except_for_tests_of_autos_own_choice(tmp_path: P
 
 
 def test_monitor_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
-    """The table against a bare norm names the CPU and the kernel path, one row per model."""
+    """The table against a bare norm names the CPU, the kernel path and the load, one row
+    per model."""
     from benchmarks import bench_monitor, bench_peers
 
     bench_monitor.main(["--steps", "2", "--repeats", "4", "--ratio-only"])
     lines = capsys.readouterr().out.splitlines()
     path = native.path() if native.available() else "not built (eager engine)"
     assert lines[0].startswith(f"CPU: {bench_peers.cpu_model()}; native kernel path: {path};")
+    assert "load average" in lines[0]
     rows = [line.split(" | ") for line in lines[3:]]
     assert [(row[0], row[1]) for row in rows] == [("40", "0.73"), ("400", "7.07")]
     assert all(float(row[4]) > 0 and float(row[6]) > 0 for row in rows)

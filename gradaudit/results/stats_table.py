@@ -205,14 +205,18 @@ class StatsTable(ColumnView[TensorStats]):
         source_codes: np.ndarray,
         sources: tuple[str | None, ...],
         rows: np.ndarray,
+        *,
+        numel: np.ndarray | None = None,
     ) -> StatsTable:
         """From the host stats rows ``[n, 7]`` (float64) of the tensors, in order.
 
         The same derivations as :class:`~gradaudit.engine.stats.HostRow`: ``int()`` of each
         count (exact below 2**53), norm ``scale * sqrt(ssq)``, RMS ``norm /
         sqrt(finite)``, each a correctly rounded IEEE operation in numpy as in Python.
+        ``numel``: the shapes' element counts, when known (a monitor's layout).
         """
-        numel = numels_of(dims, starts)
+        if numel is None:
+            numel = numels_of(dims, starts)
         nan = rows[:, NAN].astype(np.int64)
         pos_inf = rows[:, POS_INF].astype(np.int64)
         neg_inf = rows[:, NEG_INF].astype(np.int64)

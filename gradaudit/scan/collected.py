@@ -32,15 +32,17 @@ from gradaudit.roles import metadata_evidence
 from gradaudit.scan.estimates import gradient_estimates
 from gradaudit.scan.history import evaluate_history
 from gradaudit.scan.judge import (
+    RoleDecision,
+    decide_roles,
     evaluate_all,
     evaluate_limits,
     evaluate_optimizer_state,
     evaluate_skipped,
     in_tensor_order,
     summarize,
-    with_roles,
 )
-from gradaudit.scan.outliers import find_outliers
+from gradaudit.scan.layout import LayoutCache, LayoutKey, ReportLayout
+from gradaudit.scan.outliers import find_outliers, outlier_groups
 
 
 class Routing(Protocol):
@@ -248,14 +250,40 @@ class Collected:
             np.frombuffer(self._dims, dtype=np.int64), self._starts(), 0, len(self._ranks)
         )
 
-    def _table(self, host: np.ndarray) -> StatsTable:
-        """The collected tensors' facts and their host rows as a :class:`StatsTable`."""
+    def _table(self, host: np.ndarray, layout: ReportLayout | None = None) -> StatsTable:
+        """The collected tensors' facts and their host rows as a :class:`StatsTable`
+        (the facts' columns taken from ``layout``, made for these facts, when given)."""
+        if layout is not None:
+            return StatsTable.from_rows(
+                self._names,
+                layout.dims,
+                layout.starts,
+                layout.dtype_codes,
+                layout.dtypes,
+                layout.source_codes,
+                layout.sources,
+                host,
+                numel=layout.numel,
+            )
         starts = self._starts()
         dims = np.frombuffer(self._dims, dtype=np.int64).copy()
         dtypes, dtype_codes = coded(self._dtypes, np.int16)
         sources, source_codes = coded(self._sources, np.int32)
         return StatsTable.from_rows(
             self._names, dims, starts, dtype_codes, dtypes, source_codes, sources, host
+        )
+
+    def _layout_key(self, thresholds: Thresholds) -> LayoutKey:
+        """The facts a :class:`~gradaudit.scan.layout.ReportLayout` of these tensors is
+        made from."""
+        return LayoutKey(
+            self._names,
+            self._ranks,
+            self._dims,
+            self._dtypes,
+            self._sources,
+            thresholds,
+            self._file_evidence,
         )
 
     def report(
@@ -266,6 +294,7 @@ class Collected:
         device: str,
         engine: str,
         histograms: tuple[ExponentHistogram | None, ...] = (),
+        layouts: LayoutCache | None = None,
     ) -> Report:
         """Judge the host rows ``[len(names), 7]`` (float64, in collection order).
 
@@ -273,14 +302,20 @@ class Collected:
         (columns; a TensorStats is made when one is asked for), judged on the
         columns where that is simple: a million tiny tensors make no object each.
         ``histograms`` (``--precision``) come one per entry, read with the rows.
+        ``layouts`` keeps what follows from the tensors' facts alone for the next report
+        of the same tensors, and takes it from there when they are the same
+        (:mod:`gradaudit.scan.layout`; tensors without hints only).
         """
         thresholds = thresholds or Thresholds()
         with paused_gc():
-            table = self._table(host)
             hints = self._hints
+            plain = hints.count(None) == len(hints)  # C speed: most collections hold no hint
+            key = self._layout_key(thresholds) if layouts is not None and plain else None
+            layout = None if layouts is None or key is None else layouts.get(key)
+            table = self._table(host, layout)
             aux = (
                 []
-                if hints.count(None) == len(hints)  # C speed: most collections hold no hint
+                if plain
                 else [
                     i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None
                 ]
@@ -297,15 +332,28 @@ class Collected:
                 host = host[main]
                 table = table.subset(main)
                 hints = [hints[i] for i in main]
-            readings = with_roles(table, hints, thresholds, self._file_evidence)
-            optimizer = np.flatnonzero(np.isin(table.role_codes, _OPTIMIZER_CODES)).tolist()
+            roles = (
+                decide_roles(table, hints, thresholds, self._file_evidence)
+                if layout is None
+                else layout.roles
+            )
+            readings = roles.apply(table)
+            optimizer = (
+                np.flatnonzero(np.isin(table.role_codes, _OPTIMIZER_CODES)).tolist()
+                if layout is None
+                else layout.optimizer
+            )
             estimates, negatives = gradient_estimates(
                 table.take(optimizer), [hints[i] for i in optimizer], derived
             )
             judged = evaluate_all(table, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds
             )
-            outliers, references = find_outliers(table, thresholds, judged)
+            groups = None if layout is None else layout.outliers
+            outliers, references = find_outliers(table, thresholds, judged, groups)
+            # Roles guessed from the values hold for those values only: no layout then.
+            if layouts is not None and key is not None and layout is None and not roles.from_values:
+                layouts.keep(_layout_of(key.frozen(), table, roles, optimizer))
             findings = (
                 in_tensor_order(table, judged + outliers)
                 + evaluate_skipped(self._skipped, thresholds)
@@ -385,3 +433,23 @@ class Collected:
                 read_as_evidence=evidence,
                 evidence_thin=thin,
             )
+
+
+def _layout_of(
+    key: LayoutKey, table: StatsTable, roles: RoleDecision, optimizer: list[int]
+) -> ReportLayout:
+    """The layout of ``table``'s tensors, made from their facts (``key``) and what the
+    report just worked out from them."""
+    return ReportLayout(
+        key,
+        table.dims,
+        table.starts,
+        table.numel,
+        table.dtype_codes,
+        table.dtypes,
+        table.source_codes,
+        table.sources,
+        roles,
+        optimizer,
+        outlier_groups(table),
+    )

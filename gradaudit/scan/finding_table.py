@@ -56,6 +56,8 @@ def judge_columns(table: StatsTable, thresholds: Thresholds) -> tuple[np.ndarray
     :func:`~gradaudit.scan.rules.judged_candidates` picks are looked at.
     """
     rows = judged_candidates(table, thresholds)
+    if not len(rows):  # a healthy step: nothing below to do
+        return rows, np.zeros(0, dtype=np.int8)
     none = np.int8(-1)
     nan = table.nan[rows] > 0
     inf = (table.pos_inf[rows] > 0) | (table.neg_inf[rows] > 0)
@@ -145,6 +147,9 @@ class FindingTable(ColumnView[Finding]):
     def judge(cls, table: StatsTable, thresholds: Thresholds) -> FindingTable:
         """:func:`evaluate`'s findings for every tensor of ``table``, in tensor order."""
         rows, kinds = judge_columns(table, thresholds)
+        if not len(rows):  # a healthy step (a monitor's, every step): no finding to place
+            empty = (rows, kinds, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int32))
+            return cls(table, thresholds, empty, ordered=True)
         starts = np.ones(len(rows), dtype=bool)
         starts[1:] = rows[1:] != rows[:-1]
         position = np.arange(len(rows), dtype=np.int64)
@@ -221,6 +226,8 @@ class FindingTable(ColumnView[Finding]):
     def in_tensor_order(self) -> FindingTable:
         """Grouped tensor by tensor in the tensors' order, each tensor's own order kept;
         findings on no tensor of the table last."""
+        if self.ordered:  # already so (judged on the columns, nothing added after)
+            return self
         key = np.where(self.rows < 0, len(self.table), self.rows)
         order = np.argsort(key, kind="stable")
         return FindingTable(
@@ -375,6 +382,8 @@ def flagged_indices(
     wanted = None if kinds is None else tuple(kinds)
     columns = column_findings(table, findings)
     if columns is not None:
+        if not len(columns):  # a healthy step: asked several times per report
+            return np.zeros(0, dtype=np.int64)
         mask = np.ones(len(columns), dtype=bool) if wanted is None else columns.kind_is(*wanted)
         if not ignored:
             mask &= ~columns.severity_is(Severity.IGNORED)

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -211,18 +212,54 @@ def evaluate_limits(
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class RoleDecision:
+    """Every tensor's role and evidence as :func:`decide_roles` decided them, kept apart
+    from the table so that a training loop's next report of the same tensors can take
+    them again (:mod:`gradaudit.scan.layout`)."""
+
+    #: Codes into :data:`~gradaudit.results.stats_table.ROLES` and :attr:`evidences`.
+    role_codes: np.ndarray
+    evidence_codes: np.ndarray
+    evidences: tuple[str, ...]
+    evidence_thin: tuple[bool, ...]
+    #: Per source, ``(read as, evidence, thin)`` for the file's summary.
+    readings: dict[str | None, tuple[str, str, bool]]
+    #: Whether a file's role was guessed from the values (:func:`~gradaudit.roles.stats_evidence`):
+    #: then the decision holds for these values only.
+    from_values: bool
+
+    def apply(self, table: StatsTable) -> dict[str | None, tuple[str, str, bool]]:
+        """Set the roles on ``table``'s columns; the readings per source."""
+        table.with_roles(self.role_codes, self.evidence_codes, self.evidences, self.evidence_thin)
+        return self.readings
+
+
 def with_roles(
     table: StatsTable,
     hints: Sequence[TensorHint | None],
     thresholds: Thresholds,
     file_evidence: Mapping[str, FileEvidence],
 ) -> dict[str | None, tuple[str, str, bool]]:
-    """Each tensor's role decided (:func:`gradaudit.roles.decide`), set on ``table``'s columns.
+    """Each tensor's role decided (:func:`decide_roles`), set on ``table``'s columns.
+
+    Returns, per source, ``(read as, evidence, thin)`` for the file's summary.
+    """
+    return decide_roles(table, hints, thresholds, file_evidence).apply(table)
+
+
+def decide_roles(
+    table: StatsTable,
+    hints: Sequence[TensorHint | None],
+    thresholds: Thresholds,
+    file_evidence: Mapping[str, FileEvidence],
+) -> RoleDecision:
+    """Each tensor's role decided (:func:`gradaudit.roles.decide`), for ``table``'s columns.
 
     ``file_evidence`` is what each file's metadata says it holds (see
     :meth:`~gradaudit.scan.pending.PendingStats.read_hints`).
 
-    Returns, per source, ``(read as, evidence, thin)`` for the file's summary. Only
+    The readings per source are ``(read as, evidence, thin)`` for the file's summary. Only
     tensors with a hint are decided one by one, and those with a name
     :func:`role_from_name` may read once per name template
     (:func:`~gradaudit.roles.name_templates`); every other tensor of a file takes the
@@ -246,6 +283,7 @@ def with_roles(
 
     optimizer = [ROLES.index(role) for role in OPTIMIZER_STATE]
     readings: dict[str | None, tuple[str, str, bool]] = {}
+    from_values = False
     thin_evidences: list[FileEvidence] = []  # a default or guess is thin wherever it decided
     for source_code, source in enumerate(table.sources):
         indices = np.flatnonzero(table.source_codes == source_code)
@@ -254,11 +292,9 @@ def with_roles(
         if source is None:
             file_role = FileEvidence(Role.GRADIENT, "tensors from memory: gradients")
         else:
-            file_role = (
-                file_evidence.get(source)
-                or file_name_evidence(source)
-                or stats_evidence(table, None if len(indices) == count else indices)
-            )
+            given = file_evidence.get(source) or file_name_evidence(source)
+            from_values = from_values or given is None
+            file_role = given or stats_evidence(table, None if len(indices) == count else indices)
             thin_evidences.append(file_role)
         if kind is InputKind.GRADIENTS:
             default = Role.GRADIENT, "--kind gradients"
@@ -303,13 +339,14 @@ def with_roles(
             thin,
         )
     thin_texts = {evidence.evidence for evidence in thin_evidences if evidence.thin}
-    table.with_roles(
+    return RoleDecision(
         role_codes,
         evidence_codes,
         tuple(evidences),
         tuple(text in thin_texts for text in evidences),
+        readings,
+        from_values,
     )
-    return readings
 
 
 def in_tensor_order(
@@ -366,6 +403,8 @@ def summarize(
         severities.update(dict(zip(SEVERITIES, counts, strict=True)))
 
         def count(kind: FindingKind) -> int:
+            if not len(columns):
+                return 0
             on_table = len(flagged_indices(tensors, columns, (kind,), ignored=False))
             mask = columns.kind_is(kind) & ~columns.severity_is(Severity.IGNORED)
             elsewhere = {(f.source, f.tensor) for f in columns.select(mask & (columns.rows < 0))}

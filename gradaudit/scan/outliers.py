@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,21 +22,93 @@ from gradaudit.results import (
     OutlierReference,
     TensorStats,
 )
-from gradaudit.results.stats_table import ROLES
+from gradaudit.results.stats_table import ROLES, StatsTable
 from gradaudit.scan.finding_table import flagged_indices
 from gradaudit.scan.rules import table_of
 
 #: A role with fewer tensors than this in a file has no outlier reference.
 OUTLIER_MIN_TENSORS = 8
-#: Optimizer state is left out: its moments mirror the gradients, whose health the
-#: per-parameter estimates already judge, and an outlier there would only repeat it.
-_OUTLIER_ROLES = (Role.GRADIENT, Role.WEIGHT)
+#: The shape classes' labels in an :class:`OutlierReference`.
+_LABELS = ("all", "1-D", "2-D+")
+
+
+@dataclass(frozen=True)
+class OutlierGroups:
+    """The groups :func:`find_outliers` compares within, for one set of eligible tensors.
+
+    Which tensors are eligible depends on their role and shape (the same while a training
+    loop's parameters stay the same) and on their RMS being positive (almost always): a
+    monitor keeps the groups of its last report and :func:`find_outliers` takes them again
+    when the eligible tensors are the same, instead of grouping them again every step.
+    """
+
+    #: The tensors whose role and shape make them eligible (a mask over the table).
+    candidates: np.ndarray
+    #: Of those, the ones with a positive RMS: the groups' input.
+    eligible: np.ndarray
+    #: Each group of at least :data:`OUTLIER_MIN_TENSORS` tensors (indices, ascending), in
+    #: the order their first tensors come.
+    members: tuple[np.ndarray, ...]
+    #: Each tensor's shape class: 0 all, 1 vectors, 2 matrices and up (:data:`_LABELS`).
+    shape_class: np.ndarray
+
+
+def outlier_groups(
+    table: StatsTable, candidates: np.ndarray | None = None, eligible: np.ndarray | None = None
+) -> OutlierGroups:
+    """The groups of ``table``'s tensors that :func:`find_outliers` compares within: one per
+    file, role and shape class, of the eligible tensors (``candidates``: :func:`_candidates`,
+    ``eligible``: those with a positive RMS, worked out unless given)."""
+    if candidates is None:
+        candidates = _candidates(table)
+    if eligible is None:
+        eligible = candidates & _positive(table)
+    roles = table.role_codes
+    gradient = roles == ROLES.index(Role.GRADIENT)
+    weight = roles == ROLES.index(Role.WEIGHT)
+    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
+    # and of matrices sit decades apart in healthy models; weights are matrices only.
+    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), np.where(weight, 2, 0))
+    indices = np.flatnonzero(eligible)
+    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
+    keys += shape_class[indices]
+    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    members = tuple(
+        indices[keys == unique[key_index]]
+        for key_index in np.argsort(first, kind="stable").tolist()  # in first-seen order
+        if counts[key_index] >= OUTLIER_MIN_TENSORS
+    )
+    return OutlierGroups(candidates, eligible, members, shape_class)
+
+
+def _candidates(table: StatsTable) -> np.ndarray:
+    """The tensors compared at all, by role and shape: gradients and weight matrices.
+
+    Optimizer state is left out: its moments mirror the gradients, whose health the
+    per-parameter estimates already judge, and an outlier there would only repeat it.
+    1-D weights (biases, normalisation scales) are not compared either: they start at 0
+    and 1 by design, and a bias a few steps from its zero initialisation sat 2+ decades
+    below the matrices in every healthy Trainer checkpoint of the corpus (corpus/).
+    """
+    roles = table.role_codes
+    candidates: np.ndarray = (roles == ROLES.index(Role.GRADIENT)) | (
+        (roles == ROLES.index(Role.WEIGHT)) & (table.ranks > 1)
+    )
+    return candidates
+
+
+def _positive(table: StatsTable) -> np.ndarray:
+    """The tensors with a positive RMS (one of 0 or none, nothing finite: other checks)."""
+    with np.errstate(invalid="ignore"):
+        positive: np.ndarray = table.rms > 0  # NaN (no finite element) compares False
+    return positive
 
 
 def find_outliers(
     tensors: Sequence[TensorStats],
     thresholds: Thresholds,
     findings_so_far: Sequence[Finding] = (),
+    groups: OutlierGroups | None = None,
 ) -> tuple[tuple[Finding, ...], tuple[OutlierReference, ...]]:
     """Tensors whose RMS sits far from the others of their role in their file.
 
@@ -50,45 +123,37 @@ def find_outliers(
     have a magnitude finding in ``findings_so_far`` (exploding, vanishing, all-zero):
     the outlier check is for what an absolute threshold cannot see.
 
+    ``groups``: :func:`outlier_groups` of an earlier table of the same tensors (names,
+    shapes, roles, sources: :mod:`gradaudit.scan.layout`), taken when they were formed
+    from the same eligible tensors as this table's, else the tensors are grouped again.
+
     Computed on the columns (:class:`~gradaudit.results.stats_table.StatsTable`): the logs with
     ``math.log10`` and the medians as :func:`statistics.median` takes them (the mean of
     the two middle values), so the numbers are those of a loop over the tensors.
     """
     table = table_of(tensors)
+    # The layout's groups are of the same roles and shapes: only the RMS signs may differ.
+    candidates = _candidates(table) if groups is None else groups.candidates
+    eligible = candidates & _positive(table)
+    if groups is None or not np.array_equal(groups.eligible, eligible):
+        groups = outlier_groups(table, candidates, eligible)
+    if not groups.members:
+        return (), ()
     magnitude = (FindingKind.EXPLODING, FindingKind.VANISHING, FindingKind.ALL_ZERO)
     # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
     # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
     already = np.zeros(len(table), dtype=bool)
     already[flagged_indices(table, findings_so_far, magnitude)] = True
     rms = table.rms
-    with np.errstate(invalid="ignore"):
-        eligible = rms > 0  # NaN (no finite element) compares False
     roles = table.role_codes
-    eligible &= np.isin(roles, [ROLES.index(role) for role in _OUTLIER_ROLES])
-    # 1-D weights (biases, normalisation scales) are not compared at all: they start at 0
-    # and 1 by design, and a bias a few steps from its zero initialisation sat 2+ decades
-    # below the matrices in every healthy Trainer checkpoint of the corpus (corpus/).
-    weight = roles == ROLES.index(Role.WEIGHT)
-    eligible &= ~(weight & (table.ranks <= 1))
-    # The group a tensor is compared within: gradients of vectors (biases, norm scales)
-    # and of matrices sit decades apart in healthy models; weights are matrices only.
-    gradient = roles == ROLES.index(Role.GRADIENT)
-    shape_class = np.where(gradient, np.where(table.ranks <= 1, 1, 2), np.where(weight, 2, 0))
-    indices = np.flatnonzero(eligible)
-    keys = (table.source_codes[indices].astype(np.int64) * len(ROLES) + roles[indices]) * 3
-    keys += shape_class[indices]
-    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
-    labels = ("all", "1-D", "2-D+")
+    shape_class = groups.shape_class
     findings: list[Finding] = []
     references: list[OutlierReference] = []
-    for key_index in np.argsort(first, kind="stable").tolist():  # groups in first-seen order
-        if counts[key_index] < OUTLIER_MIN_TENSORS:
-            continue
-        members = indices[keys == unique[key_index]]
+    for members in groups.members:
         first_member = int(members[0])
         source = table.sources[table.source_codes[first_member]]
         role = ROLES[roles[first_member]]
-        shapes = labels[int(shape_class[first_member])]
+        shapes = _LABELS[int(shape_class[first_member])]
         member_rms = rms[members]
         logs = _log10(member_rms)
         median = _median(logs)

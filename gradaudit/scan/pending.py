@@ -48,6 +48,7 @@ from gradaudit.precision import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected, Routing
+from gradaudit.scan.layout import LayoutCache
 from gradaudit.scan.reading import read_file
 
 _CPU = torch.device("cpu")
@@ -71,6 +72,22 @@ def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
     for item in tensors:
         name, tensor = item
         yield str(name), tensor
+
+
+def _split(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[torch.Tensor]]:
+    """The names (``str()`` of each) and the tensors of ``(name, tensor)`` pairs, as
+    :func:`_named` gives them, in C loops where every item is a pair: a Python step per
+    item was ~0.3 us a tensor on each of a monitor's steps (issue 28 item 9)."""
+    items = list(tensors)
+    try:
+        pairs = set(map(len, items)) == {2}
+    except TypeError:  # an item with no length: _named says what is wrong
+        pairs = False
+    if not pairs:
+        named = list(_named(items))
+        return [name for name, _ in named], [tensor for _, tensor in named]
+    firsts, values = zip(*items, strict=True)
+    return list(map(str, firsts)), list(values)
 
 
 @dataclass(frozen=True)
@@ -396,9 +413,7 @@ class PendingStats(Collected):
             names: list[str] = list(tensors.keys())
             values: list[torch.Tensor] = list(tensors.values())
         else:
-            pairs = list(_named(tensors))
-            names = [name for name, _ in pairs]
-            values = [tensor for _, tensor in pairs]
+            names, values = _split(tensors)
         codes = self._collector.cpu_native_codes
         segments, others = native_segments(values, codes)
         spelled = {code: _dtype_name(dtype) for dtype, code in codes.items()}
@@ -515,11 +530,15 @@ class PendingStats(Collected):
                 offset += rows
         return host
 
-    def materialize(self, thresholds: Thresholds | None = None) -> Report:
+    def materialize(
+        self, thresholds: Thresholds | None = None, *, layouts: LayoutCache | None = None
+    ) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``.
 
         After the read, the rows are host data: :meth:`Collected.report` judges them
-        (the same code judges the rows of the torch-free scan).
+        (the same code judges the rows of the torch-free scan). ``layouts``: what the
+        last report of the same tensors worked out from their facts alone, to take again
+        (:mod:`gradaudit.scan.layout`; a training loop's monitor).
         """
         host_blocks = self._read()
         # Rows in submission order, with the zeros that bucket padding added taken
@@ -533,6 +552,7 @@ class PendingStats(Collected):
             device=self._device_label(),
             engine=self._collector.engine_used,
             histograms=histograms,
+            layouts=layouts,
         )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:

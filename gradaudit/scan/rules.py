@@ -260,7 +260,7 @@ def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
     gradient = table.role_mask(Role.GRADIENT) & finite
     gradient &= (norm > thresholds.exploding) | (norm < thresholds.vanishing)
     weight = table.role_mask(Role.WEIGHT)
-    if thresholds.cast_check is None:
+    if thresholds.cast_check is None and weight.any():  # a monitor's gradients: no weight
         all_zero = (table.numel > 0) & (table.zeros == table.numel) & (table.ranks >= 2)
         large = weight & finite & ~all_zero
         large[np.flatnonzero(large)] = diverged_weight_mask(table, np.flatnonzero(large))

@@ -141,7 +141,8 @@ class GradientLister:
             return named_gradients(self._params, prefix=self._prefix)
         if self._root is None or not self._unchanged(self._params):
             self._walk(self._params)
-        return [(name, param.grad) for name, param in self._pairs if param.grad is not None]
+        # ``grad`` read once per parameter: a property through torch's C code.
+        return [(name, grad) for name, param in self._pairs if (grad := param.grad) is not None]
 
     def names(self) -> list[str]:
         """The name of every parameter, with or without a gradient, in order (a module's

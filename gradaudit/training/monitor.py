@@ -46,6 +46,7 @@ from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.results.replicas import ReplicaCheck
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.scan.finding_table import FindingTable
+from gradaudit.scan.layout import LayoutCache
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
     GradientLister,
@@ -208,8 +209,10 @@ class MonitorRecord:
         """The findings other than NaN/Inf (exploding, vanishing, outlier …), not ignored,
         on gradients without NaN/Inf (``on_nonfinite`` speaks for those: the norm of
         their finite part says nothing)."""
-        poisoned = set(self.nonfinite)
         findings: Sequence[Finding] | Iterable[Finding] = self.report.findings
+        if not findings:  # a healthy step
+            return ()
+        poisoned = set(self.nonfinite)
         if isinstance(findings, FindingTable):
             # Only the findings that pass the columns' filters are made as objects.
             kept = ~findings.kind_is(*_NONFINITE_KINDS) & ~findings.severity_is(Severity.IGNORED)
@@ -322,6 +325,9 @@ class GradientMonitor:
         self.dumps_written = 0
         self._history: deque[MonitorRecord] = deque(maxlen=history)
         self._collector = StatsCollector()
+        # What judging the gradients takes from their names and shapes alone, kept while
+        # the parameters stay the same (issue 28 item 9).
+        self._layouts = LayoutCache()
         self._pending: tuple[int, PendingStats, GatheredDigests | None] | None = None
         self._next_step = 0
         self.locate: LocateMode = locate
@@ -474,7 +480,7 @@ class GradientMonitor:
     ) -> MonitorRecord:
         """The one host read for step ``collected`` (the gathered digests are read right
         after it); a dump holds the gradients of ``now``."""
-        report = pending.materialize(self.thresholds)
+        report = pending.materialize(self.thresholds, layouts=self._layouts)
         replicas = None if digests is None else digests.read()
         record = MonitorRecord(collected, report, replicas=replicas)
         divergence = None if replicas is None else replicas.divergence

@@ -14,10 +14,12 @@ from gradaudit import (
     GradientMonitor,
     NonFiniteGradientError,
     NonFiniteGradientWarning,
+    Thresholds,
     audit,
     named_gradients,
 )
 from gradaudit.io.safetensors_header import read_header
+from gradaudit.training.monitor import MonitorRecord
 
 
 class Loop:
@@ -338,3 +340,62 @@ def test_record_columns_agree_with_the_objects() -> None:
     assert MonitorRecord(0, healthy).global_norm == math.inf
     finite = audit({"a": torch.ones(4)})
     assert MonitorRecord(0, finite).global_norm == pytest.approx(2.0)
+
+
+def _report_facts(record: object) -> tuple[object, ...]:
+    """Everything a report says, but its timing: tensors, findings, summary, references."""
+    assert isinstance(record, MonitorRecord)
+    report = record.report
+    return (
+        list(report.tensors),
+        list(report.findings),
+        report.summary,
+        report.outlier_references,
+        report.files,
+        report.limit_findings,
+        record.global_norm,
+        record.norms,
+        record.nonfinite,
+        record.findings,
+    )
+
+
+def test_a_reused_monitor_reports_what_a_fresh_one_does_as_its_parameters_change() -> None:
+    # A monitor keeps what judging takes from its parameters' names and shapes between
+    # steps (gradaudit.scan.layout); each change of the parameter list must be seen.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(6, 6) for _ in range(10)))
+    reused = GradientMonitor(model, every=1, sync=True, dump_dir=None, on_finding="ignore")
+
+    def give(scale: dict[str, float] | None = None) -> None:
+        for name, param in model.named_parameters():
+            param.grad = torch.randn_like(param) * 1e-2 * (scale or {}).get(name, 1.0)
+
+    def check() -> None:
+        fresh = GradientMonitor(model, every=1, sync=True, dump_dir=None, on_finding="ignore")
+        assert _report_facts(reused.step()) == _report_facts(fresh.step())
+
+    give()
+    check()
+    give({"3.weight": 1e6, "4.bias": 1e-12})  # the same layout: an outlier, a vanishing one
+    check()
+    model.append(torch.nn.Linear(6, 6))  # a parameter added
+    give()
+    check()
+    model[2].weight.grad = None  # a gradient becoming None
+    check()
+    model[5].double()  # a dtype changed
+    give()
+    check()
+    model[7].weight.grad = torch.zeros_like(model[7].weight)  # its RMS 0: out of its group
+    check()
+    model[7].weight.grad = None  # and back to the first layout but one gradient
+    model[2].weight.grad = torch.ones_like(model[2].weight)
+    check()
+    reused.thresholds = Thresholds(exploding=1e-3)  # other thresholds: every gradient explodes
+    check_thresholds = GradientMonitor(
+        model, every=1, sync=True, dump_dir=None, on_finding="ignore", thresholds=reused.thresholds
+    )
+    assert _report_facts(reused.step()) == _report_facts(check_thresholds.step())
+    assert reused.last is not None
+    assert reused.last.report.summary.exploding_tensors > 0
