@@ -16,7 +16,9 @@ before anything is unpickled:
 * after loading, :func:`check_storages` verifies that each tensor storage lies exactly on
   its zip member.
 
-Nothing here writes to the file, locks it or keeps it open.
+Nothing here writes to the file, locks it or keeps it open, and only :func:`check_storages`
+needs torch: the torch-free scan (:mod:`gradaudit.io.zip_checkpoint`) checks containers
+with the same code.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.files import describe_os_error, open_checked, show
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard
+
+if TYPE_CHECKING:
+    import torch
 
 #: CRC-32 is computed over slices of this many bytes (a view into the map, never a copy).
 CRC_CHUNK_BYTES = 64 << 20
@@ -231,6 +235,8 @@ def check_storages(path: str, archive: TorchZip, tensors: Iterable[torch.Tensor]
     ``data.pkl`` could make a tensor read the bytes of its neighbours. If this torch does
     not record offsets, there is nothing to compare and the check is skipped.
     """
+    import torch  # start-up: the container checks above serve the torch-free scan too
+
     by_offset = {member.offset: member for member in archive.records.values()}
     seen: set[int] = set()
     for tensor in tensors:
