@@ -92,10 +92,16 @@ _STRING_OVERHEAD = 64
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
 
-def budget_problem(data: bytes | memoryview | BinaryIO, max_pickles: int = 1) -> str | None:
+def budget_problem(
+    data: bytes | memoryview | BinaryIO, max_pickles: int = 1, seen: set[str] | None = None
+) -> str | None:
     """Why the ``max_pickles`` consecutive pickles at the start of ``data`` (bytes, or a
     stream at its start: a legacy file, whose storages follow its pickles) must not be
     unpickled, or ``None`` when they fit the budget (see the module docstring).
+
+    ``seen``, when given, receives the name of every opcode walked: the torch-free reader
+    (:mod:`gradaudit.io.zip_checkpoint`) takes only those torch's own loader supports,
+    and learns it from this walk rather than a second one.
 
     The budget grows with the bytes walked so far, so bytes after the pickles (a legacy
     file's storages) buy nothing.
@@ -110,6 +116,8 @@ def budget_problem(data: bytes | memoryview | BinaryIO, max_pickles: int = 1) ->
             for opcode, arg, pos in pickletools.genops(stream):
                 name = opcode.name
                 ops += 1
+                if seen is not None:
+                    seen.add(name)
                 cost += _COST.get(name, _STACK_SLOT)
                 if name in _STRINGS:
                     cost += _STRING_OVERHEAD + len(arg)  # type: ignore[arg-type]

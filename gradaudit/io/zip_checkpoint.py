@@ -94,6 +94,46 @@ DTYPE_SIZES: dict[str, int] = {
     "bool": 1,
 }
 
+#: The pickle opcodes read here: those torch's weights-only loader supports (it refuses a
+#: protocol-4 ``FRAME`` that Python's unpickler would read), less ``EMPTY_SET`` and
+#: ``SHORT_BINSTRING``, which no ``torch.save`` writes.
+TORCH_OPCODES = frozenset(
+    {
+        "PROTO",
+        "STOP",
+        "GLOBAL",
+        "NEWOBJ",
+        "REDUCE",
+        "BUILD",
+        "APPEND",
+        "APPENDS",
+        "SETITEM",
+        "SETITEMS",
+        "MARK",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "NONE",
+        "NEWFALSE",
+        "NEWTRUE",
+        "EMPTY_TUPLE",
+        "EMPTY_LIST",
+        "EMPTY_DICT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "BINFLOAT",
+        "BINUNICODE",
+        "BINPERSID",
+        "BINGET",
+        "LONG_BINGET",
+        "BINPUT",
+        "LONG_BINPUT",
+        "LONG1",
+    }
+)
+
 _FLOATING = frozenset({"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 
 
@@ -335,9 +375,12 @@ class MappedZipCheckpoint:
         self._archive = archive
         self._identity = identity
         data = self._member_bytes(archive.records["data.pkl"])
-        problem = budget_problem(data)
+        opcodes: set[str] = set()
+        problem = budget_problem(data, seen=opcodes)
         if problem is not None:
             raise InputError(path, problem)
+        if not opcodes <= TORCH_OPCODES:
+            raise NotTorchFree(f"pickle opcodes {sorted(opcodes - TORCH_OPCODES)}")
         byteorder = archive.records.get("byteorder")
         if byteorder is None or self._member_bytes(byteorder) != b"little":
             raise NotTorchFree("not a little-endian checkpoint")
