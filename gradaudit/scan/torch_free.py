@@ -114,17 +114,19 @@ def applies(
     return text == "cpu" or (text == "auto" and not gpu_may_exist())
 
 
-def takes(entries: Iterable[Expanded]) -> bool:
-    """Whether every expanded input is a safetensors file or index, or a file with a
-    ``torch.save`` ending (or skipped, or bad): a checkpoint the torch-free reader
-    declines raises :class:`NeedsTorch` when it is read."""
+def takes(entries: Iterable[Expanded], *, pickles: bool = False) -> bool:
+    """Whether every expanded input is a safetensors file or index (or skipped, or bad);
+    with ``pickles`` (``scan``'s), a file with a ``torch.save`` ending too: a checkpoint
+    the torch-free reader declines raises :class:`NeedsTorch` when it is read.
+    ``compare`` and ``trend`` read ``.pt`` files with torch, as before."""
+    kinds = ("safetensors", "index", "pickle") if pickles else ("safetensors", "index")
     for entry in entries:
         if not isinstance(entry, FileInput):
             continue
         path = entry.path
         if is_dcp_directory(path) or is_trainer_checkpoint(path) or is_deepspeed_checkpoint(path):
             return False
-        if input_kind(path) not in ("safetensors", "index", "pickle"):
+        if input_kind(path) not in kinds:
             return False
     return True
 
