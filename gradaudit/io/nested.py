@@ -48,7 +48,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.files import plain_number, show
@@ -69,7 +69,7 @@ MAX_DEPTH = 64
 Tensor = Any
 
 
-def is_tensor(value: object) -> bool:
+def is_tensor(value: object) -> TypeGuard[Tensor]:
     """Whether ``value`` is a tensor: a :class:`StoredTensor`, or a ``torch.Tensor`` once
     torch is imported (none can exist before)."""
     if type(value) is StoredTensor:
@@ -91,6 +91,7 @@ def _hides_values(tensor: Tensor) -> bool:
     from gradaudit.engine.dtypes import hides_values  # torch is imported already here
 
     return hides_values(tensor.dtype)
+
 
 #: Keys a Lightning checkpoint stores its trainer's bookkeeping under: callback state
 #: (``ModelCheckpoint``'s ``kth_value`` is ``inf`` until a top-k exists, ``EarlyStopping``'s
@@ -195,10 +196,7 @@ def _tensor_bearing(root: object) -> set[int]:
     while stack:
         value, leaving = stack.pop()
         if leaving:
-            if any(
-                is_tensor(child) or id(child) in bearing
-                for _, child in _children(value)
-            ):
+            if any(is_tensor(child) or id(child) in bearing for _, child in _children(value)):
                 bearing.add(id(value))
             continue
         if not _is_container(value) or id(value) in entered:
@@ -390,9 +388,7 @@ def _estimate_basis(
     """
     step_value = entry.get("step")
     step = plain_number(step_value)
-    step_tensor = (
-        step_value if is_tensor(step_value) and step_value.numel() == 1 else None
-    )
+    step_tensor = step_value if is_tensor(step_value) and step_value.numel() == 1 else None
     betas = group.get("betas")
     beta1 = beta2 = None
     if isinstance(betas, list | tuple) and len(betas) == 2:
@@ -505,7 +501,7 @@ def _stored_elements(tensor: Tensor) -> int | None:
     if tensor.layout is not torch.strided or tensor.is_quantized or tensor.device.type == "meta":
         return None
     try:
-        return tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+        return int(tensor.untyped_storage().nbytes()) // max(int(tensor.element_size()), 1)
     except (RuntimeError, NotImplementedError):  # a storage-less subclass
         return None
 

@@ -210,6 +210,12 @@ class StoredTensor(_Inert):
             return None
         return (id(self.storage), self.offset, self.shape, self.stride, self.dtype)
 
+    def span(self) -> int:
+        """Elements from the first to one past the last the view reads (0 when empty)."""
+        if not self.numel():
+            return 0
+        return 1 + sum((n - 1) * step for n, step in zip(self.shape, self.stride, strict=True))
+
     def is_contiguous(self) -> bool:
         """torch's rule: dimensions of size 1 may have any stride."""
         expected = 1
@@ -226,16 +232,10 @@ def _check_ints(values: object) -> tuple[int, ...]:
     return values
 
 
-def _rebuild(
-    storage: object,
-    offset: object,
-    size: object,
-    stride: object,
-    requires_grad: object,
-    hooks: object,
-    dtype: str | None,
-    metadata: object = None,
-) -> StoredTensor:
+def _rebuild(storage: object, args: tuple[object, ...], dtype: str | None) -> StoredTensor:
+    """``args``: offset, size, stride, requires_grad, backward hooks[, metadata]."""
+    offset, size, stride, requires_grad, hooks = args[:5]
+    metadata = args[5] if len(args) > 5 else None
     if not isinstance(storage, StoredStorage) or type(offset) is not int or offset < 0:
         raise NotTorchFree("a tensor without a plain storage")
     if type(requires_grad) is not bool or hooks not in ({}, None) or metadata not in ({}, None):
@@ -250,7 +250,7 @@ def _rebuild_v2(storage: object, *args: object) -> StoredTensor:
     """``torch._utils._rebuild_tensor_v2``: the dtype is the typed storage's."""
     if not isinstance(storage, StoredStorage) or len(args) not in (5, 6):
         raise NotTorchFree("an unexpected _rebuild_tensor_v2 call")
-    return _rebuild(storage, *args[:5], storage.typed, *args[5:])
+    return _rebuild(storage, args, storage.typed)
 
 
 def _rebuild_v3(storage: object, *args: object) -> StoredTensor:
@@ -260,7 +260,7 @@ def _rebuild_v3(storage: object, *args: object) -> StoredTensor:
     dtype = args[5]
     if not isinstance(dtype, _Dtype) or storage.typed is not None:
         raise NotTorchFree("an unexpected _rebuild_tensor_v3 call")
-    return _rebuild(storage, *args[:5], dtype.name, *args[6:])
+    return _rebuild(storage, (*args[:5], *args[6:]), dtype.name)
 
 
 _GLOBALS: dict[tuple[str, str], Any] = {
@@ -347,11 +347,7 @@ def _check_plain(root: object) -> list[StoredTensor]:
 
 def _check_view(tensor: StoredTensor) -> None:
     """The bounds torch checks when it sets a tensor on its storage; declined, not judged."""
-    last = tensor.offset
-    if tensor.numel():
-        last += sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride))
-        last += 1
-    if last * tensor.itemsize > tensor.storage.nbytes:
+    if (tensor.offset + tensor.span()) * tensor.itemsize > tensor.storage.nbytes:
         raise NotTorchFree("a view past the end of its storage")
 
 
@@ -431,20 +427,20 @@ class MappedZipCheckpoint:
         if not count:
             return 0, None
         mapped = self._mapped()
+        assert mapped.mapping is not None  # a tensor with elements: the file is not empty
         itemsize = tensor.itemsize
         start = self._members[id(tensor.storage)].offset + tensor.offset * itemsize
         if tensor.is_contiguous():
             if start % itemsize == 0:
                 return mapped.address + start, mapped.mapping
-            raw = np.frombuffer(mapped.mapping, np.uint8, count * itemsize, start)  # type: ignore[call-overload]
+            raw = np.frombuffer(mapped.mapping, np.uint8, count * itemsize, start)
             copy = raw.copy()
             return int(copy.ctypes.data), copy
         if count > small:
             raise NotTorchFree("a large strided view")
         # Opaque elements of the dtype's size (numpy has no bfloat16 or fp8), copied in
         # C order as torch's ``contiguous()`` copies them; any alignment will do.
-        span = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride)) + 1
-        base = np.frombuffer(mapped.mapping, np.uint8, span * itemsize, start)  # type: ignore[call-overload]
+        base = np.frombuffer(mapped.mapping, np.uint8, tensor.span() * itemsize, start)
         view = np.lib.stride_tricks.as_strided(
             base.view(np.dtype(f"V{itemsize}")),
             shape=tensor.shape,
@@ -463,4 +459,3 @@ class MappedZipCheckpoint:
             if guard.changed():
                 raise InputError(self.path, CHANGED_SIZE)
         check_path(self.path, self._identity)
-

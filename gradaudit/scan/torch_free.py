@@ -41,8 +41,8 @@ from gradaudit.engine import native_rows
 from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS, NativeBatch
 from gradaudit.engine.options import Engine
 from gradaudit.errors import OutputError, UsageError
+from gradaudit.io.base import Excluded, SourceItem
 from gradaudit.io.discover import Expanded, FileInput, input_kind
-from gradaudit.io.base import Excluded
 from gradaudit.io.files import FileIdentity, check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
 from gradaudit.io.nested import walk_checkpoint
@@ -299,14 +299,14 @@ class NativeScan(Collected):
     def _checkpoint_item(
         self,
         source: MappedZipCheckpoint,
-        item: object,
+        item: SourceItem,
         hints: dict[str, TensorHint],
         path: str,
         progress: Callable[[int], None] | None,
         routing: Routing | None,
     ) -> None:
         """One item of the walk, as ``reading.read_file`` and ``PendingStats.queue`` take it."""
-        name = item[0] if isinstance(item, tuple) else item.name  # type: ignore[attr-defined]
+        name = item[0] if isinstance(item, tuple) else item.name
         label = self._route(name, path, routing)
         if label is None:
             return
@@ -316,10 +316,12 @@ class NativeScan(Collected):
         if isinstance(item, Skipped):
             self.skip(dataclasses.replace(item, source=label))
             return
-        name, tensor = item  # type: ignore[misc]
-        assert isinstance(tensor, StoredTensor)
+        assert isinstance(item, tuple) and isinstance(item[1], StoredTensor)
+        name, tensor = item[0], item[1]
         hint = hints.get(name)
-        if hint is not None and (hint.basis is not None or hint.role is Role.OPTIMIZER_SECOND_MOMENT):
+        if hint is not None and (
+            hint.basis is not None or hint.role is Role.OPTIMIZER_SECOND_MOMENT
+        ):
             # Its gradient estimate and checks take extra rows from torch's reductions.
             raise NotTorchFree("optimizer state with a gradient estimate")
         kernel = self._codes_by_name.get(tensor.dtype)

@@ -30,7 +30,9 @@ class _Calls:
 
 
 def _open(path: Path) -> MappedZipCheckpoint:
-    return MappedZipCheckpoint(str(path), inspect_torch_zip(str(path)), FileIdentity.of(path.stat()))
+    return MappedZipCheckpoint(
+        str(path), inspect_torch_zip(str(path)), FileIdentity.of(path.stat())
+    )
 
 
 def test_a_state_dict_becomes_stored_tensors(tmp_path: Path) -> None:
