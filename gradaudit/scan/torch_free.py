@@ -316,8 +316,9 @@ class NativeScan(Collected):
         if isinstance(item, Skipped):
             self.skip(dataclasses.replace(item, source=label))
             return
-        assert isinstance(item, tuple) and isinstance(item[1], StoredTensor)
+        assert isinstance(item, tuple)
         name, tensor = item[0], item[1]
+        assert isinstance(tensor, StoredTensor)
         hint = hints.get(name)
         if hint is not None and (
             hint.basis is not None or hint.role is Role.OPTIMIZER_SECOND_MOMENT
