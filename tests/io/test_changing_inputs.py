@@ -61,7 +61,8 @@ TRUNCATING_RUN = textwrap.dedent(
     real_item = torch_free.NativeScan._checkpoint_item
     def item_then_truncate(self, source, *args):
         real_item(self, source, *args)
-        if os.path.basename(source.path).startswith("victim") and os.path.getsize(source.path) > 4096:
+        victim = os.path.basename(source.path).startswith("victim")
+        if victim and os.path.getsize(source.path) > 4096:
             os.truncate(source.path, 4096)
             print("torch-free", file=open(os.environ["MARK"], "a"))
     torch_free.NativeScan._checkpoint_item = item_then_truncate
