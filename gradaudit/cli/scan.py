@@ -285,7 +285,7 @@ def _scan_without_torch(
     if not torch_free.applies(device=device, engine=engine_options.engine, precision=precision):
         return None
     entries = list(expand_inputs(paths, recursive=recursive))
-    if not torch_free.takes(entries):
+    if not torch_free.takes(entries, pickles=True):
         return None
     try:
         with progress_bar(*bar) as advance:

@@ -30,6 +30,9 @@ ABI = 4
 #: too saves a thread launch per tensor; the batch only holds references.
 NATIVE_BATCH_TENSORS = 2048
 NATIVE_BATCH_BYTES = 64 * 1024 * 1024
+#: Tensors up to this many elements are bucketed rather than reduced one by one; a strided
+#: one is copied contiguous for the native kernel (the torch-free scan copies the same ones).
+BUCKET_MAX_ELEMENTS = 1 << 16
 
 
 def _load() -> ModuleType | None:

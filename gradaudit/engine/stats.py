@@ -62,6 +62,7 @@ from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS as BUCKET_MAX_ELEMENTS
 from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
 from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
 from gradaudit.engine.native_rows import NativeBatch, native_threads
@@ -83,8 +84,6 @@ from gradaudit.results.row import row_norm as row_norm
 DEFAULT_CHUNK_ELEMENTS = 1 << 18
 #: The compiled kernel makes a single pass, so it takes larger chunks to amortise its call cost.
 COMPILED_CHUNK_ELEMENTS = 1 << 22
-#: Tensors up to this many elements are bucketed rather than reduced one by one.
-BUCKET_MAX_ELEMENTS = 1 << 16
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
 #: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32

@@ -6,11 +6,12 @@ import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from gradaudit.results import Skipped
+
+if TYPE_CHECKING:  # the torch-free scan imports Excluded: no torch at start-up
+    import torch
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class TensorRun:
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The run as ordinary named tensors (views of :attr:`data`), for other consumers."""
         base = self.data.data_ptr()
+        import torch  # start-up: see the import at the top
+
         flat = self.data.view(torch.uint8)
         size = self.dtype.itemsize
         dims = iter(self.dims)
@@ -93,10 +96,10 @@ class Pieces:
 
 #: What a reader yields: a named tensor to audit, a tensor in pieces, a value it could not
 #: audit, or a name the selection left out.
-SourceItem = tuple[str, torch.Tensor] | Pieces | Skipped | Excluded
+SourceItem: TypeAlias = "tuple[str, torch.Tensor] | Pieces | Skipped | Excluded"
 
 #: What :meth:`RunSource.runs` yields: the same, or a run of small tensors.
-RunItem = SourceItem | TensorRun
+RunItem: TypeAlias = "SourceItem | TensorRun"
 
 #: Decides from a tensor's name whether it is audited (see :class:`gradaudit.selection.NameFilter`).
 Select = Callable[[str], bool]

@@ -33,18 +33,26 @@ parentheses: ``optimizer.state.3.exp_avg (encoder.weight)``. The rules, strictes
 
 ``--include``/``--exclude`` patterns are matched against the path name, without the
 parenthesised parameter.
+
+**Without torch.** The same walk serves the structure :mod:`gradaudit.io.zip_checkpoint`
+unpickles without torch, whose tensors are :class:`~gradaudit.io.zip_checkpoint.StoredTensor`
+records: every question asked of a tensor here (:func:`is_tensor`, :func:`_tensor_key`,
+:func:`_stored_elements` ...) has the same answer for both, so the names, skips and hints
+of both scan paths are one implementation. This module never imports torch: a
+``torch.Tensor`` can only exist once torch is imported, so it is looked up in
+``sys.modules``.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
-import torch
-
-from gradaudit.engine.dtypes import hides_values
 from gradaudit.io.base import Excluded, Select, SourceItem
 from gradaudit.io.files import plain_number, show
+from gradaudit.io.zip_checkpoint import StoredTensor
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
 from gradaudit.results.roles import EstimateBasis, TensorHint
@@ -57,7 +65,33 @@ ROOT_NAME = "<root>"
 #: nest lists a million deep, and no real checkpoint comes close.
 MAX_DEPTH = 64
 
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+#: A ``torch.Tensor`` or a :class:`StoredTensor` (annotated loosely: torch is not imported).
+Tensor = Any
+
+
+def is_tensor(value: object) -> TypeGuard[Tensor]:
+    """Whether ``value`` is a tensor: a :class:`StoredTensor`, or a ``torch.Tensor`` once
+    torch is imported (none can exist before)."""
+    if type(value) is StoredTensor:
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_floating(tensor: Tensor) -> bool:
+    if type(tensor) is StoredTensor:
+        return tensor.is_floating_point
+    return bool(tensor.dtype.is_floating_point)
+
+
+def _hides_values(tensor: Tensor) -> bool:
+    """:func:`gradaudit.engine.dtypes.hides_values` of the tensor's dtype."""
+    if type(tensor) is StoredTensor:
+        return tensor.is_floating_point  # it knows no complex dtype
+    from gradaudit.engine.dtypes import hides_values  # torch is imported already here
+
+    return hides_values(tensor.dtype)
+
 
 #: Keys a Lightning checkpoint stores its trainer's bookkeeping under: callback state
 #: (``ModelCheckpoint``'s ``kth_value`` is ``inf`` until a top-k exists, ``EarlyStopping``'s
@@ -109,9 +143,12 @@ def _bookkeeping(root: object) -> dict[int, str]:
 
 def _is_container(value: object) -> bool:
     # torch.Size is a tuple of ints: a value, not a structure to walk.
-    return isinstance(value, dict | list) or (
-        isinstance(value, tuple) and not isinstance(value, torch.Size)
-    )
+    if isinstance(value, dict | list):
+        return True
+    if not isinstance(value, tuple):
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not isinstance(value, torch.Size)
 
 
 def _key_text(key: object) -> str:
@@ -159,10 +196,7 @@ def _tensor_bearing(root: object) -> set[int]:
     while stack:
         value, leaving = stack.pop()
         if leaving:
-            if any(
-                isinstance(child, torch.Tensor) or id(child) in bearing
-                for _, child in _children(value)
-            ):
+            if any(is_tensor(child) or id(child) in bearing for _, child in _children(value)):
                 bearing.add(id(value))
             continue
         if not _is_container(value) or id(value) in entered:
@@ -245,12 +279,12 @@ def _optimizer_groups(value: object) -> list[object] | None:
     return groups
 
 
-def _floating_tensors(value: dict[object, object]) -> list[tuple[str, torch.Tensor]] | None:
+def _floating_tensors(value: dict[object, object]) -> list[tuple[str, Tensor]] | None:
     """The floating-point tensors of a flat state dict (text keys, tensor values), else None."""
-    pairs = [(k, v) for k, v in value.items() if isinstance(k, str) and isinstance(v, torch.Tensor)]
+    pairs = [(k, v) for k, v in value.items() if isinstance(k, str) and is_tensor(v)]
     if not pairs or len(pairs) != len(value):
         return None
-    floats = [(k, v) for k, v in pairs if v.dtype.is_floating_point]
+    floats = [(k, v) for k, v in pairs if _is_floating(v)]
     return floats or None
 
 
@@ -276,7 +310,7 @@ def _names_from_groups(groups: list[object]) -> dict[object, str]:
 def _names_by_position(
     state: dict[object, object],
     groups: list[object],
-    models: list[tuple[str | None, list[tuple[str, torch.Tensor]]]],
+    models: list[tuple[str | None, list[tuple[str, Tensor]]]],
 ) -> dict[object, str]:
     """Rule 2: position in the only state dict, when counts and every shape agree."""
     if len(groups) != 1 or len(models) != 1 or not isinstance(groups[0], dict):
@@ -288,7 +322,7 @@ def _names_by_position(
     for index, entry in state.items():
         if type(index) is not int or not 0 <= index < len(tensors):
             return {}
-        non_scalar = [t for _, t in _children(entry) if isinstance(t, torch.Tensor) and t.dim() > 0]
+        non_scalar = [t for _, t in _children(entry) if is_tensor(t) and t.dim() > 0]
         if not non_scalar:
             continue
         if not any(t.shape == tensors[index][1].shape for t in non_scalar):
@@ -302,7 +336,7 @@ def _names_by_position(
 def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
     """Find ``torch.optim`` state dicts; tie their entries to parameter names where unambiguous."""
     optimizers: list[tuple[dict[object, object], list[object]]] = []
-    flat: list[tuple[str | None, int, list[tuple[str, torch.Tensor]]]] = []
+    flat: list[tuple[str | None, int, list[tuple[str, Tensor]]]] = []
     seen: set[int] = set()
     for node in _plan(root, bearing):
         value = node.value
@@ -344,7 +378,7 @@ def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
 
 
 def _estimate_basis(
-    key: str, tensor: torch.Tensor, group: dict[object, object], entry: dict[object, object]
+    key: str, tensor: Tensor, group: dict[object, object], entry: dict[object, object]
 ) -> EstimateBasis | None:
     """How to read a gradient estimate from the state tensor ``entry[key]``, if one can be.
 
@@ -354,9 +388,7 @@ def _estimate_basis(
     """
     step_value = entry.get("step")
     step = plain_number(step_value)
-    step_tensor = (
-        step_value if isinstance(step_value, torch.Tensor) and step_value.numel() == 1 else None
-    )
+    step_tensor = step_value if is_tensor(step_value) and step_value.numel() == 1 else None
     betas = group.get("betas")
     beta1 = beta2 = None
     if isinstance(betas, list | tuple) and len(betas) == 2:
@@ -378,7 +410,7 @@ def _estimate_basis(
         )
     if key == "row_var":
         columns = entry.get("col_var")
-        if isinstance(columns, torch.Tensor) and columns.dim() >= 1:
+        if is_tensor(columns) and columns.dim() >= 1:
             return EstimateBasis(
                 "mean_sq", scale=float(columns.shape[-1]), step=step, step_tensor=step_tensor
             )
@@ -396,7 +428,7 @@ def _estimate_basis(
     return None
 
 
-def _role_hint(node: _Node, tensor: torch.Tensor, optimizers: _Optimizers) -> TensorHint | None:
+def _role_hint(node: _Node, tensor: Tensor, optimizers: _Optimizers) -> TensorHint | None:
     """What the structure around a tensor says it is (see :mod:`gradaudit.roles`)."""
     name = node.name or ""
     if node.entry is not None:
@@ -439,8 +471,11 @@ class _Names:
         return candidate
 
 
-def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...] | None:
+def _tensor_key(tensor: Tensor) -> tuple[object, ...] | None:
     """What makes two tensor objects the same data, or None when that cannot be told cheaply."""
+    if type(tensor) is StoredTensor:
+        return tensor.key()
+    torch = sys.modules["torch"]
     if tensor.layout is not torch.strided or tensor.is_quantized or tensor.numel() == 0:
         return None
     if tensor.device.type == "meta":
@@ -458,17 +493,20 @@ def _tensor_key(tensor: torch.Tensor) -> tuple[object, ...] | None:
     )
 
 
-def _stored_elements(tensor: torch.Tensor) -> int | None:
+def _stored_elements(tensor: Tensor) -> int | None:
     """How many elements the tensor's storage holds, where that can be told cheaply."""
+    if type(tensor) is StoredTensor:
+        return tensor.stored_elements()
+    torch = sys.modules["torch"]
     if tensor.layout is not torch.strided or tensor.is_quantized or tensor.device.type == "meta":
         return None
     try:
-        return tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+        return int(tensor.untyped_storage().nbytes()) // max(int(tensor.element_size()), 1)
     except (RuntimeError, NotImplementedError):  # a storage-less subclass
         return None
 
 
-def expanded_view(tensor: torch.Tensor) -> str | None:
+def expanded_view(tensor: Tensor) -> str | None:
     """What is wrong with a tensor that has more elements than its storage holds, or None.
 
     ``torch.zeros(1).expand(2**40)`` is 1.5 KB on disk: reducing it would read (or copy)
@@ -483,13 +521,15 @@ def expanded_view(tensor: torch.Tensor) -> str | None:
 
 
 def _tensor_skip_reason(
-    node: _Node, tensor: torch.Tensor, seen: dict[tuple[object, ...], str]
+    node: _Node, tensor: Tensor, seen: dict[tuple[object, ...], str]
 ) -> str | None:
     """Why a tensor is not audited here (dtype and layout are left to the engine)."""
-    if type(tensor) not in _PLAIN_TENSOR_TYPES:
-        return f"tensor subclass {type(tensor).__name__}; not audited"
-    if tensor.device.type == "meta":
-        return "meta tensor (it holds no data); not audited"
+    if type(tensor) is not StoredTensor:
+        torch = sys.modules["torch"]
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return f"tensor subclass {type(tensor).__name__}; not audited"
+        if tensor.device.type == "meta":
+            return "meta tensor (it holds no data); not audited"
     if node.in_optimizer_entry and tensor.dim() == 0 and (node.name or "").endswith(".step"):
         return "optimizer step counter; not audited"
     expanded = expanded_view(tensor)
@@ -543,21 +583,21 @@ def walk_checkpoint(
         shown = names.unique(name if node.param is None else f"{name} ({node.param})")
         if container_reason is not None:
             yield Skipped(shown, container_reason, source)
-        elif isinstance(value, torch.Tensor):
+        elif is_tensor(value):
             reason = _tensor_skip_reason(node, value, tensors)
             if reason is not None:
                 # A subclass or an expanded view is skipped with its values unread (a
                 # ``skipped`` finding); the others hold no data of their own (meta, a step
                 # counter, a tensor already audited).
                 unread = reason.startswith(("tensor subclass", "an expanded view")) and (
-                    hides_values(value.dtype)
+                    _hides_values(value)
                 )
                 yield Skipped(shown, reason, source, unread)
                 continue
             key = _tensor_key(value)
             if key is not None:
                 tensors[key] = shown
-            if value.is_quantized:
+            if type(value) is not StoredTensor and value.is_quantized:
                 # Judged as the values it stands for: a NaN or Inf scale makes every value
                 # NaN/Inf, which the integer codes alone would hide.
                 value = value.dequantize()
@@ -570,8 +610,8 @@ def walk_checkpoint(
             yield Skipped(shown, f"{_describe(value)}, not a tensor; not audited", source)
 
 
-def iter_tensors(obj: object) -> Iterator[torch.Tensor]:
+def iter_tensors(obj: object) -> Iterator[Tensor]:
     """Every tensor object in a loaded checkpoint (meta ones included), each container once."""
     for node in _plan(obj, _tensor_bearing(obj)):
-        if isinstance(node.value, torch.Tensor):
+        if is_tensor(node.value):
             yield node.value

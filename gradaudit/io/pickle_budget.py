@@ -114,10 +114,16 @@ _STEP: dict[pickletools.OpcodeInfo, tuple[int, int]] = {
 }
 
 
-def budget_problem(data: bytes | memoryview | BinaryIO, max_pickles: int = 1) -> str | None:
+def budget_problem(
+    data: bytes | memoryview | BinaryIO, max_pickles: int = 1, seen: set[str] | None = None
+) -> str | None:
     """Why the ``max_pickles`` consecutive pickles at the start of ``data`` (bytes, or a
     stream at its start: a legacy file, whose storages follow its pickles) must not be
     unpickled, or ``None`` when they fit the budget (see the module docstring).
+
+    ``seen``, when given, receives the name of every opcode walked: the torch-free reader
+    (:mod:`gradaudit.io.zip_checkpoint`) takes only those torch's own loader supports,
+    and learns it from this walk rather than a second one.
 
     The budget grows with the bytes walked so far, so bytes after the pickles (a legacy
     file's storages) buy nothing.
@@ -134,6 +140,8 @@ def budget_problem(data: bytes | memoryview | BinaryIO, max_pickles: int = 1) ->
                 # the rest) went from 1.05 to 0.85 s on a 100,000-tensor DCP .metadata.
                 step, kind = _STEP[opcode]
                 ops += 1
+                if seen is not None:
+                    seen.add(opcode.name)
                 cost += step
                 if not kind:
                     pass

@@ -22,7 +22,9 @@ The archive may be a whole file (a ``.pt``) or a byte range of one (a chunk of a
 ``.distcp`` file, which holds one ``torch.save`` archive per chunk): the same checks
 serve both.
 
-Nothing here writes to the file, locks it or keeps it open.
+Nothing here writes to the file, locks it or keeps it open, and only :func:`check_storages`
+needs torch: the torch-free scan (:mod:`gradaudit.io.zip_checkpoint`) checks containers
+with the same code.
 """
 
 from __future__ import annotations
@@ -37,15 +39,17 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from io import BufferedReader
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.files import FileRange, describe_os_error, open_checked, read_at, show
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard
 from gradaudit.io.pickle_budget import budget_problem
+
+if TYPE_CHECKING:
+    import torch
 
 #: CRC-32 is computed over slices of this many bytes (a view into the map, never a copy).
 CRC_CHUNK_BYTES = 64 << 20
@@ -256,6 +260,8 @@ def check_storages(path: str, archive: TorchZip, tensors: Iterable[torch.Tensor]
     ``data.pkl`` could make a tensor read the bytes of its neighbours. If this torch does
     not record offsets, there is nothing to compare and the check is skipped.
     """
+    import torch  # start-up: the container checks above serve the torch-free scan too
+
     by_offset = {member.offset: member for member in archive.records.values()}
     seen: set[int] = set()
     for tensor in tensors:

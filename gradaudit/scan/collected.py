@@ -210,15 +210,17 @@ class Collected:
         dims: Sequence[int],
         dtype: str,
         source: str | None,
+        hint: TensorHint | None = None,
     ) -> None:
-        """The facts of ``len(names)`` tensors of one dtype, a column at a time (no hints)."""
+        """The facts of ``len(names)`` tensors of one dtype, a column at a time (one hint
+        for all of them: a reader that knows one gives one tensor at a time)."""
         count = len(names)
         self._names += names
         self._ranks += array.array("q", ranks) if not isinstance(ranks, array.array) else ranks
         self._dims += array.array("q", dims) if not isinstance(dims, array.array) else dims
         self._dtypes += [dtype] * count
         self._sources += [source] * count
-        self._hints += [None] * count
+        self._hints += [hint] * count
 
     def absorb_facts(self, other: Collected, columns: tuple[str, ...] = ()) -> None:
         """Take ``other``'s facts after this one's (a file read to the end), and the

@@ -11,15 +11,24 @@ torch's thread count), and judges the rows with the same code
 second one: the rows, the merge rule, the judging and the renderers are shared, and
 ``tests/scan/test_torch_free.py`` checks that both paths give identical reports.
 
+Zip ``torch.save`` checkpoints (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) are read the same
+way when their pickle holds only tensors, containers and plain values
+(:mod:`gradaudit.io.zip_checkpoint`): their storages are zip members stored raw, so a
+tensor's address is the map's plus its member's offset, and the walk that names the
+tensors and skips the rest is the torch path's (:func:`gradaudit.io.nested.walk_checkpoint`).
+
 When it applies (:func:`applies`, then :func:`takes`) is decided conservatively; anything
 else takes the torch path unchanged. A file holding a dtype this path cannot report as
-torch would (complex, the fp8 "fnuz" and e8m0 formats, or one this torch may not know)
-raises :class:`NeedsTorch`, and the caller scans everything again with torch.
+torch would (complex, the fp8 "fnuz" and e8m0 formats, or one this torch may not know),
+or a checkpoint the torch-free unpickler declines (a legacy file, another global, optimizer
+state whose gradient estimates need torch's reductions, a large strided view), raises
+:class:`NeedsTorch`, and the caller scans everything again with torch.
 """
 
 from __future__ import annotations
 
 import array
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -29,17 +38,23 @@ from types import SimpleNamespace
 import numpy as np
 
 from gradaudit.engine import native_rows
-from gradaudit.engine.native_rows import NativeBatch
+from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS, NativeBatch
 from gradaudit.engine.options import Engine
 from gradaudit.errors import OutputError, UsageError
+from gradaudit.io.base import Excluded, SourceItem
 from gradaudit.io.discover import Expanded, FileInput, input_kind
-from gradaudit.io.files import check_regular_file
+from gradaudit.io.files import FileIdentity, check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
+from gradaudit.io.nested import walk_checkpoint
 from gradaudit.io.safetensors_header import DTYPE_NAMES, SIZES_BY_CODE
 from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
 from gradaudit.io.sharded import in_shard, validated_shards
-from gradaudit.policy import Thresholds
+from gradaudit.io.sniff import sniff
+from gradaudit.io.torch_zip import inspect_torch_zip
+from gradaudit.io.zip_checkpoint import MappedZipCheckpoint, NotTorchFree, StoredTensor
+from gradaudit.policy import Role, Thresholds
 from gradaudit.results import InputProblem, Report, Skipped
+from gradaudit.results.roles import TensorHint
 from gradaudit.results.row import ROW_WIDTH, skip_reason
 from gradaudit.scan.boundary import problem_of, reading
 from gradaudit.scan.collected import Collected, Routing
@@ -99,15 +114,19 @@ def applies(
     return text == "cpu" or (text == "auto" and not gpu_may_exist())
 
 
-def takes(entries: Iterable[Expanded]) -> bool:
-    """Whether every expanded input is a safetensors file or index (or skipped, or bad)."""
+def takes(entries: Iterable[Expanded], *, pickles: bool = False) -> bool:
+    """Whether every expanded input is a safetensors file or index (or skipped, or bad);
+    with ``pickles`` (``scan``'s), a file with a ``torch.save`` ending too: a checkpoint
+    the torch-free reader declines raises :class:`NeedsTorch` when it is read.
+    ``compare`` and ``trend`` read ``.pt`` files with torch, as before."""
+    kinds = ("safetensors", "index", "pickle") if pickles else ("safetensors", "index")
     for entry in entries:
         if not isinstance(entry, FileInput):
             continue
         path = entry.path
         if is_dcp_directory(path) or is_trainer_checkpoint(path) or is_deepspeed_checkpoint(path):
             return False
-        if input_kind(path) not in ("safetensors", "index"):
+        if input_kind(path) not in kinds:
             return False
     return True
 
@@ -179,7 +198,7 @@ class NativeScan(Collected):
         super().__init__()
         self._rows = rows or _Rows()
         self._tickets: list[int] = []
-        codes = native_rows.codes_by_name()
+        codes = self._codes_by_name = native_rows.codes_by_name()
         #: Per safetensors dtype code: the kernel's code, -1 if skipped, -2 if torch is needed.
         self._kernel_codes = np.array(
             [
@@ -206,6 +225,8 @@ class NativeScan(Collected):
         """Collect one safetensors file or index, all or nothing (as the torch path does),
         each tensor under ``routing``'s label (default: the path), as
         :func:`gradaudit.scan.reading.read_file` routes them."""
+        if input_kind(path) == "pickle":
+            return self._read_checkpoint(path, select, progress, routing)
         part = self.child()
         try:
             with reading(path):  # the reader's calls: see gradaudit.scan.boundary
@@ -238,6 +259,85 @@ class NativeScan(Collected):
             return problem_of(path, error)
         self.absorb(part)
         return None
+
+    def _read_checkpoint(
+        self,
+        path: str,
+        select: Callable[[str], bool] | None,
+        progress: Callable[[int], None] | None,
+        routing: Routing | None,
+    ) -> InputProblem | None:
+        """Collect one zip ``torch.save`` checkpoint as ``reading.read_file`` collects a
+        ``TorchPickleSource``'s items: the same walk, names, skips, hints and routes, each
+        tensor one native ticket (a small strided view copied, as the collector copies it)."""
+        part = self.child()
+        declined: NotTorchFree | None = None
+        try:
+            with reading(path):  # the reader's calls: see gradaudit.scan.boundary
+                try:
+                    check_regular_file(path)
+                    source = _open_checkpoint(path)
+                    hints: dict[str, TensorHint] = {}
+                    items = list(walk_checkpoint(source.root, path, select, hints))
+                    for item in items:
+                        part._checkpoint_item(source, item, hints, path, progress, routing)
+                except NotTorchFree as error:
+                    declined = error
+            if declined is None:
+                part._rows.settle()
+                with reading(path):
+                    source.check_unchanged()
+        except (NeedsTorch, UsageError, OutputError):
+            raise
+        except Exception as error:  # noqa: BLE001 - the per-input boundary (scan.boundary)
+            return problem_of(path, error)
+        if declined is not None:
+            raise NeedsTorch(path) from declined
+        self.absorb(part)
+        return None
+
+    def _checkpoint_item(
+        self,
+        source: MappedZipCheckpoint,
+        item: SourceItem,
+        hints: dict[str, TensorHint],
+        path: str,
+        progress: Callable[[int], None] | None,
+        routing: Routing | None,
+    ) -> None:
+        """One item of the walk, as ``reading.read_file`` and ``PendingStats.queue`` take it."""
+        name = item[0] if isinstance(item, tuple) else item.name
+        label = self._route(name, path, routing)
+        if label is None:
+            return
+        if isinstance(item, Excluded):
+            self.exclude(label)
+            return
+        if isinstance(item, Skipped):
+            self.skip(dataclasses.replace(item, source=label))
+            return
+        assert isinstance(item, tuple)
+        name, tensor = item[0], item[1]
+        assert isinstance(tensor, StoredTensor)
+        hint = hints.get(name)
+        if hint is not None and (
+            hint.basis is not None or hint.role is Role.OPTIMIZER_SECOND_MOMENT
+        ):
+            # Its gradient estimate and checks take extra rows from torch's reductions.
+            raise NotTorchFree("optimizer state with a gradient estimate")
+        kernel = self._codes_by_name.get(tensor.dtype)
+        if kernel is None:
+            if tensor.is_floating_point:
+                raise NotTorchFree(f"dtype {tensor.dtype} is not the native kernel's")
+            self.skip(Skipped(name, skip_reason(tensor.dtype, floating=False), label, False))
+            return
+        pointer, keep = source.data(tensor, BUCKET_MAX_ELEMENTS)
+        count = tensor.numel()
+        nbytes = count * tensor.itemsize
+        self._tickets.append(self._rows.add_one(pointer, count, kernel, nbytes, keep))
+        self.add_columns([name], [tensor.dim()], tensor.shape, tensor.dtype, label, hint)
+        if progress is not None:
+            progress(nbytes)
 
     def _check_dtypes(self, source: MappedSafetensors) -> None:
         codes = np.frombuffer(source.header.tensors.codes, dtype=np.uint8)
@@ -368,6 +468,19 @@ class NativeScan(Collected):
         return self.report(
             self._rows.rows(self._tickets), thresholds, device="cpu", engine=Engine.NATIVE.value
         )
+
+
+def _open_checkpoint(path: str) -> MappedZipCheckpoint:
+    """The checks ``TorchPickleSource`` makes before torch reads anything, in its order
+    (the same functions: the same refusals); a file that is not a zip checkpoint is left
+    to it."""
+    try:
+        identity: FileIdentity | None = FileIdentity.of(os.stat(path))
+    except OSError:
+        identity = None  # sniff() says why it cannot be read
+    if sniff(path).kind != "zip":
+        raise NotTorchFree("not a zip checkpoint")
+    return MappedZipCheckpoint(path, inspect_torch_zip(path), identity)
 
 
 def _in_shard(path: str, shard: str | None) -> AbstractContextManager[None]:

@@ -58,6 +58,14 @@ TRUNCATING = textwrap.dedent(
             os.truncate(source.path, 4096)
             print("torch-free", file=open(os.environ["MARK"], "a"))
     torch_free.NativeScan._read = read_then_truncate
+    real_item = torch_free.NativeScan._checkpoint_item
+    def item_then_truncate(self, source, *args):
+        real_item(self, source, *args)
+        victim = os.path.basename(source.path).startswith("victim")
+        if victim and os.path.getsize(source.path) > 4096:
+            os.truncate(source.path, 4096)
+            print("torch-free", file=open(os.environ["MARK"], "a"))
+    torch_free.NativeScan._checkpoint_item = item_then_truncate
     if os.environ.get("FORCE_TORCH"):
         torch_free.applies = lambda **_: False
     """
@@ -125,11 +133,17 @@ def test_safetensors_truncated_while_mapped_is_an_input_error(
 
 
 @needs_guard
-def test_torch_zip_truncated_while_mapped_is_an_input_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("force_torch", [False, True])
+def test_torch_zip_truncated_while_mapped_is_an_input_error(
+    tmp_path: Path, force_torch: bool
+) -> None:
+    """With and without torch (a plain state dict takes the torch-free scan on the CPU)."""
     victim = tmp_path / "victim.pt"
     torch.save(many_tensors(), victim)
-    result = scan_truncating(tmp_path, victim)
+    result = scan_truncating(tmp_path, victim, force_torch=force_torch)
     assert_reported_as_changed(result, victim)
+    torch_free = not force_torch and native_rows.available()
+    assert (tmp_path / "mark").exists() == torch_free
 
 
 def test_a_fault_outside_gradaudits_maps_still_kills_the_process(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 from gradaudit import ExitCode, exit_code, scan_paths
 from gradaudit.cli import app
 from gradaudit.io import safetensors_map, torch_pickle
+from gradaudit.scan import torch_free
 from gradaudit.scan.pending import PendingStats
 from tests.conftest import runner
 from tests.hostile import good_checkpoint, good_safetensors
@@ -26,6 +27,12 @@ def scan(*args: str) -> Any:
     return runner.invoke(
         app, ["scan", "--no-config", *args], env={"COLUMNS": "120", "NO_COLOR": "1"}
     )
+
+
+def _torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scan ``.pt`` files with torch's reader, the one these tests wrap (a plain checkpoint
+    would otherwise take the torch-free scan, whose boundary is tested on its own)."""
+    monkeypatch.setattr(torch_free, "applies", lambda **_: False)
 
 
 def _raising(error: Exception) -> Any:
@@ -57,6 +64,7 @@ def _assert_good_reported(result: Any) -> dict[str, Any]:
 def test_an_unexpected_exception_in_a_reader_is_that_inputs_error(
     error: Exception, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _torch_path(monkeypatch)
     good, bad = good_safetensors(tmp_path), good_checkpoint(tmp_path)
     monkeypatch.setattr(torch_pickle.TorchPickleSource, "items", _raising(error))
 
@@ -113,6 +121,7 @@ def test_the_torch_free_path_has_the_same_boundary(
 def test_a_code_defect_in_a_reader_is_exit_4_and_the_others_are_still_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _torch_path(monkeypatch)
     good, bad = good_safetensors(tmp_path), good_checkpoint(tmp_path)
     monkeypatch.setattr(
         torch_pickle.TorchPickleSource, "items", _raising(NameError("name 'x' is not defined"))
@@ -133,6 +142,7 @@ def test_a_code_defect_in_a_reader_is_exit_4_and_the_others_are_still_reported(
 def test_an_engine_failure_on_one_input_is_exit_4_and_the_report_is_printed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _torch_path(monkeypatch)
     good, bad = good_safetensors(tmp_path), good_checkpoint(tmp_path)
     real = PendingStats.queue_with_hint
 
@@ -161,6 +171,7 @@ def test_an_engine_failure_on_one_input_is_exit_4_and_the_report_is_printed(
 def test_debug_shows_the_traceback_of_an_unexpected_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _torch_path(monkeypatch)
     good, bad = good_safetensors(tmp_path), good_checkpoint(tmp_path)
     monkeypatch.setattr(torch_pickle.TorchPickleSource, "items", _raising(TypeError("boom")))
 
@@ -174,6 +185,7 @@ def test_debug_shows_the_traceback_of_an_unexpected_exception(
 def test_a_usage_error_raised_while_reading_still_ends_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _torch_path(monkeypatch)
     """Not every exception is an input's: an unusable device is the run's (exit 2)."""
     from gradaudit.errors import UsageError
 
