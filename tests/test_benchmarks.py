@@ -166,7 +166,7 @@ def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> No
 
     bench_precision.main(["--mib", "0.01", "--repeats", "1", "--threads", "1"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split(" | ")[-1] == "histogram × sum"
+    assert lines[0].split(" | ")[-2:] == ["row + histogram × sum", "histogram alone × sum"]
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
 
 

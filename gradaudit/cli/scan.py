@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -255,13 +256,15 @@ def scan(
 
             headroom = precision_report(report, precision, max_underflow)
             report = with_findings(report, as_findings(headroom, thresholds))
+            report = dataclasses.replace(report, headroom=headroom)
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
         verdict = emit_report(report, settings, show_all=show_all, top=top, debug=debug)
         if precision is None:
             visuals.write_plot(report)
         elif headroom is not None:
-            _emit_precision(headroom, precision, visuals, show_all=show_all, top=top)
+            table = (settings.format or OutputFormat.TABLE) is OutputFormat.TABLE
+            _emit_precision(headroom, precision, visuals, table=table, show_all=show_all, top=top)
         raise typer.Exit(int(verdict))
 
 
@@ -299,11 +302,18 @@ def _scan_without_torch(
 def _check_precision_options(
     output_format: OutputFormat | None, output: Path | None, distributed: bool | None
 ) -> None:
-    """``--precision`` prints its own table to stdout; refuse what it cannot honour yet."""
-    if (output_format or OutputFormat.TABLE) is not OutputFormat.TABLE:
-        raise UsageError("--precision prints a table: use it with --format table (the default)")
-    if output is not None:
-        raise UsageError("--precision writes its table to stdout: leave out --output")
+    """Refuse what ``--precision`` cannot honour yet: the table format prints the headroom
+    table to stdout after the report, JSON carries it in the document (``headroom``); the
+    other formats carry its findings only, so they are refused rather than quietly partial."""
+    chosen = output_format or OutputFormat.TABLE
+    if chosen not in (OutputFormat.TABLE, OutputFormat.JSON):
+        raise UsageError(
+            f"--precision: the headroom is in the table and JSON formats, not {chosen.value} yet"
+        )
+    if output is not None and chosen is OutputFormat.TABLE:
+        raise UsageError(
+            "--precision writes its table to stdout: leave out --output (or use --format json)"
+        )
     if distributed:
         raise UsageError("--precision is not supported with --distributed yet")
 
@@ -313,12 +323,15 @@ def _emit_precision(
     precision: Precision,
     visuals: ScanVisuals,
     *,
+    table: bool,
     show_all: bool,
     top: int,
 ) -> None:
-    """The headroom table after the report (and its figure); its findings are the report's."""
-    text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
-    write_stdout("\n" + text)
+    """The headroom table after a table report (JSON has it inside), and its figure; its
+    findings are the report's."""
+    if table:
+        text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
+        write_stdout("\n" + text)
     if visuals.plot is not None and visuals.plot_format is not None:
         title = f"Headroom in {precision.value}: {plural(len(headroom.tensors), 'tensor')}"
         write_plot(visuals.plot, precision_plot(headroom, visuals.plot_format, title=title))

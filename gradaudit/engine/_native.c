@@ -28,7 +28,7 @@
 #include <string.h>
 
 /* Bumped whenever the Python side's expectations change: a stale build is ignored. */
-#define NATIVE_ABI 4
+#define NATIVE_ABI 5
 
 enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3, DT_E4M3 = 4, DT_E5M2 = 5 };
 
@@ -43,6 +43,9 @@ typedef struct {
     double max_abs;
     double scale;
     double ssq;
+    /* The AVX-512 paths' "the last block held NaN or Inf" (see avx512_f32), kept here so a
+     * tensor read in pieces (with histograms, see run_with_histogram) reads as if whole. */
+    int special;
 } acc_t;
 
 static void acc_init(acc_t *a) {
@@ -710,7 +713,7 @@ AVX512 static void avx512_f32(const uint32_t *x, size_t n, acc_t *a) {
     __m512i peak = _mm512_setzero_si512();
     /* After a block with NaN or Inf the next is read in full at once: a tensor full of
      * them (a diverged step) is read once, not twice. */
-    int special = 0;
+    int special = a->special;
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         int clean = special ? 0 : f32_block_clean(x + done, len, a, &peak);
@@ -719,6 +722,7 @@ AVX512 static void avx512_f32(const uint32_t *x, size_t n, acc_t *a) {
         else if ((size_t)(clean - 1) < len)
             f32_block_full(x + done + (clean - 1), len - (size_t)(clean - 1), a, &peak);
     }
+    a->special = special;
     double peak_value = f32_from_bits((uint32_t)_mm512_reduce_max_epu32(peak));
     if (peak_value > a->max_abs) a->max_abs = peak_value;
 }
@@ -824,7 +828,7 @@ AVX512_INLINE int half_block_full(const uint16_t *p, size_t len, acc_t *a, __m51
 
 AVX512_INLINE void avx512_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
     __m512i peak = _mm512_setzero_si512();
-    int special = 0; /* as in avx512_f32 */
+    int special = a->special; /* as in avx512_f32 */
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         int clean = special ? 0 : half_block_clean(x + done, len, a, &peak, bf16);
@@ -833,6 +837,7 @@ AVX512_INLINE void avx512_16(const uint16_t *x, size_t n, acc_t *a, int bf16) {
         else if ((size_t)(clean - 1) < len)
             half_block_full(x + done + (clean - 1), len - (size_t)(clean - 1), a, &peak, bf16);
     }
+    a->special = special;
     uint32_t top = max16_512(peak);
     double peak_value = bf16 ? f32_from_bits(top << 16) : half_value(top);
     if (peak_value > a->max_abs) a->max_abs = peak_value;
@@ -1009,6 +1014,149 @@ static void run(int dtype, const void *data, size_t n, acc_t *a) {
     }
 }
 
+/* ---- the exponent histogram (scan --precision), in the same read ----------------------
+ *
+ * Why here: as a pass of its own (torch's bucketize and index_add_) it cost 13-43x a sum
+ * pass. With histograms asked for, each thread reads its part of a tensor in pieces of
+ * BLOCK elements: the stats of a piece, then the piece's histogram while its bytes are in
+ * L1, so the bytes come from memory once. Pieces are whole blocks from the part's start and
+ * acc_t carries the AVX-512 paths' state across them, so the stats row is the one a single
+ * call writes, bit for bit. Without histograms nothing here runs.
+ *
+ * The layout is gradaudit/precision.py's, handed over once (set_layout) as its sorted
+ * boundaries, float32 bit patterns of |x|: bin i holds boundaries[i-1] <= bits < boundaries[i]
+ * (bin 0 is exact zero, the last bin NaN and Inf: the last boundary is +Inf's bits), the
+ * torch.bucketize(right=True) of the reference. Half, bfloat16 and fp8 magnitudes map to
+ * their bin through a table of every pattern; a float32 magnitude through a table of its
+ * top 15 bits, and by a binary search in the few cells a boundary splits. float64 is
+ * rounded to float32 first, as the casts to the narrow formats do; a non-zero double that
+ * rounds to zero counts in float32's lowest binade (bits 1). Counts add: across pieces,
+ * threads, chunks and files, the one merge rule of every statistic. */
+#define HIST_MAX_BINS 1024
+#define HIST_SPLIT 0xffffu
+/* Below this many elements a tensor's counts go straight to its row of the output. */
+#define HIST_DIRECT 1024
+
+static int hist_bins = 0; /* 0 until set_layout */
+static uint32_t hist_bounds[HIST_MAX_BINS];
+static uint16_t hist_cells[1 << 15];
+static uint16_t hist_f16[1 << 15], hist_bf16[1 << 15], hist_e4m3[128], hist_e5m2[128];
+
+/* The bin of a float32 magnitude: how many boundaries are <= m. */
+static uint32_t hist_search(uint32_t m) {
+    uint32_t lo = 0, hi = (uint32_t)hist_bins - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (hist_bounds[mid] <= m)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static inline uint32_t float_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The bin of a magnitude pattern of a format below float32 (its non-finite ones last). */
+static uint16_t pattern_bin(int dtype, uint32_t m) {
+    uint32_t inf_bits = dtype == DT_BF16 ? 0x7f80u : dtype == DT_F16 ? 0x7c00u
+                        : dtype == DT_E5M2 ? 0x7cu : 0x7fu;
+    if (m >= inf_bits) return (uint16_t)(hist_bins - 1);
+    return (uint16_t)hist_search(float_bits((float)magnitude_value(dtype, m)));
+}
+
+static inline __attribute__((always_inline)) uint32_t f32_bin(uint32_t m) {
+    uint32_t b = hist_cells[m >> 16];
+    return b == HIST_SPLIT ? hist_search(m) : b;
+}
+
+static inline __attribute__((always_inline)) uint32_t f64_magnitude(uint64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    uint32_t m = float_bits((float)d) & 0x7fffffffu;
+    return m == 0 && (bits & F64_ABS) != 0 ? 1u : m;
+}
+
+/* The bin of element i. */
+static inline __attribute__((always_inline)) uint32_t element_bin(int dtype, const void *data,
+                                                                  size_t i) {
+    switch (dtype) {
+        case DT_F32: return f32_bin(((const uint32_t *)data)[i] & 0x7fffffffu);
+        case DT_F64: return f32_bin(f64_magnitude(((const uint64_t *)data)[i]));
+        case DT_F16: return hist_f16[((const uint16_t *)data)[i] & 0x7fffu];
+        case DT_BF16: return hist_bf16[((const uint16_t *)data)[i] & 0x7fffu];
+        case DT_E4M3: return hist_e4m3[((const uint8_t *)data)[i] & 0x7fu];
+        default: return hist_e5m2[((const uint8_t *)data)[i] & 0x7fu];
+    }
+}
+
+/* Counts of n elements into four interleaved uint32 histograms (`sub`, `stride` apart): an
+ * increment does not wait for the previous one to the same bin, which is the common case
+ * (most values of a tensor share a few binades). Specialised per constant dtype. */
+static inline __attribute__((always_inline)) void hist_piece_of(int dtype, const void *data,
+                                                                 size_t n, uint32_t *sub,
+                                                                 size_t stride) {
+    uint32_t *s0 = sub, *s1 = sub + stride, *s2 = sub + 2 * stride, *s3 = sub + 3 * stride;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32_t b0 = element_bin(dtype, data, i), b1 = element_bin(dtype, data, i + 1);
+        uint32_t b2 = element_bin(dtype, data, i + 2), b3 = element_bin(dtype, data, i + 3);
+        s0[b0]++;
+        s1[b1]++;
+        s2[b2]++;
+        s3[b3]++;
+    }
+    for (; i < n; i++) s0[element_bin(dtype, data, i)]++;
+}
+
+static void hist_piece(int dtype, const void *data, size_t n, uint32_t *sub, size_t stride) {
+    switch (dtype) {
+        case DT_F32: hist_piece_of(DT_F32, data, n, sub, stride); break;
+        case DT_F64: hist_piece_of(DT_F64, data, n, sub, stride); break;
+        case DT_F16: hist_piece_of(DT_F16, data, n, sub, stride); break;
+        case DT_BF16: hist_piece_of(DT_BF16, data, n, sub, stride); break;
+        case DT_E4M3: hist_piece_of(DT_E4M3, data, n, sub, stride); break;
+        default: hist_piece_of(DT_E5M2, data, n, sub, stride); break;
+    }
+}
+
+static void hist_fold(uint32_t *sub, size_t stride, uint64_t *out) {
+    for (int b = 0; b < hist_bins; b++) {
+        out[b] += (uint64_t)sub[b] + sub[stride + b] + sub[2 * stride + b] + sub[3 * stride + b];
+        sub[b] = sub[stride + b] = sub[2 * stride + b] = sub[3 * stride + b] = 0;
+    }
+}
+
+/* run() and the histogram of the same elements, added to `out` (hist_bins counts). */
+static void run_with_histogram(int dtype, const void *data, size_t n, acc_t *a, uint64_t *out) {
+    const size_t size = itemsize(dtype);
+    if (n < HIST_DIRECT) {
+        run(dtype, data, n, a);
+        for (size_t i = 0; i < n; i++) out[element_bin(dtype, data, i)]++;
+        return;
+    }
+    uint32_t sub[4 * HIST_MAX_BINS];
+    const size_t stride = HIST_MAX_BINS;
+    for (int k = 0; k < 4; k++) memset(sub + k * stride, 0, sizeof(uint32_t) * (size_t)hist_bins);
+    size_t since_fold = 0;
+    for (size_t done = 0; done < n; done += BLOCK) {
+        size_t len = n - done < BLOCK ? n - done : BLOCK;
+        const char *piece = (const char *)data + done * size;
+        run(dtype, piece, len, a);
+        hist_piece(dtype, piece, len, sub, stride);
+        since_fold += len;
+        if (since_fold >= ((size_t)1 << 31)) { /* before a uint32 count could wrap */
+            hist_fold(sub, stride, out);
+            since_fold = 0;
+        }
+    }
+    hist_fold(sub, stride, out);
+}
+
 static void write_row(const acc_t *a, double *row) {
     row[0] = (double)a->nan;
     row[1] = (double)a->pos_inf;
@@ -1034,6 +1182,10 @@ typedef struct {
     size_t count;
     uint64_t begin, end;
     acc_t *accs;
+    /* With histograms: the counts of tensors hist_first, hist_first + 1, ... (hist_bins
+     * each) of this part, or NULL without. */
+    uint64_t *hist;
+    size_t hist_first;
 } part_t;
 
 static void *run_part(void *arg) {
@@ -1047,16 +1199,40 @@ static void *run_part(void *arg) {
         if (lo < hi) {
             uint64_t first = (lo - offset) / size, last = (hi - offset) / size;
             const char *data = (const char *)(uintptr_t)part->ptrs[i] + first * size;
-            run(part->dtypes[i], data, (size_t)(last - first), &part->accs[i]);
+            if (part->hist != NULL)
+                run_with_histogram(part->dtypes[i], data, (size_t)(last - first), &part->accs[i],
+                                   part->hist + (i - part->hist_first) * (size_t)hist_bins);
+            else
+                run(part->dtypes[i], data, (size_t)(last - first), &part->accs[i]);
         }
         offset += bytes;
     }
     return NULL;
 }
 
-/* Rows of `count` tensors into rows[7 * i]; returns 0, or -1 when out of memory. */
+/* The tensors part j reads bytes of, [*first, *last]; *first > *last when none. */
+static void part_span(const part_t *part, size_t *first, size_t *last) {
+    uint64_t offset = 0;
+    *first = 1;
+    *last = 0;
+    int any = 0;
+    for (size_t i = 0; i < part->count && offset < part->end; i++) {
+        uint64_t bytes = part->counts[i] * itemsize(part->dtypes[i]);
+        if (bytes && offset + bytes > part->begin) {
+            if (!any) *first = i;
+            any = 1;
+            *last = i;
+        }
+        offset += bytes;
+    }
+}
+
+/* Rows of `count` tensors into rows[7 * i] and, when `hist` is not NULL, their exponent
+ * histograms into hist[hist_bins * i] (set_layout first); returns 0, or -1 when out of
+ * memory. Each thread counts into its own histograms (the first thread into `hist`), added
+ * up afterwards. */
 static int batch_stats(const uint64_t *ptrs, const uint64_t *counts, const int32_t *dtypes,
-                       size_t count, double *rows, int threads) {
+                       size_t count, double *rows, int threads, uint64_t *hist) {
     uint64_t total = 0;
     for (size_t i = 0; i < count; i++) total += counts[i] * itemsize(dtypes[i]);
     size_t k = (size_t)(total / MIN_BYTES_PER_THREAD);
@@ -1071,7 +1247,23 @@ static int batch_stats(const uint64_t *ptrs, const uint64_t *counts, const int32
     int started[MAX_THREADS] = {0};
     for (size_t j = 0; j < k; j++) {
         parts[j] = (part_t){ptrs, counts, dtypes, count, total / k * j,
-                            j + 1 == k ? total : total / k * (j + 1), accs + j * count};
+                            j + 1 == k ? total : total / k * (j + 1), accs + j * count, NULL, 0};
+    }
+    if (hist != NULL) {
+        memset(hist, 0, sizeof(uint64_t) * count * (size_t)hist_bins);
+        parts[0].hist = hist;
+        for (size_t j = 1; j < k; j++) {
+            size_t first, last;
+            part_span(&parts[j], &first, &last);
+            if (first > last) continue; /* nothing to read: no counts */
+            parts[j].hist_first = first;
+            parts[j].hist = (uint64_t *)calloc((last - first + 1) * (size_t)hist_bins, 8);
+            if (parts[j].hist == NULL) {
+                for (size_t i = 1; i < j; i++) free(parts[i].hist);
+                free(accs);
+                return -1;
+            }
+        }
     }
     for (size_t j = 1; j < k; j++) {
         started[j] = pthread_create(&ids[j], NULL, run_part, &parts[j]) == 0;
@@ -1085,6 +1277,17 @@ static int batch_stats(const uint64_t *ptrs, const uint64_t *counts, const int32
         acc_init(&merged);
         for (size_t j = 0; j < k; j++) acc_merge(&merged, &accs[j * count + i]);
         write_row(&merged, rows + 7 * i);
+    }
+    if (hist != NULL) {
+        for (size_t j = 1; j < k; j++) {
+            if (parts[j].hist == NULL) continue;
+            size_t first, last;
+            part_span(&parts[j], &first, &last);
+            size_t n = (last - first + 1) * (size_t)hist_bins;
+            uint64_t *to = hist + first * (size_t)hist_bins;
+            for (size_t b = 0; b < n; b++) to[b] += parts[j].hist[b];
+            free(parts[j].hist);
+        }
     }
     free(accs);
     return 0;
@@ -1151,29 +1354,37 @@ static PyObject *py_stats(PyObject *self, PyObject *args) {
     uint64_t ptr = data, count = (uint64_t)n;
     int32_t code = dtype;
     Py_BEGIN_ALLOW_THREADS
-    failed = batch_stats(&ptr, &count, &code, 1, (double *)(uintptr_t)row, threads < 1 ? 1 : threads);
+    failed = batch_stats(&ptr, &count, &code, 1, (double *)(uintptr_t)row, threads < 1 ? 1 : threads,
+                         NULL);
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(stats_batch_doc,
-    "stats_batch(ptrs, counts, dtypes, rows_ptr, threads)\n\n"
+    "stats_batch(ptrs, counts, dtypes, rows_ptr, threads, hist_ptr=0)\n\n"
     "Stats rows of many contiguous CPU tensors in one call: ptrs and counts\n"
     "are buffers of uint64, dtypes a buffer of int32 codes, one per tensor;\n"
-    "row i goes to rows_ptr + 7*i float64. The bytes are split between threads.");
+    "row i goes to rows_ptr + 7*i float64. The bytes are split between threads.\n"
+    "With hist_ptr, also each tensor's exponent histogram, read in the same pass:\n"
+    "bins() uint64 counts per tensor at hist_ptr + 8*bins()*i (set_layout first).");
 
 static PyObject *py_stats_batch(PyObject *self, PyObject *args) {
     Py_buffer ptrs, counts, dtypes;
-    unsigned long long rows;
+    unsigned long long rows, hist = 0;
     int threads;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*y*Ki", &ptrs, &counts, &dtypes, &rows, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*Ki|K", &ptrs, &counts, &dtypes, &rows, &threads, &hist))
+        return NULL;
     PyObject *result = NULL;
     size_t count = (size_t)ptrs.len / 8;
     if ((size_t)ptrs.len != 8 * count || (size_t)counts.len != 8 * count ||
         (size_t)dtypes.len != 4 * count || rows == 0) {
         PyErr_SetString(PyExc_ValueError, "invalid arguments");
+        goto done;
+    }
+    if (hist != 0 && hist_bins == 0) {
+        PyErr_SetString(PyExc_ValueError, "histograms need the layout first (set_layout)");
         goto done;
     }
     for (size_t i = 0; i < count; i++) {
@@ -1187,7 +1398,7 @@ static PyObject *py_stats_batch(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         failed = batch_stats((const uint64_t *)ptrs.buf, (const uint64_t *)counts.buf,
                              (const int32_t *)dtypes.buf, count, (double *)(uintptr_t)rows,
-                             threads < 1 ? 1 : threads);
+                             threads < 1 ? 1 : threads, (uint64_t *)(uintptr_t)hist);
         Py_END_ALLOW_THREADS
         if (failed) {
             PyErr_NoMemory();
@@ -1201,6 +1412,51 @@ done:
     PyBuffer_Release(&counts);
     PyBuffer_Release(&dtypes);
     return result;
+}
+
+PyDoc_STRVAR(set_layout_doc,
+    "set_layout(boundaries) -> bins\n\n"
+    "The exponent histogram's layout: a buffer of uint32, the sorted float32 bit patterns\n"
+    "of |x| where bins start, the last one +Inf's (0x7f800000). Once per process: a second\n"
+    "call must give the same layout (batches may be running).");
+
+static PyObject *py_set_layout(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    size_t n = (size_t)view.len / 4;
+    const uint32_t *bounds = (const uint32_t *)view.buf;
+    int ok = (size_t)view.len == 4 * n && n >= 2 && n < HIST_MAX_BINS && bounds[0] >= 1 &&
+             bounds[n - 1] == 0x7f800000u;
+    for (size_t i = 1; ok && i < n; i++) ok = bounds[i] > bounds[i - 1];
+    if (!ok) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a layout is sorted float32 patterns ending at +Inf");
+        return NULL;
+    }
+    if (hist_bins != 0) {
+        int same = (size_t)hist_bins == n + 1 && memcmp(hist_bounds, bounds, 4 * n) == 0;
+        PyBuffer_Release(&view);
+        if (!same) {
+            PyErr_SetString(PyExc_ValueError, "the histogram layout is set already");
+            return NULL;
+        }
+        return PyLong_FromLong(hist_bins);
+    }
+    memcpy(hist_bounds, bounds, 4 * n);
+    PyBuffer_Release(&view);
+    hist_bins = (int)n + 1; /* hist_search reads it; the tables below need it */
+    for (uint32_t c = 0; c < (1u << 15); c++) {
+        uint32_t lo = hist_search(c << 16), hi = hist_search((c << 16) | 0xffffu);
+        hist_cells[c] = lo == hi ? (uint16_t)lo : (uint16_t)HIST_SPLIT;
+        hist_f16[c] = pattern_bin(DT_F16, c);
+        hist_bf16[c] = pattern_bin(DT_BF16, c);
+    }
+    for (uint32_t c = 0; c < 128; c++) {
+        hist_e4m3[c] = pattern_bin(DT_E4M3, c);
+        hist_e5m2[c] = pattern_bin(DT_E5M2, c);
+    }
+    return PyLong_FromLong(hist_bins);
 }
 
 PyDoc_STRVAR(set_path_doc,
@@ -1656,6 +1912,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"set_path", py_set_path, METH_O, set_path_doc},
+    {"set_layout", py_set_layout, METH_O, set_layout_doc},
     {"path", py_path, METH_NOARGS, path_doc},
     {"paths", py_paths, METH_NOARGS, paths_doc},
     {"stats", py_stats, METH_VARARGS, stats_doc},

@@ -8,7 +8,12 @@ binary search of ``bits & 0x7FFFFFFF`` in the layout's sorted boundary bits
 on the bits, the same on every device, with no host read (``bincount`` would
 read its maximum back on CUDA). Half, bfloat16 and fp8 count their 2**15 (or
 2**7) magnitude patterns instead and map them to bins. Large tensors go in chunks; chunk histograms
-add up. Folding this into the single-pass kernels is left for later.
+add up.
+
+This is the histogram of every engine but the native one, and the reference the native
+kernel is tested against: CPU tensors the native kernel reads get theirs counted in the
+same read as the stats row (``_native.c``, through
+:func:`gradaudit.engine.native_rows.rows_and_histograms`).
 """
 
 from __future__ import annotations

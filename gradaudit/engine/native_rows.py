@@ -19,11 +19,12 @@ from types import ModuleType
 
 import numpy as np
 
+from gradaudit.precision import layout
 from gradaudit.results.row import ROW_WIDTH
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.
-ABI = 4
+ABI = 5
 
 #: Tensors handed to the native kernel in one call, at most (count, and bytes once
 #: exceeded). One call splits its bytes between threads, so batching large tensors
@@ -91,6 +92,35 @@ def rows_of_pointers(
     return rows
 
 
+def histogram_bins() -> int:
+    """Hand the exponent histogram's layout to the kernel (once); its number of bins.
+
+    The layout has one definition, :func:`gradaudit.precision.layout`; the kernel builds
+    its tables from it rather than keeping a copy that could drift.
+    """
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    bins: int = _module.set_layout(array.array("I", layout().boundaries).tobytes())
+    return bins
+
+
+def rows_and_histograms(
+    pointers: array.array[int], counts: array.array[int], codes: array.array[int], threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rows_of_pointers` and each tensor's exponent histogram, from the same read.
+
+    The histograms are ``[len(pointers), bins]`` int64 counts per bin of
+    :func:`gradaudit.precision.layout`, exact (the same as
+    :func:`gradaudit.engine.histogram.exponent_histogram`).
+    """
+    bins = histogram_bins()
+    rows = np.empty((len(pointers), ROW_WIDTH), dtype=np.float64)
+    histograms = np.empty((len(pointers), bins), dtype=np.int64)
+    assert _module is not None
+    _module.stats_batch(pointers, counts, codes, rows.ctypes.data, threads, histograms.ctypes.data)
+    return rows, histograms
+
+
 class NativeBatch:
     """Data waiting for one native call, as columns: address, element count, dtype code.
 
@@ -146,6 +176,10 @@ class NativeBatch:
     def reduce(self, threads: int) -> np.ndarray:
         """The rows of the batch, in one call (see :func:`rows_of_pointers`)."""
         return rows_of_pointers(self.pointers, self.counts, self.codes, threads)
+
+    def reduce_with_histograms(self, threads: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows and the exponent histograms of the batch, in one call (one read)."""
+        return rows_and_histograms(self.pointers, self.counts, self.codes, threads)
 
 
 def native_threads() -> int:

@@ -61,6 +61,7 @@ import torch
 from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
+from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
 from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS as BUCKET_MAX_ELEMENTS
 from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
@@ -243,8 +244,15 @@ class StatsCollector:
         *,
         engine: Engine | str = Engine.AUTO,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        histograms: bool = False,
     ) -> None:
         self.engine = resolve_engine(engine)
+        #: Also each submitted tensor's exponent histogram (``--precision``): the native
+        #: kernel counts it in the same read as the row; other tensors get
+        #: :func:`~gradaudit.engine.histogram.exponent_histogram`, queued on their device.
+        self.histograms = histograms
+        #: Ticket -> its histogram (on the tensor's device), once computed.
+        self._histogram_of: dict[int, torch.Tensor] = {}
         # Blocks the Triton kernel takes go to it: on CUDA (under auto too), and
         # on the CPU through its interpreter when it was asked for by name.
         self._triton = uses_triton(engine)
@@ -459,7 +467,20 @@ class StatsCollector:
         A CPU tensor for the native kernel joins a batch and is read at the next
         :meth:`settle` or :meth:`flush` (or when the batch is full): it must not
         change before then. Everything else is read (or queued on its stream) now.
+        With :attr:`histograms`, its exponent histogram too (:meth:`histogram`).
         """
+        ticket = self._submit(tensor)
+        if self.histograms and ticket not in self._histogram_of:
+            batch = self._batch.tickets
+            if not (batch and batch[-1] == ticket):  # not the native kernel's: a pass of its own
+                self._histogram_of[ticket] = exponent_histogram(tensor)
+        return ticket
+
+    def histogram(self, ticket: int) -> torch.Tensor:
+        """The exponent histogram of a submitted tensor (after :meth:`flush`), on its device."""
+        return self._histogram_of[ticket]
+
+    def _submit(self, tensor: torch.Tensor) -> int:
         ticket = self._layout.new_ticket()
         numel = tensor.numel()
         if tensor.is_complex() and numel <= BUCKET_MAX_ELEMENTS:
@@ -657,6 +678,7 @@ class StatsCollector:
         other._bucket_bytes = 0
         other._blocks = []
         other._layout = _Layout()
+        other._histogram_of = {}
         other._new_batch()
         other._new_streams()
         other._ran = {}
@@ -708,7 +730,14 @@ class StatsCollector:
 
     def _reduce_batch(self) -> None:
         """Rows of the batched CPU tensors, in one native call; then let them go."""
-        rows = torch.from_numpy(self._batch.reduce(self._threads))
+        if self.histograms:
+            host_rows, counts = self._batch.reduce_with_histograms(self._threads)
+            rows = torch.from_numpy(host_rows)
+            self._histogram_of.update(
+                zip(self._batch.tickets, torch.from_numpy(counts), strict=True)
+            )
+        else:
+            rows = torch.from_numpy(self._batch.reduce(self._threads))
         self._add_block(rows, self._batch.tickets)
         self._ran["native"] = None
         self._new_batch()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds
 
 if TYPE_CHECKING:
-    from gradaudit.precision import ExponentHistogram
+    from gradaudit.precision import ExponentHistogram, PrecisionReport
 
 
 @dataclass(frozen=True, init=False)
@@ -320,6 +320,9 @@ class Report:
     #: The trainers' logged histories that were judged (``trainer_state.json``), one per
     #: input that has one; their findings are in ``findings`` (``log_history.<key>``).
     histories: tuple[LoggedHistory, ...] = ()
+    #: ``--precision``: the headroom of every tensor, layer and the whole input in one
+    #: target format, judged from ``histograms``; its findings are in ``findings`` too.
+    headroom: PrecisionReport | None = None
 
     @property
     def audited_nothing(self) -> bool:

@@ -27,7 +27,6 @@ from gradaudit.engine.dtypes import (
     hides_values,
     not_audited_reason,
 )
-from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
@@ -138,12 +137,17 @@ class PendingStats(Collected):
             options, EngineOptions(device, chunk_elements, engine, memory_budget), IN_MEMORY
         )
         self.device = None if options.device is None else resolve_device(options.device)
-        #: Also queue each tensor's exponent histogram (``--precision``): one extra pass.
+        #: Also collect each tensor's exponent histogram (``--precision``); the native
+        #: kernel counts it in the same read as the stats row.
         self.histograms = histograms
-        self._histograms: list[torch.Tensor | None] = []
+        #: Per entry, 1 when it has a histogram (a tensor of the input), 0 when not (a
+        #: derived row, a row from elsewhere); its ticket finds it in the collector.
+        self._histograms: array.array[int] = array.array("b")
         self._collector = collector or StatsCollector(
             options.chunk_elements, engine=options.engine, memory_budget=options.memory_budget
         )
+        if histograms:
+            self._collector.histograms = True
         super().__init__()
         #: Per entry, the collector's ticket for its row.
         #: int64, not a list: a list holds an int object (~36 bytes) per tensor.
@@ -208,7 +212,7 @@ class PendingStats(Collected):
         self._tickets.append(self._collector.adopt(row))
         self._devices[row.device] = None
         if self.histograms:
-            self._histograms.append(None)  # rows from elsewhere come without one
+            self._histograms.append(0)  # rows from elsewhere come without one
 
     def add(self, name: str, tensor: torch.Tensor, source: str | None = None) -> None:
         """Queue the device work for one tensor; a tensor that cannot be audited is skipped.
@@ -264,7 +268,7 @@ class PendingStats(Collected):
         if self.histograms:
             # A derived row (a second moment's sum, a step) is not a tensor of the file.
             derived = hint is not None and hint.aux is not None
-            self._histograms.append(None if derived else exponent_histogram(tensor))
+            self._histograms.append(0 if derived else 1)
         shape = tensor.shape
         self._names.append(name)
         self._ranks.append(len(shape))
@@ -280,13 +284,12 @@ class PendingStats(Collected):
 
         The per-tensor facts are appended column by column; no tensor object is
         made. Runs bound for another device, a dtype the native kernel does not
-        take, or a scan that also wants exponent histograms (one per tensor) go
-        through :meth:`queue` one tensor at a time.
+        take go through :meth:`queue` one tensor at a time.
         """
         on_cpu = self.device is None or self.device.type == "cpu"
         tickets = (
             self._collector.submit_run(run.pointers, run.counts, run.dtype, run.data)
-            if on_cpu and not self.histograms
+            if on_cpu
             else None
         )
         if tickets is None:
@@ -301,6 +304,8 @@ class PendingStats(Collected):
         self._sources += [source] * count
         self._tickets.extend(tickets)
         self._hints += [None] * count
+        if self.histograms:
+            self._histograms += array.array("b", [1]) * count
         self._devices[run.data.device] = None
 
     def queue_derived(
@@ -393,7 +398,7 @@ class PendingStats(Collected):
             # Nothing built here forms a cycle, and a collection set off meanwhile
             # would walk every tensor of the caller's model (gradaudit.no_gc).
             with paused_gc():
-                if (self.device is None or self.device.type == "cpu") and not self.histograms:
+                if self.device is None or self.device.type == "cpu":
                     self._add_columns(tensors, source)
                 else:
                     for name, tensor in _named(tensors):
@@ -439,6 +444,8 @@ class PendingStats(Collected):
             self._sources += [source] * count
             self._tickets.extend(tickets)
             self._hints += [None] * count
+            if self.histograms:
+                self._histograms += array.array("b", [1]) * count
             self._devices[_CPU] = None
         for index in others[done:]:
             self.queue(names[index], values[index], source)
@@ -572,14 +579,16 @@ class PendingStats(Collected):
             return ()
 
         by_device: dict[torch.device, list[int]] = {}
-        for index, histogram in enumerate(self._histograms):
-            if histogram is not None:
+        histograms: dict[int, torch.Tensor] = {}
+        for index, wanted in enumerate(self._histograms):
+            if wanted:
+                histogram = histograms[index] = self._collector.histogram(self._tickets[index])
                 by_device.setdefault(histogram.device, []).append(index)
         out: list[ExponentHistogram | None] = [None] * len(self._histograms)
         settled = self._collector.settled()
         for device, device_indices in by_device.items():
             wait_for(device, settled)  # collected on a side stream: read after its kernels
-            stacked = torch.stack([self._histograms[i] for i in device_indices])  # type: ignore[misc]
+            stacked = torch.stack([histograms[i] for i in device_indices])
             for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
                 out[i] = ExponentHistogram(tuple(counts))
         return tuple(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,47 @@ def test_overflow_in_fp8(write_dump: WriteDump) -> None:
     assert "2 values overflow fp8_e4m3fn (saturates to ±448); scale by 2**-8" in result.stdout
 
 
+def test_json_carries_the_headroom_and_its_findings(write_dump: WriteDump, tmp_path: Path) -> None:
+    path = _dump(write_dump, 1e-9)
+    out = tmp_path / "report.json"
+    result = scan(str(path), "--precision", "fp16", "--format", "json", "--output", str(out))
+    assert result.exit_code == ExitCode.FINDINGS
+    assert result.stdout == ""
+    document = json.loads(out.read_text())
+    headroom = document["headroom"]
+    expected = precision_report(scan_paths([path], histograms=True), Precision.FP16)
+    assert headroom["precision"] == "fp16"
+    assert headroom["format"]["overflow_from"] == 65520.0
+    by_name = {row["name"]: row for row in headroom["tensors"]}
+    for row in expected.tensors:
+        got = by_name[row.name]
+        assert (got["nonzero"], got["flushed"], got["subnormal"], got["overflowed"]) == (
+            row.nonzero,
+            row.flushed,
+            row.subnormal,
+            row.overflowed,
+        )
+    assert by_name["head.weight"]["flushed"] == 10
+    assert headroom["total"]["nonzero"] == expected.total.nonzero == 64 * 64 + 100
+    exponents = {e["exponent"]: e["count"] for e in headroom["histogram"]["exponents"]}
+    assert exponents == expected.histogram.exponents()
+    assert [(f["kind"], f["tensor"]) for f in headroom["findings"]] == [
+        ("underflow", "head.weight")
+    ]
+    # The same finding counts in the verdict, as in the table format.
+    assert document["exit_code"] == ExitCode.FINDINGS
+    assert any(f["kind"] == "cast" for t in document["tensors"] for f in t["findings"])
+
+
+def test_json_without_precision_has_no_headroom_key(write_dump: WriteDump) -> None:
+    result = scan(str(_dump(write_dump, 1e-3)), "--format", "json")
+    assert "headroom" not in json.loads(result.stdout)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--format", "json"], "use it with --format table"),
+        (["--format", "markdown"], "in the table and JSON formats, not markdown"),
         (["--output", "out.txt"], "leave out --output"),
         (["--precision", "fp32"], "fp32"),
     ],

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from gradaudit import __version__
 from gradaudit.grouping import GroupMode
 from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
+from gradaudit.precision import FORMATS, Headroom, PrecisionReport
 from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.compare_text import (
     ALL,
@@ -277,6 +278,63 @@ def to_document(report: Report, *, tensors: bool = True) -> dict[str, Any]:
             "gradient_health": encode_float(summary.gradient_health),
         },
         "exit_code": int(exit_code(report)),
+    } | ({} if report.headroom is None else {"headroom": _headroom(report.headroom)})
+
+
+def _headroom_row(row: Headroom) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "file": row.source,
+        "nonzero": row.nonzero,
+        "flushed": row.flushed,
+        "subnormal": row.subnormal,
+        "overflowed": row.overflowed,
+        "flushed_fraction": encode_float(row.flushed_fraction),
+        "subnormal_fraction": encode_float(row.subnormal_fraction),
+        "overflowed_fraction": encode_float(row.overflowed_fraction),
+        "min_exponent": row.min_exponent,
+        "max_exponent": row.max_exponent,
+        "scale_log2": row.scale_log2,
+    }
+
+
+def _headroom(headroom: PrecisionReport) -> dict[str, Any]:
+    """``scan --precision``: what the table format prints after the report, as data."""
+    spec = FORMATS[headroom.precision]
+    histogram = headroom.histogram
+    return {
+        "precision": headroom.precision.value,
+        "dtype": spec.dtype,
+        "max_underflow": encode_float(headroom.max_underflow),
+        "format": {
+            "min_subnormal": spec.min_subnormal,
+            "min_normal": spec.min_normal,
+            "max": spec.max,
+            "flush_from": spec.flush_from,
+            "normal_from": spec.normal_from,
+            "overflow_from": spec.overflow_from,
+            "overflow_result": spec.overflow_result,
+        },
+        "total": _headroom_row(headroom.total),
+        "layers": [_headroom_row(row) for row in headroom.layers],
+        "tensors": [_headroom_row(row) for row in headroom.tensors],
+        "histogram": {
+            "zeros": histogram.zeros,
+            "nonfinite": histogram.nonfinite,
+            "exponents": [
+                {"exponent": e, "count": c} for e, c in sorted(histogram.exponents().items())
+            ],
+        },
+        "findings": [
+            {
+                "kind": f.kind,
+                "tensor": f.tensor,
+                "file": f.source,
+                "fraction": encode_float(f.fraction),
+                "message": f.message,
+            }
+            for f in headroom.findings
+        ],
     }
 
 

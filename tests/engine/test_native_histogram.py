@@ -1,0 +1,132 @@
+"""The native kernel's exponent histogram (``--precision``), read in the same pass as the row.
+
+Its reference is :func:`gradaudit.engine.histogram.exponent_histogram`, itself checked
+against NumPy float64 exponents and torch's casts in ``tests/scan/test_precision.py``; here
+every path the CPU runs, thread splits inside tensors, and the row left bit for bit as it is.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gradaudit.engine import native, native_rows
+from gradaudit.engine.histogram import exponent_histogram
+from gradaudit.precision import layout
+from gradaudit.scan.pending import PendingStats
+from tests.engine.test_native import PATHS, on_path
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernel is not built")
+
+
+def _patterns(dtype: torch.dtype) -> torch.Tensor:
+    """Every bit pattern of a 16- or 8-bit float dtype, both signs."""
+    if dtype.itemsize == 2:
+        return torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return torch.arange(-128, 128, dtype=torch.int32).to(torch.int8).view(dtype)
+
+
+def _near_boundaries() -> torch.Tensor:
+    bits = torch.tensor(layout().boundaries[:-1], dtype=torch.int64)
+    around = torch.cat([bits + k for k in range(-3, 4)]).clamp(0, 0x7F7FFFFF)
+    values = around.to(torch.int32).view(torch.float32)
+    return torch.cat([values, -values])
+
+
+def _tensors() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    random_bits = torch.randint(-(1 << 31), (1 << 31) - 1, (150_001,), generator=gen)
+    float32 = torch.cat([random_bits.to(torch.int32).view(torch.float32), _near_boundaries()])
+    # float64 halfway between float32 neighbours (double rounding), beyond float32's range,
+    # and below it (non-zero values that round to zero count in the lowest binade).
+    near = _near_boundaries().to(torch.float64)
+    ulp = torch.nextafter(near.float(), torch.tensor(math.inf)).double() - near
+    float64 = torch.cat(
+        [near + ulp * f for f in (0.4999, 0.5, 0.5001, -0.5)]
+        + [torch.tensor([1e300, -1e300, 1e-300, -1e-310, 0.0, math.nan, math.inf])]
+    )
+    tensors = [float32, float64]
+    for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        tensors.append(_patterns(dtype))
+    # Gradient-like values around the sizes where the kernel changes how it counts
+    # (1024: straight to the output; 4096: one block), with NaN and Inf in some blocks.
+    for i, size in enumerate((1, 1023, 1024, 4095, 4097, 3 * 4096 + 5, 100_003)):
+        values = torch.randn(size, generator=gen, dtype=torch.float64) * 1e-3
+        values[size // 2] = [math.nan, math.inf, 0.0, 1e9][i % 4]
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            tensors.append(values.to(dtype))
+    tensors.append(torch.empty(0))
+    return tensors
+
+
+def _columns(tensors: list[torch.Tensor]) -> tuple[array.array[int], ...]:
+    return (
+        array.array("Q", [t.data_ptr() for t in tensors]),
+        array.array("Q", [t.numel() for t in tensors]),
+        array.array("i", [native.code(t.dtype) for t in tensors]),
+    )
+
+
+@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_histograms_match_the_reference_and_leave_the_rows_alone(name: str, threads: int) -> None:
+    if name not in native.paths():
+        pytest.skip(f"this CPU has no {name} path")
+    tensors = _tensors()
+    columns = _columns(tensors)
+    with on_path(name):
+        rows, histograms = native_rows.rows_and_histograms(*columns, threads)
+        plain = native_rows.rows_of_pointers(*columns, threads)
+    # The same bits, NaN included: counting pieces must not change how the row is read.
+    assert rows.view(np.int64).tolist() == plain.view(np.int64).tolist()
+    assert histograms.shape == (len(tensors), layout().bins)
+    for tensor, counts in zip(tensors, histograms.tolist(), strict=True):
+        assert counts == exponent_histogram(tensor).tolist(), (tensor.dtype, tensor.numel())
+
+
+def test_threads_split_inside_a_tensor_and_counts_add_up() -> None:
+    """Thread boundaries fall inside the tensors: each tensor's counts are still its own."""
+    gen = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(n, generator=gen) for n in (3, 1_000_001, 5, 777_777, 2)]
+    columns = _columns(tensors)
+    _, alone = native_rows.rows_and_histograms(*columns, 1)
+    for threads in (2, 3, 8):
+        _, split = native_rows.rows_and_histograms(*columns, threads)
+        assert split.tolist() == alone.tolist()
+    assert alone.sum(axis=1).tolist() == [t.numel() for t in tensors]
+
+
+def test_the_layout_is_the_one_of_precision_and_set_once() -> None:
+    module = native_rows.module()
+    assert module is not None
+    assert native_rows.histogram_bins() == layout().bins
+    assert native_rows.histogram_bins() == layout().bins  # the same layout again: accepted
+    other = array.array("I", [1, 2, 0x7F800000]).tobytes()
+    with pytest.raises(ValueError, match="set already"):
+        module.set_layout(other)
+    with pytest.raises(ValueError, match="sorted"):
+        module.set_layout(array.array("I", [5, 3, 0x7F800000]).tobytes())
+
+
+def _collected_histograms(engine: str, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
+    pending = PendingStats(engine=engine, histograms=True)
+    pending.add_all(tensors)
+    report = pending.materialize()
+    return [list(h.counts) for h in report.histograms if h is not None]
+
+
+def test_native_and_eager_collections_give_the_same_histograms() -> None:
+    """Tiny tensors (one native call for many), a large one, a strided one, every dtype."""
+    gen = torch.Generator().manual_seed(5)
+    tensors = {f"tiny.{i}": torch.randn(i + 1, generator=gen) * 1e-4 for i in range(50)}
+    tensors["large"] = torch.randn(300_000, generator=gen).to(torch.bfloat16)
+    tensors["strided"] = torch.randn(64, 48, generator=gen).t()
+    tensors["double"] = torch.randn(1000, generator=gen, dtype=torch.float64) * 1e-40
+    tensors["fp8"] = _patterns(torch.float8_e5m2)
+    native_counts = _collected_histograms("native", tensors)
+    assert len(native_counts) == len(tensors)
+    assert native_counts == _collected_histograms("eager", tensors)
