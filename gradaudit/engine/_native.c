@@ -1188,7 +1188,29 @@ typedef struct {
     size_t hist_first;
 } part_t;
 
+/* IEEE mode for the kernel's own arithmetic. A thread may be in flush-to-zero mode (x86's
+ * MXCSR FTZ and DAZ bits): a library built with -ffast-math sets them when it is loaded -
+ * torch 2.4's inductor CPU kernels do - and then every subnormal reads as 0, so a tensor of
+ * 1e-310 would report max |x| 0 and norm 0. Each thread that computes saves the mode, clears
+ * both bits and puts the mode back before it returns: exact rows whatever the host did. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define FLUSH_BITS 0x8040u /* FTZ (bit 15) | DAZ (bit 6) */
+static unsigned int ieee_enter(void) {
+    unsigned int saved = _mm_getcsr();
+    if (saved & FLUSH_BITS) _mm_setcsr(saved & ~FLUSH_BITS);
+    return saved;
+}
+static void ieee_leave(unsigned int saved) {
+    if (saved & FLUSH_BITS) _mm_setcsr(saved);
+}
+#else
+static unsigned int ieee_enter(void) { return 0; }
+static void ieee_leave(unsigned int saved) { (void)saved; }
+#endif
+
 static void *run_part(void *arg) {
+    unsigned int mode = ieee_enter();
     part_t *part = (part_t *)arg;
     uint64_t offset = 0;
     for (size_t i = 0; i < part->count && offset < part->end; i++) {
@@ -1207,6 +1229,7 @@ static void *run_part(void *arg) {
         }
         offset += bytes;
     }
+    ieee_leave(mode);
     return NULL;
 }
 
@@ -1231,8 +1254,19 @@ static void part_span(const part_t *part, size_t *first, size_t *last) {
  * histograms into hist[hist_bins * i] (set_layout first); returns 0, or -1 when out of
  * memory. Each thread counts into its own histograms (the first thread into `hist`), added
  * up afterwards. */
+static int batch_stats_ieee(const uint64_t *ptrs, const uint64_t *counts, const int32_t *dtypes,
+                            size_t count, double *rows, int threads, uint64_t *hist);
+
 static int batch_stats(const uint64_t *ptrs, const uint64_t *counts, const int32_t *dtypes,
                        size_t count, double *rows, int threads, uint64_t *hist) {
+    unsigned int mode = ieee_enter(); /* the merge and the rows are float64 arithmetic too */
+    int failed = batch_stats_ieee(ptrs, counts, dtypes, count, rows, threads, hist);
+    ieee_leave(mode);
+    return failed;
+}
+
+static int batch_stats_ieee(const uint64_t *ptrs, const uint64_t *counts, const int32_t *dtypes,
+                            size_t count, double *rows, int threads, uint64_t *hist) {
     uint64_t total = 0;
     for (size_t i = 0; i < count; i++) total += counts[i] * itemsize(dtypes[i]);
     size_t k = (size_t)(total / MIN_BYTES_PER_THREAD);

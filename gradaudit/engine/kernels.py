@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from gradaudit.engine.devices import stream_key
+from gradaudit.engine.fpmode import subnormals_survive
 from gradaudit.engine.options import Engine as Engine  # where the torch side finds it
 
 INF = math.inf
@@ -176,15 +177,6 @@ def fused_rows(block: torch.Tensor) -> torch.Tensor:
 
 
 _compiled: Any = None
-# Module globals, so the product below is computed at run time, in the calling thread's
-# floating-point mode, never folded by the compiler.
-_SMALLEST_SUBNORMAL = 5e-324
-_ONE = 1.0
-
-
-def subnormals_survive() -> bool:
-    """False while the calling thread flushes subnormals to zero (x86's FTZ/DAZ)."""
-    return _SMALLEST_SUBNORMAL * _ONE != 0.0
 
 
 class CompiledKernel:

@@ -27,6 +27,7 @@ from gradaudit.engine.dtypes import (
     hides_values,
     not_audited_reason,
 )
+from gradaudit.engine.fpmode import ieee_mode
 from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
@@ -547,20 +548,21 @@ class PendingStats(Collected):
         last report of the same tensors worked out from their facts alone, to take again
         (:mod:`gradaudit.scan.layout`; a training loop's monitor).
         """
-        host_blocks = self._read()
-        # Rows in submission order, with the zeros that bucket padding added taken
-        # out; the merges (per file, global) then run on this host copy.
-        host = self._collector.gather(self._tickets, host_blocks, fresh=False)
-        self._resolve_counts(host_blocks)
-        histograms = self._read_histograms()
-        return self.report(
-            host.numpy(),
-            thresholds,
-            device=self._device_label(),
-            engine=self._collector.engine_used,
-            histograms=histograms,
-            layouts=layouts,
-        )
+        with ieee_mode():  # a host thread in flush-to-zero mode would read subnormals as 0
+            host_blocks = self._read()
+            # Rows in submission order, with the zeros that bucket padding added taken
+            # out; the merges (per file, global) then run on this host copy.
+            host = self._collector.gather(self._tickets, host_blocks, fresh=False)
+            self._resolve_counts(host_blocks)
+            histograms = self._read_histograms()
+            return self.report(
+                host.numpy(),
+                thresholds,
+                device=self._device_label(),
+                engine=self._collector.engine_used,
+                histograms=histograms,
+                layouts=layouts,
+            )
 
     def _resolve_counts(self, host_blocks: list[torch.Tensor]) -> None:
         """Shapes of the entries whose element count came with the rows (see :meth:`add_row`)."""

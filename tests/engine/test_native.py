@@ -131,6 +131,34 @@ def test_native_matches_float64_reference(path: str, tensor: torch.Tensor, threa
     assert_matches_reference(tensor, native_row(tensor, threads))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_are_exact_in_a_thread_that_flushes_subnormals(
+    path: str, dtype: torch.dtype, threads: int
+) -> None:
+    """A host thread in flush-to-zero mode (torch 2.4's compiled kernels, any -ffast-math
+    library) still gets exact rows, and keeps its mode: the kernel computes in IEEE mode."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    torch.set_flush_denormal(False)
+    tiny = SUBNORMALS[0] if dtype == torch.float32 else SUBNORMALS[1]
+    values = torch.full(((1 << 20) + 3,), tiny, dtype=torch.float64)  # enough for 2 threads
+    values[[0, 5]] = torch.tensor([-tiny * 3, 0.0], dtype=torch.float64)
+    tensor = values.to(dtype)
+    out = torch.empty(7, dtype=torch.float64)
+    torch.set_flush_denormal(True)
+    try:
+        native.tensor_row(tensor, out, threads)
+        still_flushing = torch.tensor([tiny], dtype=dtype).mul(1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+    assert still_flushing  # the host's mode is its own
+    row = HostRow.from_values(out.tolist())  # the host side: PendingStats guards it
+    assert_matches_reference(tensor, row)
+    assert row.max_abs == pytest.approx(3 * tiny, rel=1e-6)
+    assert row.zeros == 1
+
+
 @pytest.mark.parametrize("dtype", NATIVE_DTYPES)
 def test_threads_split_a_large_tensor_exactly(path: str, dtype: torch.dtype) -> None:
     """From 2**20 elements the work is split between threads and merged with the engine's rule."""

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from gradaudit import TensorStats, audit, collect_async
 from gradaudit.engine import native
 from gradaudit.engine.dtypes import AUDITED_DTYPES
-from gradaudit.engine.kernels import CompiledKernel, fused_rows, subnormals_survive
+from gradaudit.engine.fpmode import subnormals_survive
+from gradaudit.engine.kernels import CompiledKernel, fused_rows
 from gradaudit.engine.stats import (
     NAN,
     ROW_WIDTH,
@@ -403,3 +404,23 @@ def test_a_compiled_kernel_that_turns_on_flush_to_zero_is_undone() -> None:
         torch.set_flush_denormal(False)
     assert len(calls) == 2  # computed again in IEEE mode
     assert rows[0, 4].item() == 1e-310  # max |x|, not flushed to 0
+
+
+def test_a_host_thread_in_flush_to_zero_mode_gets_exact_stats_and_keeps_its_mode() -> None:
+    """The native kernel computes in IEEE mode in C; the host read and the report's
+    arithmetic (norms from scale and sum of squares) under :func:`ieee_mode`."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    torch.set_flush_denormal(False)
+    tensor = torch.full((4097,), 1e-310, dtype=torch.float64)
+    expected = audit({"w": tensor})
+    torch.set_flush_denormal(True)
+    try:
+        flushed = audit({"w": tensor})
+        still_flushing = not subnormals_survive()
+    finally:
+        torch.set_flush_denormal(False)
+    assert still_flushing
+    assert flushed.tensors[0].max_abs == 1e-310
+    assert flushed.tensors == expected.tensors
+    assert_matches_reference(tensor, flushed.tensors[0])
