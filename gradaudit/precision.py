@@ -392,6 +392,10 @@ class PrecisionReport:
     #: Tensors grouped by owning module (``a.b.weight`` -> ``a.b``), in model order.
     layers: tuple[Headroom, ...]
     total: Headroom
+    #: The whole run per input file, in the order first seen (one row for one file; the
+    #: in-memory tensors of a library report are one row named :data:`IN_MEMORY`). JUnit
+    #: reports each file's headroom in that file's test suite.
+    files: tuple[Headroom, ...]
     #: The whole model's histogram (what ``--plot`` draws).
     histogram: ExponentHistogram
     findings: tuple[PrecisionFinding, ...]
@@ -412,6 +416,21 @@ def as_findings(report: PrecisionReport, thresholds: Thresholds) -> tuple[Findin
     )
 
 
+#: The name of the headroom row of tensors audited from memory (no input file).
+IN_MEMORY = "(in memory)"
+
+
+def _merged(
+    name: str,
+    members: Sequence[tuple[ExponentHistogram, float]],
+    precision: Precision,
+    source: str | None = None,
+) -> Headroom:
+    """The headroom of several tensors together: histograms add, the largest max |x| scales."""
+    merged = ExponentHistogram.merge(h for h, _ in members)
+    return headroom(name, merged, precision, max_abs=max(m for _, m in members), source=source)
+
+
 def precision_report(
     report: Report, precision: Precision, max_underflow: float = DEFAULT_MAX_UNDERFLOW
 ) -> PrecisionReport:
@@ -420,6 +439,7 @@ def precision_report(
         raise ValueError("the report was collected without exponent histograms")
     rows: list[Headroom] = []
     groups: dict[str, list[tuple[ExponentHistogram, float]]] = {}
+    by_file: dict[str | None, list[tuple[ExponentHistogram, float]]] = {}
     kept: list[ExponentHistogram] = []
     for stats, histogram in zip(report.tensors, report.histograms, strict=True):
         if histogram is None:
@@ -430,11 +450,14 @@ def precision_report(
         )
         layer = stats.name.rsplit(".", 1)[0] if "." in stats.name else stats.name
         groups.setdefault(layer, []).append((histogram, stats.max_abs))
+        by_file.setdefault(stats.source, []).append((histogram, stats.max_abs))
     layers = []
     for name in model_order(groups):
-        members = groups[name]
-        merged = ExponentHistogram.merge(h for h, _ in members)
-        layers.append(headroom(name, merged, precision, max_abs=max(m for _, m in members)))
+        layers.append(_merged(name, groups[name], precision))
+    files = tuple(
+        _merged(IN_MEMORY if source is None else source, members, precision, source)
+        for source, members in by_file.items()
+    )
     total_histogram = ExponentHistogram.merge(kept)
     top = max((t.max_abs for t in report.tensors), default=0.0)
     total = headroom("(all tensors)", total_histogram, precision, max_abs=top)
@@ -444,6 +467,7 @@ def precision_report(
         tuple(rows),
         tuple(layers),
         total,
+        files,
         total_histogram,
         judge(rows, max_underflow),
     )

@@ -19,6 +19,9 @@ from gradaudit import (
     compare_paths,
     scan_paths,
 )
+from gradaudit.precision import Precision
+from gradaudit.scan.judge import with_headroom
+from gradaudit.scan.pending import PendingStats
 
 #: The engine label every sample report carries. Which kernel ran depends on the install
 #: (no C compiler: eager instead of native); rendered output must not.
@@ -45,7 +48,9 @@ def sample_report(thresholds: Thresholds | None = None) -> Report:
     return dataclasses.replace(report, elapsed_s=0.25, engine=ENGINE)
 
 
-def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Report:
+def two_file_report(
+    directory: Path, thresholds: Thresholds | None = None, *, histograms: bool = False
+) -> Report:
     """Two dumps and a corrupt file, scanned by relative name from ``directory``.
 
     The caller must ``chdir`` into ``directory`` so paths in the report are the
@@ -74,8 +79,35 @@ def two_file_report(directory: Path, thresholds: Thresholds | None = None) -> Re
         ["step1.safetensors", "step2.safetensors", "broken.safetensors"],
         thresholds=thresholds,
         device="cpu",
+        histograms=histograms,
     )
     return dataclasses.replace(report, elapsed_s=0.5, engine=ENGINE)
+
+
+#: A long tensor name, as real models have them: the formats must neither cut nor break it.
+LONG_NAME = "model.encoder.layers.11.self_attention.query_key_value.weight"
+
+
+def headroom_files_report(directory: Path, thresholds: Thresholds | None = None) -> Report:
+    """``scan --precision fp16`` of :func:`two_file_report`: ``step2``'s 2**-30 bias
+    flushes to zero in fp16 (an ``underflow`` finding, ignored under ``*.bias``)."""
+    report = two_file_report(directory, thresholds, histograms=True)
+    return with_headroom(report, Precision.FP16)
+
+
+def headroom_memory_report() -> Report:
+    """``scan --precision fp16`` of tensors from memory: an underflow and an overflow in one
+    long-named tensor, an all-zero tensor, a healthy one."""
+    pending = PendingStats(histograms=True)
+    pending.add_all(
+        {
+            LONG_NAME: torch.tensor([1e-9, 1.0, 1e5, math.inf]),
+            "a.b": torch.zeros(3),
+            "c": torch.tensor([0.5]),
+        }
+    )
+    report = dataclasses.replace(pending.materialize(), elapsed_s=0.25, engine=ENGINE)
+    return with_headroom(report, Precision.FP16)
 
 
 def sample_comparison() -> Comparison:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,13 +40,7 @@ from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVi
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.policy import Thresholds
-from gradaudit.precision import (
-    DEFAULT_MAX_UNDERFLOW,
-    Precision,
-    PrecisionReport,
-    as_findings,
-    precision_report,
-)
+from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision, PrecisionReport
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.precision_plot import precision_plot
@@ -252,11 +245,10 @@ def scan(
         if precision is not None and report.tensors:
             # Judged before anything is printed: its findings are the report's, so the
             # verdict line and the exit code are one (issue 26: it printed OK, exited 1).
-            from gradaudit.scan.judge import with_findings  # numpy: only once a command runs
+            from gradaudit.scan.judge import with_headroom  # numpy: only once a command runs
 
-            headroom = precision_report(report, precision, max_underflow)
-            report = with_findings(report, as_findings(headroom, thresholds))
-            report = dataclasses.replace(report, headroom=headroom)
+            report = with_headroom(report, precision, max_underflow)
+            headroom = report.headroom
         if settings.output is None:  # the chart is for the terminal, above the table
             write_stdout(visuals.chart_text(report, render_options(settings, show_all=show_all)))
         verdict = emit_report(report, settings, show_all=show_all, top=top, debug=debug)
@@ -302,17 +294,13 @@ def _scan_without_torch(
 def _check_precision_options(
     output_format: OutputFormat | None, output: Path | None, distributed: bool | None
 ) -> None:
-    """Refuse what ``--precision`` cannot honour yet: the table format prints the headroom
-    table to stdout after the report, JSON carries it in the document (``headroom``); the
-    other formats carry its findings only, so they are refused rather than quietly partial."""
-    chosen = output_format or OutputFormat.TABLE
-    if chosen not in (OutputFormat.TABLE, OutputFormat.JSON):
+    """Refuse what ``--precision`` cannot honour yet. Every format carries the headroom
+    (``Report.headroom``): the table format prints its own headroom table to stdout after
+    the report, so only the table format refuses ``--output``."""
+    if output is not None and (output_format or OutputFormat.TABLE) is OutputFormat.TABLE:
         raise UsageError(
-            f"--precision: the headroom is in the table and JSON formats, not {chosen.value} yet"
-        )
-    if output is not None and chosen is OutputFormat.TABLE:
-        raise UsageError(
-            "--precision writes its table to stdout: leave out --output (or use --format json)"
+            "--precision writes its table to stdout: leave out --output "
+            "(or use --format json, markdown, github or junit)"
         )
     if distributed:
         raise UsageError("--precision is not supported with --distributed yet")
@@ -327,8 +315,8 @@ def _emit_precision(
     show_all: bool,
     top: int,
 ) -> None:
-    """The headroom table after a table report (JSON has it inside), and its figure; its
-    findings are the report's."""
+    """The headroom table after a table report (the other formats have it inside), and its
+    figure; its findings are the report's."""
     if table:
         text = render_precision(headroom, width=output_width(), top=top, show_all=show_all)
         write_stdout("\n" + text)

@@ -28,6 +28,12 @@ from gradaudit.policy import (
     Thresholds,
     fraction_exceeds,
 )
+from gradaudit.precision import (
+    DEFAULT_MAX_UNDERFLOW,
+    Precision,
+    as_findings,
+    precision_report,
+)
 from gradaudit.results import (
     FileResult,
     Finding,
@@ -437,3 +443,16 @@ def summarize(
         ignored_findings=severities[Severity.IGNORED],
         excluded=excluded,
     )
+
+
+def with_headroom(
+    report: Report,
+    precision: Precision,
+    max_underflow: float = DEFAULT_MAX_UNDERFLOW,
+) -> Report:
+    """``report`` (collected with histograms) judged for ``precision``: its headroom in
+    :attr:`Report.headroom`, which every output format renders, and the headroom's
+    findings among the report's as ``cast`` findings, so the one verdict counts them."""
+    headroom = precision_report(report, precision, max_underflow)
+    judged = with_findings(report, as_findings(headroom, report.thresholds))
+    return dataclasses.replace(judged, headroom=headroom)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import struct
 from pathlib import Path
 from typing import Any
@@ -95,10 +97,47 @@ def test_json_without_precision_has_no_headroom_key(write_dump: WriteDump) -> No
 
 
 @pytest.mark.parametrize(
+    ("fmt", "shown", "finding"),
+    [
+        (
+            "markdown",
+            "| ❌ `head.weight` | 100 | 10.0% |",
+            "- ❌ `head.weight`: underflow: 10.0% of 100 non-zero values flush",
+        ),
+        (
+            "github",
+            "::notice title=gradaudit%3A headroom in fp16::(all tensors): 4,196 non-zero",
+            "title=gradaudit%3A cast in head.weight::head.weight: fp16 headroom: 10.0%25 of 100",
+        ),
+        (
+            "junit",
+            "fp16 headroom of this file: 4,196 non-zero values: 0.2% flush to zero",
+            '<failure type="cast" message="cast: 1 failing finding">head.weight: fp16 headroom',
+        ),
+    ],
+)
+def test_every_format_carries_the_headroom(
+    write_dump: WriteDump, tmp_path: Path, fmt: str, shown: str, finding: str
+) -> None:
+    """Once a usage error (exit 2): each format now shows the headroom, and its findings
+    fail the run as in the table format; ``--output`` takes the whole report."""
+    path = str(_dump(write_dump, 1e-9))
+    result = scan(path, "--precision", "fp16", "--format", fmt)
+    assert result.exit_code == ExitCode.FINDINGS
+    assert shown in result.stdout
+    assert finding in result.stdout
+    assert result.stderr == ""
+    target = tmp_path / f"report.{fmt}"
+    written = scan(path, "--precision", "fp16", "--format", fmt, "--output", str(target))
+    assert written.exit_code == ExitCode.FINDINGS
+    assert written.stdout == ""
+    assert shown in target.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--format", "markdown"], "in the table and JSON formats, not markdown"),
-        (["--output", "out.txt"], "leave out --output"),
+        (["--output", "out.txt"], "leave out --output (or use --format json, markdown"),
         (["--precision", "fp32"], "fp32"),
     ],
 )
@@ -157,3 +196,30 @@ def test_the_printed_verdict_is_the_exit_code_with_headroom_findings(
     )
     assert ignored.exit_code == ExitCode.OK
     assert "OK: no failing findings" in ignored.stdout
+
+
+def _documented_runs() -> list[tuple[str, str]]:
+    """``(command, output)`` of each ``console`` example in docs/precision.md that names a
+    machine format: those outputs hold no timing, so they are compared as printed."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "precision.md").read_text("utf-8")
+    runs = []
+    for body in re.findall(r"```console\n(.*?)```", page, flags=re.S):
+        command, _, output = body.partition("\n")
+        if "--format" in command:
+            runs.append((command.removeprefix("$ "), output))
+    return runs
+
+
+@pytest.mark.parametrize(("command", "output"), _documented_runs())
+def test_documented_format_examples_print_what_the_page_says(
+    command: str, output: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(FIXTURES.parent)
+    args = shlex.split(command)
+    assert args[:2] == ["gradaudit", "scan"]
+    result = scan(*args[2:])
+    assert result.stdout == output
+
+
+def test_the_page_has_a_format_example() -> None:
+    assert _documented_runs()

@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from gradaudit import Report, Thresholds, audit
-from gradaudit.precision import Precision, precision_report
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.formats.json import SCHEMA_VERSION, json_schema
-from gradaudit.scan.pending import PendingStats
-from tests.samples import sample_report, two_file_report
+from tests.samples import headroom_memory_report, sample_report, two_file_report
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "gradaudit" / "schema" / "report.schema.json"
 
@@ -39,18 +37,10 @@ def reports(tmp_path: Path) -> list[Report]:
 
 def headroom_report() -> Report:
     """``scan --precision fp16``'s report: an underflow, an overflow, an all-zero tensor."""
-    pending = PendingStats(histograms=True)
-    pending.add_all(
-        {
-            "a.w": torch.tensor([1e-9, 1.0, 1e5, math.inf]),
-            "a.b": torch.zeros(3),
-            "c": torch.tensor([0.5]),
-        }
-    )
-    report = pending.materialize()
-    headroom = precision_report(report, Precision.FP16)
-    assert {f.kind for f in headroom.findings} == {"underflow", "overflow"}
-    return dataclasses.replace(report, headroom=headroom)
+    report = headroom_memory_report()
+    assert report.headroom is not None
+    assert {f.kind for f in report.headroom.findings} == {"underflow", "overflow"}
+    return report
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,12 @@ Tensor names are untrusted: control characters are escaped by
 ``escape_property`` follow ``@actions/core``), so a name can neither end the
 command early nor start a new one. A plain summary line with the verdict ends
 the output (``--quiet`` leaves it out).
+
+With ``scan --precision`` each tensor that would not survive the cast (too
+many values flush to zero, or any overflows) is already a ``cast`` finding of
+the report, so it gets its annotation like any other finding, on its file; a
+``::notice`` before the summary line gives the whole run's headroom (the last
+row of the table format's headroom table) and how many tensors failed it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gradaudit.policy import Severity
+from gradaudit.precision import PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,
@@ -32,7 +39,8 @@ from gradaudit.report.compare_text import (
     side_words,
 )
 from gradaudit.report.compare_text import verdict_line as compare_verdict_line
-from gradaudit.report.text import layer_label, printable
+from gradaudit.report.precision_table import summary_sentence
+from gradaudit.report.text import layer_label, plural, printable
 from gradaudit.report.trend_text import audited, trend_line
 from gradaudit.report.trend_text import verdict_line as trend_verdict_line
 from gradaudit.report.verdict import (
@@ -126,7 +134,26 @@ def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
     if hidden:
         yield command("notice", more_flagged(hidden, "finding"), title="gradaudit") + "\n"
     if not options.quiet:
+        if report.headroom is not None:
+            yield _headroom_notice(report.headroom) + "\n"
         yield f"gradaudit: {verdict_line(report)} · {audited_line(report)}\n"
+
+
+def _headroom_notice(headroom: PrecisionReport) -> str:
+    """``--precision``: the whole run's headroom, and how many tensors would not survive."""
+    label = headroom.precision.value
+    failed = len({f.tensor for f in headroom.findings})
+    verdict = (
+        f"{plural(failed, 'tensor')} would not survive the cast"
+        if failed
+        else "every tensor survives the cast"
+    )
+    return command(
+        "notice",
+        f"{headroom.total.name}: {summary_sentence(headroom.total)} · {verdict} "
+        f"(--max-underflow {headroom.max_underflow:g}, any overflow fails)",
+        title=f"gradaudit: headroom in {label}",
+    )
 
 
 # ---------------------------------------------------------------------------- compare

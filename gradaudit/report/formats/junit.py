@@ -5,7 +5,13 @@ A scan: one ``<testsuite>`` per input file and one ``<testcase>`` per check in i
 ``vanishing-fraction`` when those limits are set. A check fails (``<failure>``)
 when it has a failing finding in that file; its warnings and ignored findings
 are listed in ``<system-out>`` of a passing test case. A file that could not
-be audited is one test case ``read`` with an ``<error>``. Built with
+be audited is one test case ``read`` with an ``<error>``. With ``scan
+--precision`` the ``cast`` check is in every file's suite: it fails on the
+file's tensors that would not survive the cast (their headroom findings are
+``cast`` findings of the report, one failing line each), and its
+``<system-out>`` gives the file's headroom in one line (its row of
+:attr:`PrecisionReport.files`), so a passing cast is a passing test with its
+numbers, not a missing one. Built with
 ``xml.etree`` (which escapes markup); names go through :func:`printable` first,
 because XML 1.0 cannot carry control characters at all.
 
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from gradaudit._compat import assert_never
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
+from gradaudit.precision import PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,
@@ -45,6 +52,7 @@ from gradaudit.report.compare_text import (
     ratio_sentence,
     side_input,
 )
+from gradaudit.report.precision_table import summary_sentence
 from gradaudit.report.text import layer_label, number, plural, printable
 from gradaudit.report.trend_text import audited
 from gradaudit.report.verdict import kinds_in_file, nothing_to_audit, some_findings, thin_readings
@@ -74,6 +82,8 @@ class Case:
     unlisted_notes: int = 0
     error: str | None = None
     skipped: str | None = None
+    #: A first line for ``<system-out>``, not one of the notes (the cast check's headroom).
+    summary: str | None = None
 
 
 def _finding_line(finding: Finding) -> str:
@@ -91,7 +101,7 @@ def check_cases(report: Report, source: str | None) -> list[Case]:
     """The per-tensor checks (and set limits) of one input of ``report`` as test cases."""
     # The four gradient checks always run; the role checks appear when they applied.
     kinds = [FindingKind.NAN, FindingKind.INF, FindingKind.EXPLODING, FindingKind.VANISHING]
-    if report.thresholds.cast_check is not None:
+    if report.thresholds.cast_check is not None or report.headroom is not None:
         kinds.append(FindingKind.CAST)
     kinds += kinds_in_file(report, source)
     checks = {kind: Case(kind.value) for kind in dict.fromkeys(kinds)}
@@ -116,6 +126,8 @@ def check_cases(report: Report, source: str | None) -> list[Case]:
         )
         case.notes = [_note(report, finding) for finding in others]
         case.unlisted_notes = count - len(others)
+        if finding_kind is FindingKind.CAST and report.headroom is not None:
+            case.summary = _headroom_line(report.headroom, source)
     cases = list(checks.values())
     limits: dict[LimitKind, float | None] = {
         LimitKind.GLOBAL_NORM: report.thresholds.max_global_norm,
@@ -131,6 +143,13 @@ def check_cases(report: Report, source: str | None) -> list[Case]:
         case.failures += [printable(f.message) for f in exceeded]
         cases.append(case)
     return cases
+
+
+def _headroom_line(headroom: PrecisionReport, source: str | None) -> str:
+    """``--precision``: the headroom of the file's tensors together, as one line."""
+    row = next((r for r in headroom.files if r.source == source), None)
+    what = "no tensor measured" if row is None else summary_sentence(row)
+    return f"{headroom.precision.value} headroom of this file: {what}"
 
 
 def add_suite(
@@ -173,9 +192,11 @@ def add_suite(
                 ),
             )
             failure.text = "\n".join(_capped(case.failures, case.unlisted_failures))
+        out = [] if case.summary is None else [case.summary]
         if case.notes:
-            notes = _capped(case.notes, case.unlisted_notes)
-            ET.SubElement(element, "system-out").text = "\n".join(notes)
+            out += _capped(case.notes, case.unlisted_notes)
+        if out:
+            ET.SubElement(element, "system-out").text = "\n".join(out)
 
 
 def _capped(lines: list[str], unlisted: int) -> list[str]:

@@ -4,7 +4,9 @@ Written for ``$GITHUB_STEP_SUMMARY`` and pull-request comments (GitHub
 Flavored Markdown).
 
 * A scan: a verdict heading, what was audited, input problems and exceeded
-  limits, a table of flagged tensors, the policy.
+  limits, a table of flagged tensors, with ``--precision`` the headroom table
+  (the table format's rows and numbers, :mod:`gradaudit.report.precision_table`)
+  and its findings, the policy.
 * A comparison: a verdict heading; the normalized ratio with its
   interpretation; a two-row table of the sides; the findings as a list (input
   problems, exceeded limits, the comparison's own findings and per-tensor
@@ -29,7 +31,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import LimitKind, Severity
+from gradaudit.policy import FindingKind, LimitKind, Severity
+from gradaudit.precision import PrecisionFinding, PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
     CHANGE_NUMBERS,
@@ -59,6 +62,7 @@ from gradaudit.report.compare_text import (
     side_words,
 )
 from gradaudit.report.compare_text import verdict_line as compare_verdict_line
+from gradaudit.report.precision_table import NUMBERS, cells, range_line, shown_rows
 from gradaudit.report.text import number, plural, printable
 from gradaudit.report.trend_text import (
     audited,
@@ -211,16 +215,82 @@ def policy_parts(report: Report) -> list[str]:
     return parts
 
 
+def _headroom(report: Report, options: RenderOptions) -> list[str]:
+    """``--precision``: the rows the table format's headroom table shows, the whole run
+    last, then the headroom findings; ``--quiet`` keeps the flagged rows and findings."""
+    headroom = report.headroom
+    if headroom is None or (options.quiet and not headroom.findings):
+        return []
+    marks = {
+        f.tensor: MARK[report.thresholds.severity(FindingKind.CAST, f.tensor)]
+        for f in headroom.findings
+    }
+    rows = shown_rows(headroom, top=0 if options.quiet else options.top, show_all=options.show_all)
+    listed = rows if options.show_all else rows[:MAX_FLAGGED_ROWS]
+    files = several_files(report)  # the same names in two dumps: say which is which
+    headers = [("file", "left")] if files else []
+    headers += [("tensor", "left"), *((name, "right") for name in NUMBERS)]
+    body = [
+        [
+            *([code(r.source or "")] if files else []),
+            _marked(marks.get(r.name, ""), code(r.name)),
+            *cells(r),
+        ]
+        for r in listed
+    ]
+    if not options.quiet:
+        total = f"**{escape(headroom.total.name)}**"
+        body.append([*([""] if files else []), total, *cells(headroom.total)])
+    label = headroom.precision.value
+    lines = [
+        f"**Headroom in {label}**: {escape(range_line(headroom.precision))}; "
+        "values = non-zero finite"
+    ]
+    lines += ["", *table(headers, body)]
+    hidden = len(headroom.tensors) - len(listed)
+    if hidden and not options.quiet:
+        lines += ["", f"… and {plural(hidden, 'more tensor')} (--all lists every one)"]
+    findings = headroom.findings if options.show_all else headroom.findings[:MAX_FLAGGED_ROWS]
+
+    def where(finding: PrecisionFinding) -> str:
+        return code(finding.tensor) + (f" in {code(finding.source or '')}" if files else "")
+
+    if findings:
+        lines.append("")
+    lines += [
+        "- " + _marked(marks[f.tensor], f"{where(f)}: {f.kind}: {escape(f.message)}")
+        for f in findings
+    ]
+    if len(findings) < len(headroom.findings):
+        lines.append(f"- … and {plural(len(headroom.findings) - len(findings), 'more finding')}")
+    if not headroom.findings:
+        lines += ["", _no_headroom_findings(headroom)]
+    return lines
+
+
+def _marked(mark: str, text: str) -> str:
+    """``text`` after its mark; an ignored finding has none."""
+    return f"{mark} {text}" if mark else text
+
+
+def _no_headroom_findings(headroom: PrecisionReport) -> str:
+    return (
+        f"✅ No tensor loses more than {headroom.max_underflow:g} of its values to underflow "
+        f"in {headroom.precision.value}, none overflows."
+    )
+
+
 def render_scan(report: Report, options: RenderOptions) -> Iterator[str]:
-    """Verdict, what was audited, problems, the flagged tensors, the policy."""
+    """Verdict, what was audited, problems, the flagged tensors, the headroom, the policy."""
     body = _problems(report)
     tensors = _tensors(report, options)
+    headroom = _headroom(report, options)
     if options.quiet:
-        return blocks(body, tensors)
+        return blocks(body, tensors, headroom)
     mark = VERDICT_MARK[exit_code(report)]
     head = [f"### {mark} gradaudit: {verdict_line(report)}", "", audited_line(report)]
     policy = ["Policy: " + " · ".join(policy_parts(report))]
-    return blocks(head, body, tensors, policy)
+    return blocks(head, body, tensors, headroom, policy)
 
 
 # ---------------------------------------------------------------------------- compare
