@@ -93,21 +93,50 @@ def _analyse(cubin: bytes) -> dict[str, Any]:
         (int(address, 16), text.strip())
         for address, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
     ]
+    # Up to the last EXIT: what follows is the padding branch to itself.
+    last = max(a for a, t in code if re.search(r"\bEXIT\b", t))
+    code = [(a, t) for a, t in code if a <= last]
     loops = []
+    skips = []
     for address, text in code:
         if re.search(r"\bBRA\b", text):
             target = int(re.findall(r"0x([0-9a-f]+)", text)[-1], 16)
             if target < address:  # a backward branch closes a loop
                 body = [t for a, t in code if target <= a <= address]
-                loads = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
+                opcodes = [_opcode(t) for t in body]
                 loops.append(
                     {
+                        "start": target,
+                        "end": address,
                         "instructions": len(body),
-                        "global_loads": [op for op in loads if op.startswith("LDG")],
-                        "opcodes": [op.split(".")[0] for op in loads],
+                        "global_loads": [op for op in opcodes if op.startswith("LDG")],
+                        "opcodes": [op.split(".")[0] for op in opcodes],
                     }
                 )
-    return {"registers": registers, "local_bytes": local, "stack_bytes": stack, "loops": loops}
+            elif text.startswith("@"):  # a conditional forward branch skips a region
+                skips.append((address, target))
+    # Edge blocks: regions a conditional forward branch skips that load data (not a
+    # table row's LDG.E.64) and hold no loop: what a program without that edge saves.
+    edges = []
+    for address, target in skips:
+        region = [t for a, t in code if address < a < target]
+        data = [op for op in map(_opcode, region) if op.startswith("LDG") and op != "LDG.E.64"]
+        looped = any(address < loop["start"] < target for loop in loops)
+        if data and not looped:
+            edges.append({"start": address, "instructions": len(region)})
+    return {
+        "registers": registers,
+        "local_bytes": local,
+        "stack_bytes": stack,
+        "instructions": len(code),
+        "loops": loops,
+        "edges": edges,
+    }
+
+
+def _opcode(text: str) -> str:
+    """The opcode of a SASS line, past its predicate (``@P0``, ``@!P1``)."""
+    return text.split()[1] if text.startswith("@") else text.split()[0]
 
 
 def recorded_launches(fp32_sums: bool) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:

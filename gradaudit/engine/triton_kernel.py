@@ -35,6 +35,7 @@ import array
 import functools
 import importlib.util
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +48,13 @@ BLOCK = 1024
 #: zeros in one byte each, so a lane may see at most 255 elements (these steps
 #: plus the two masked edge steps).
 MAX_STEPS = 128
-#: Elements of a tensor reduced by one program: about a quarter of a tensor's
-#: share of the SMs (``span_for``), within these bounds.
-MIN_SPAN = BLOCK
+#: Vector steps one program takes at least when its tensor has them: a program's fixed
+#: work (the row lookup, the edges, seven reductions) is several hundred instructions,
+#: tens of steps' worth of the inner loop's issue slots (``tests/gpu_model.py``).
+MIN_STEPS = 16
+#: Elements of a tensor reduced by one program: a quarter of the SMs' share of the whole
+#: dtype group (``span_for``), within these bounds.
+MIN_SPAN = MIN_STEPS * BLOCK
 MAX_SPAN = MAX_STEPS * BLOCK
 #: SMs assumed where the device cannot tell (the interpreter): an H100's.
 DEFAULT_SMS = 132
@@ -254,14 +259,22 @@ def _cuda_sms(device: torch.device) -> int:
 
 
 def span_for(numel: int, sms: int = DEFAULT_SMS) -> int:
-    """Elements per program for a tensor of ``numel``: ~4 programs per SM, whole steps.
+    """Elements per program for every tensor of a dtype group of ``numel`` elements in all:
+    ~4 programs per SM over the whole group, whole steps, ``MIN_STEPS`` to ``MAX_STEPS``.
 
-    A 1024×1024 tensor is then 256 programs of 4096 elements rather than 64
-    of 16384 on 132 SMs; tiny tensors take one step, huge ones ``MAX_SPAN``.
+    Sized from the group, not from each tensor: per tensor, a transformer's 1024×1024
+    layers got 2-step programs whose fixed work outweighed their loads (issue 31). A
+    tensor shorter than the span is one program of its own length.
     """
     per_program = -(-numel // (4 * sms))
     steps = -(-per_program // BLOCK)
-    return min(MAX_STEPS, max(1, steps)) * BLOCK
+    return min(MAX_STEPS, max(MIN_STEPS, steps)) * BLOCK
+
+
+def spans(lengths: Sequence[int], sms: int = DEFAULT_SMS) -> list[int]:
+    """The span of each tensor of one dtype group, as :class:`TritonBatch` sizes them
+    (the bandwidth model in ``tests/gpu_model.py`` plans a flush with it)."""
+    return [span_for(sum(lengths), sms)] * len(lengths)
 
 
 @dataclass
@@ -271,8 +284,10 @@ class _Group:
     base: torch.Tensor
     base_pointer: int
     itemsize: int
-    #: TABLE_WIDTH int64 per tensor: first program, element offset, length, span.
+    #: TABLE_WIDTH int64 per tensor: first program, element offset, length, span (the
+    #: first program and the span are filled in at launch, from the group's size).
     table: array.array[int] = field(default_factory=lambda: array.array("q"))
+    elements: int = 0
     programs: int = 0
     tensors: list[torch.Tensor] = field(default_factory=list)
     tickets: list[int] = field(default_factory=list)
@@ -292,8 +307,6 @@ class TritonBatch:
         self.device = device
         self._sms = _sms(device) if sms is None else sms
         self._fp32_accumulate = fp32_accumulate(device)
-        #: Elements of a program's step times the programs a tensor should have.
-        self._quarter_share = BLOCK * 4 * self._sms
         self._groups: dict[torch.dtype, _Group] = {}
 
     def __len__(self) -> int:
@@ -316,11 +329,8 @@ class TritonBatch:
         if misaligned:
             return False
         numel = tensor.numel()
-        # span_for(), inlined: this runs once per tensor.
-        steps = -(-numel // self._quarter_share)
-        span = BLOCK * (1 if steps <= 1 else MAX_STEPS if steps >= MAX_STEPS else steps)
-        group.table.extend((group.programs, offset, numel, span))
-        group.programs += -(-numel // span)
+        group.table.extend((0, offset, numel, 0))
+        group.elements += numel
         group.tensors.append(tensor)
         group.tickets.append(ticket)
         return True
@@ -349,9 +359,16 @@ class TritonBatch:
         programs = rows = 0
         for group in groups:
             # One sentinel row per group: its first program ends the last tensor's range.
-            group.table.extend((group.programs, 0, 0, 0))
+            group.table.extend((0, 0, 0, 0))
             table = torch.frombuffer(group.table, dtype=torch.int64).view(-1, TABLE_WIDTH)
-            table[:, 0] += programs  # first programs count across the groups
+            # One span for the group; each tensor's programs, first programs counted
+            # across the groups (host arithmetic on the table, a few ops per group).
+            span = span_for(group.elements, self._sms)
+            counts = (table[:, 2] + (span - 1)) // span
+            ends = torch.cumsum(counts, 0)
+            table[:, 0] = ends - counts + programs
+            table[:, 3] = span
+            group.programs = int(ends[-1])
             tables.append(table)
             tickets += group.tickets
             tickets.append(-1)

@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from gradaudit.engine import triton_kernel
+from tests import gpu_model
 from tests.sass import BUDGET, budget
 
 pytestmark = [
@@ -186,3 +187,50 @@ def test_the_budgets_are_the_model_in_the_docs() -> None:
     text = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
     assert "1.106" in text
     assert "0.553" in text
+
+
+# -- the whole program (tests/gpu_model.py): every instruction a realistic flush issues --
+
+
+def whole_program() -> dict[tuple[str, str], dict[str, Any]]:
+    """tests/gpu_model.py's rows on sm_90, by (flush, dtype)."""
+    return {(row["flush"], row["dtype"]): row for row in gpu_model.rows(compiled())}
+
+
+@pytest.mark.parametrize("flush", ["transformer", "7B-like, 8 layers"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_whole_program_keeps_up_with_h100_hbm(flush: str, dtype: str) -> None:
+    """Issue 31's targets where the model reaches them: ≥ 85 % of the H100's HBM for the
+    transformer and the 7B-like layout (whole programs, the merge included), and ≥ 75 %
+    of the H200's for float32. bfloat16 on the H200 is capped by the inner loop itself
+    (0.523 slots per element against a 0.386 budget: 74 %), so it is not asserted."""
+    row = whole_program()[(flush, dtype)]
+    assert row["% of H100"] >= 85, row
+    if dtype == "float32":
+        assert row["% of H200"] >= 75, row
+    # The fixed work is amortised: within 10 % of the inner loop's slots.
+    assert row["instr/elem"] <= 1.1 * row["loop instr/elem"], row
+
+
+def test_whole_program_of_many_tiny_tensors() -> None:
+    """5,000 float32 tensors of 1,000-10,000 elements: ≥ 50 % of H100 and H200 HBM."""
+    row = whole_program()[("5000 tiny", "float32")]
+    assert row["% of H100"] >= 50, row
+    assert row["% of H200"] >= 50, row
+
+
+def test_the_model_sees_per_tensor_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans sized per tensor (the rule before issue 31) give the bench transformer's
+    bfloat16 2-8-step programs: about 1.07 slots per element, ~52 % of the H100. The model
+    must see that (so a span rule that regresses fails the tests above)."""
+    block = triton_kernel.BLOCK
+
+    def per_tensor(lengths: list[int], sms: int = 132) -> list[int]:
+        return [min(128, max(1, -(-n // (4 * sms * block)))) * block for n in lengths]
+
+    assert {span // block for span in per_tensor(gpu_model.transformer(2))} == {1, 2, 6, 8}
+    assert len(set(triton_kernel.spans(gpu_model.transformer(2)))) == 1  # today: one span
+    monkeypatch.setattr(triton_kernel, "spans", per_tensor)
+    row = whole_program()[("transformer", "bfloat16")]
+    assert row["instr/elem"] == pytest.approx(1.07, abs=0.05), row
+    assert row["% of H100"] < 60, row

@@ -77,9 +77,11 @@ def test_the_triton_batch_path_never_reads_the_device(triton_on_meta: list[int])
     assert "triton" in pending._collector.engine_used
     # One launch per dtype of the batch (float32: big and tiny; float16; bfloat16) and
     # one merge of their 3 + 1 + 1 rows and 3 sentinels; then the strided tensor's
-    # chunk, a block of its own: 1200 elements in two programs, one row and a sentinel.
-    big_programs = -(-3_000_000 // triton_kernel.span_for(3_000_000))
-    assert triton_on_meta == [big_programs + 1, 5, 1, 7, 2, 2]
+    # chunk, a block of its own: 1200 elements in one program, one row and a sentinel.
+    # One span per group, sized from the group: 3,000,003 float32 elements; the float16
+    # tensor is shorter than the shortest span, one program.
+    big_programs = -(-3_000_000 // triton_kernel.span_for(3_000_003))
+    assert triton_on_meta == [big_programs + 1, 1, 1, 7, 1, 2]
 
 
 def test_the_monitors_collecting_step_never_reads_the_device(triton_on_meta: list[int]) -> None:
@@ -168,7 +170,7 @@ def test_tensors_after_the_compile_threshold_join_the_batch(
     assert triton_kernel._deferred_bytes == 8_000_000
     assert triton_on_meta == []  # nothing launched before the settle
     blocks = collector.flush()
-    programs = -(-1_000_000 // triton_kernel.span_for(1_000_000))
+    programs = -(-1_000_000 // triton_kernel.span_for(5_000_000))  # the group's span
     assert triton_on_meta == [5 * programs, 6]  # one launch for the five, one merge
     assert collector.engine_used == "eager+triton"
     assert sum(block.shape[0] for block in blocks) == 1 + 6  # and the group's sentinel row

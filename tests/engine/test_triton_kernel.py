@@ -14,6 +14,7 @@ import os
 import platform
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -347,9 +348,24 @@ def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
     batch = triton_kernel.TritonBatch(DEVICE, sms=1)
     for ticket, tensor in enumerate((anchor, nan, zeros)):
         assert batch.add(tensor, ticket)
-    spans = [list(group.table)[3 :: triton_kernel.TABLE_WIDTH] for group in batch._groups.values()]
-    assert spans == [[triton_kernel.MIN_SPAN, triton_kernel.MAX_SPAN], [triton_kernel.MAX_SPAN]]
-    out, tickets = batch.launch()
+    recorded: list[int] = []
+    kernels = triton_kernel._kernels()
+
+    class Spans:
+        """The real kernels, with each launch's table spans recorded."""
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def launch(base: torch.Tensor, table: torch.Tensor, *args: Any, **kw: Any) -> None:
+                recorded.extend(sorted(set(table[: args[2] + 1, 3].tolist())))
+                kernels[0][grid](base, table, *args, **kw)
+
+            return launch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_kernel, "_kernels", lambda: (Spans(), kernels[1]))
+        out, tickets = batch.launch()
+    # One span per dtype group, the group's whole size on one SM: the longest.
+    assert recorded == [triton_kernel.MAX_SPAN, triton_kernel.MAX_SPAN]
     rows = dict(zip(tickets, out.cpu().tolist(), strict=True))
     got_nan, got_zeros = HostRow.from_values(rows[1]), HostRow.from_values(rows[2])
     assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
