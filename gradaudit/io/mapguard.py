@@ -105,3 +105,14 @@ def check_path(path: str, identity: FileIdentity | None) -> None:
     except OSError:
         raise InputError(path, CHANGED) from None
     same_file(path, identity, info)
+
+
+def release_and_check(path: str, guard: MapGuard | None, identity: FileIdentity | None) -> None:
+    """End a guarded read of ``path``: release its guard, then raise :class:`InputError`
+    if a page was read past a new end (the guard's flag) or the file behind the path is
+    no longer the one that was checked (size, modification time, inode)."""
+    if guard is not None:
+        guard.release()
+        if guard.changed():
+            raise InputError(path, CHANGED_SIZE)
+    check_path(path, identity)

@@ -36,7 +36,7 @@ from gradaudit.errors import InputError
 from gradaudit.io.base import Select, SourceItem
 from gradaudit.io.files import FileIdentity, describe_os_error, open_checked, read_at, show
 from gradaudit.io.layouts import PICKLE_EXTENSIONS as PICKLE_EXTENSIONS
-from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path
+from gradaudit.io.mapguard import MapGuard, release_and_check
 from gradaudit.io.nested import iter_tensors, walk_checkpoint
 from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.io.pickle_scan import allowed_globals, explain_refusal, pickle_globals
@@ -188,11 +188,7 @@ class TorchPickleSource:
         the container was checked.
         """
         guard, self._guard = self._guard, None
-        if guard is not None:
-            guard.release()
-            if guard.changed():
-                raise InputError(self.path, CHANGED_SIZE)
-        check_path(self.path, self._identity)
+        release_and_check(self.path, guard, self._identity)
 
     def _load(self, map_location: str) -> Any:
         """``torch.load`` the weights-only way; every failure becomes an :class:`InputError`.

@@ -42,7 +42,7 @@ import numpy as np
 
 from gradaudit.errors import InputError
 from gradaudit.io.files import FileIdentity, open_checked
-from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
+from gradaudit.io.mapguard import MapGuard, release_and_check, same_file
 from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.io.torch_zip import Member, TorchZip
 
@@ -454,8 +454,4 @@ class MappedZipCheckpoint:
         """Raise :class:`InputError` if the file changed while it was read (as the torch
         path's ``TorchPickleSource.check_unchanged``)."""
         guard, self._guard = self._guard, None
-        if guard is not None:
-            guard.release()
-            if guard.changed():
-                raise InputError(self.path, CHANGED_SIZE)
-        check_path(self.path, self._identity)
+        release_and_check(self.path, guard, self._identity)

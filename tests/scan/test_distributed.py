@@ -31,21 +31,11 @@ from gradaudit.report.formats.json import to_document
 from gradaudit.scan.distributed import TorchrunEnv, assign_sources, torchrun_env
 from tests.conftest import runner
 from tests.distributed_worker import CUTS, dtensor_cases, whole_tensors
+from tests.ranks import ROOT, TIMEOUT_S, WORLD, clean_env, run_ranks
 from tests.reference import reference_stats
 
 #: Slow (not in the quick loop): starts torchrun and gloo process groups.
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 240
-WORLD = 2
-_JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
-    return env
 
 
 @contextmanager
@@ -90,31 +80,7 @@ def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[
     out = tmp_path_factory.mktemp("gloo")
     paths = scan_inputs(out / "scan")
     (out / "scan_paths.txt").write_text("\n".join(paths), encoding="utf-8")
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.distributed_worker", str(rank), str(WORLD), str(out)],
-            cwd=ROOT,
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    outputs = []
-    try:
-        for worker in workers:
-            outputs.append(worker.communicate(timeout=TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        for worker in workers:
-            worker.kill()
-            worker.communicate()
-        pytest.fail(f"the gloo workers did not finish within {TIMEOUT_S} s")
-    for rank, (worker, (_, stderr)) in enumerate(zip(workers, outputs, strict=True)):
-        assert worker.returncode == 0, f"rank {rank} failed:\n{stderr}"
-    results = [
-        json.loads((out / f"rank{rank}.json").read_text(encoding="utf-8")) for rank in range(WORLD)
-    ]
+    results = run_ranks("tests.distributed_worker", out, "gloo")
     return out, results
 
 

@@ -7,57 +7,24 @@ gathered digests, so both ranks must report the same thing.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import gradaudit
+from tests.ranks import WORLD, run_ranks
 from tests.training.replica_worker import PERTURBED
 
 #: Slow (not in the quick loop): starts two gloo processes.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 240
-WORLD = 2
-_JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 PARAMETERS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp")
-    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "tests.training.replica_worker"]
-    workers = [
-        subprocess.Popen(
-            [*command, str(rank), str(WORLD), str(out)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    outputs = []
-    try:
-        for worker in workers:
-            outputs.append(worker.communicate(timeout=TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        for worker in workers:
-            worker.kill()
-            worker.communicate()
-        pytest.fail(f"the DDP workers did not finish within {TIMEOUT_S} s")
-    for rank, (worker, (_, stderr)) in enumerate(zip(workers, outputs, strict=True)):
-        assert worker.returncode == 0, f"rank {rank} failed:\n{stderr}"
-    return [json.loads((out / f"rank{r}.json").read_text("utf-8")) for r in range(WORLD)]
+    return run_ranks("tests.training.replica_worker", out, "DDP")
 
 
 def test_healthy_replicas_agree_on_every_step(ranks: list[dict[str, Any]]) -> None:

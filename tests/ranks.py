@@ -1,0 +1,55 @@
+"""Running a test's ranks as subprocesses (gloo, no torchrun): one place for the environment,
+the timeout and how a failed or hung rank is reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Generous: two gloo processes on a loaded 2-core machine take seconds, a hang forever.
+TIMEOUT_S = 240
+WORLD = 2
+_JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without a torchrun job's variables, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def run_ranks(module: str, out: Path, what: str, env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``python -m module RANK WORLD OUT`` for every rank at once; each writes
+    ``OUT/rank{r}.json``, returned in rank order. A rank that fails or a job that hangs
+    fails the test, with the rank's stderr."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, str(rank), str(WORLD), str(out)],
+            cwd=ROOT,
+            env=clean_env() if env is None else env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    outputs = []
+    try:
+        for worker in workers:
+            outputs.append(worker.communicate(timeout=TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        for worker in workers:
+            worker.kill()
+            worker.communicate()
+        pytest.fail(f"the {what} workers did not finish within {TIMEOUT_S} s")
+    for rank, (worker, (_, stderr)) in enumerate(zip(workers, outputs, strict=True)):
+        assert worker.returncode == 0, f"rank {rank} failed:\n{stderr}"
+    return [json.loads((out / f"rank{r}.json").read_text("utf-8")) for r in range(WORLD)]
