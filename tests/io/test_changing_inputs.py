@@ -132,6 +132,7 @@ def test_safetensors_truncated_while_mapped_is_an_input_error(
     assert (tmp_path / "mark").exists() == torch_free
 
 
+@pytest.mark.slow
 @needs_guard
 @pytest.mark.parametrize("force_torch", [False, True])
 def test_torch_zip_truncated_while_mapped_is_an_input_error(

@@ -239,6 +239,7 @@ def mutate(data: bytes, span: tuple[int, int], changes: list[tuple[int, int]]) -
     return bytes(out)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(changes=mutations, cut=st.one_of(st.none(), st.integers(min_value=1)))
 def test_mutated_safetensors_headers_only_exit_0_1_or_3(
@@ -264,6 +265,7 @@ def test_mutated_safetensors_headers_only_exit_0_1_or_3(
     assert_clean_outcome(scan(str(path), "--format", "json"), path)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(changes=mutations)
 def test_mutated_checkpoint_pickles_only_exit_0_1_or_3(
@@ -285,6 +287,7 @@ def test_mutated_checkpoint_pickles_only_exit_0_1_or_3(
     assert_clean_outcome(scan(str(path), "--format", "json"), path)
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(changes=mutations, cut=st.one_of(st.none(), st.integers(min_value=1)))
 def test_mutated_legacy_checkpoints_only_exit_0_1_or_3(

@@ -145,6 +145,7 @@ def test_a_legacy_checkpoint_still_loads(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_real_dcp_metadata_fits_the_ratio_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

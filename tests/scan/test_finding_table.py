@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,7 @@ def extras(stats: list[TensorStats], policy: Thresholds) -> tuple[Finding, ...]:
     return tuple(out)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=300, deadline=None)
 @given(tensors(), POLICIES)
 def test_columns_agree_with_the_findings_evaluate_builds(
@@ -143,6 +145,7 @@ def test_columns_agree_with_the_findings_evaluate_builds(
     assert found[1:3] == tuple(f for _, f in expected[1:3])
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=200, deadline=None)
 @given(tensors(), POLICIES)
 def test_judging_on_columns_equals_judging_a_tuple(
@@ -170,6 +173,7 @@ def test_judging_on_columns_equals_judging_a_tuple(
     )
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=150, deadline=None)
 @given(tensors(), POLICIES)
 def test_renderers_group_columns_as_they_group_a_tuple(

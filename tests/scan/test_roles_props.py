@@ -84,6 +84,7 @@ def _random_stack(seed: int, width: int, depth: int, norm: str) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 10_000),

@@ -234,6 +234,7 @@ def reference_outliers(
     return out
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=300, deadline=None)
 @given(judged(), POLICIES)
 def test_outliers_on_columns_are_the_loops_outliers(
@@ -263,6 +264,7 @@ def test_outliers_on_columns_are_the_loops_outliers(
         assert reference.spread == 1.4826 * statistics.median(abs(x - median) for x in logs)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=200, deadline=None)
 @given(judged())
 def test_health_and_order_on_columns_are_the_loops(stats: list[TensorStats]) -> None:
