@@ -14,6 +14,7 @@ formats, so every format shows the same rows with the same numbers.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from gradaudit.precision import FORMATS, Headroom, Precision, PrecisionReport
@@ -119,7 +120,9 @@ def render_precision(
         out.append(f" … {hidden} more tensors (--all shows them)")
     out.append(_line(report.total.name, cells(report.total), name_width))
     for finding in report.findings:
-        out.append(f"{finding.kind}: {printable(finding.tensor)}: {finding.message}")
+        line = f"{finding.kind}: {printable(finding.tensor)}: {finding.message}"
+        # Wrapped to the width like the rest (a name longer than it stays whole).
+        out.append(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False))
     if not report.findings:
         out.append(
             f"no tensor loses more than {report.max_underflow:g} of its values to underflow "

@@ -44,6 +44,16 @@ def test_underflow_fails_the_run_and_names_the_tensor(write_dump: WriteDump) -> 
     assert result.stderr == ""
 
 
+def test_headroom_findings_wrap_at_the_terminal_width(write_dump: WriteDump) -> None:
+    """A finding on a long name is two lines at 80 columns, not one of ~130."""
+    torch.manual_seed(0)
+    path = write_dump({LONG: torch.randn(64, 64) * 1e-9, "head.weight": torch.randn(8)})
+    result = scan(str(path), "--precision", "fp16")
+    headroom = result.stdout[result.stdout.index("Headroom in fp16") :].splitlines()
+    assert any(line.startswith(f"underflow: {LONG}:") for line in headroom)
+    assert max(len(line) for line in headroom) <= 80
+
+
 def test_fraction_is_configurable_and_bf16_has_room(write_dump: WriteDump) -> None:
     path = str(_dump(write_dump, 1e-9))
     assert scan(path, "--precision", "fp16", "--max-underflow", "0.2").exit_code == ExitCode.OK
