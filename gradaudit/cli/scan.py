@@ -277,7 +277,7 @@ def _scan_without_torch(
     from gradaudit.scan import torch_free  # numpy: only once a command runs
 
     device = str(engine_options.device or "auto")
-    if not torch_free.applies(device=device, engine=engine_options.engine, precision=precision):
+    if not torch_free.applies(device=device, engine=engine_options.engine):
         return None
     entries = list(expand_inputs(paths, recursive=recursive))
     if not torch_free.takes(entries, pickles=True):
@@ -285,7 +285,12 @@ def _scan_without_torch(
     try:
         with progress_bar(*bar) as advance:
             return torch_free.scan_torch_free(
-                entries, thresholds=thresholds, include=include, exclude=exclude, progress=advance
+                entries,
+                thresholds=thresholds,
+                include=include,
+                exclude=exclude,
+                progress=advance,
+                histograms=precision is not None,
             )
     except torch_free.NeedsTorch:
         return None
