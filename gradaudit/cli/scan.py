@@ -133,8 +133,10 @@ def scan(
         typer.Option(
             help="Also report the headroom in a narrower format: the fraction of each "
             "tensor's values that would flush to zero, turn subnormal or overflow, and the "
-            "power-of-two scale that fits them (one extra pass per tensor). With --plot, "
-            "draws the log2 magnitude histogram against the format's range instead.",
+            "power-of-two scale that fits them. The native kernel (CPU tensors) counts them "
+            "in the same read as the stats; the eager and Triton engines (and any GPU "
+            "tensor) read each tensor once more. With --plot, draws the log2 magnitude "
+            "histogram against the format's range instead.",
         ),
     ] = None,
     max_underflow: Annotated[
