@@ -197,6 +197,7 @@ class _Rows:
 
 def _take(blocks: list[np.ndarray], tickets: list[int], width: int, dtype: type) -> np.ndarray:
     """Rows ``tickets`` of the blocks stacked in order (no copy when they are all, in order)."""
+    stacked: np.ndarray
     if not blocks:
         stacked = np.empty((0, width), dtype=dtype)
     elif len(blocks) == 1:
@@ -488,9 +489,7 @@ class NativeScan(Collected):
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
         """The report of the rows collected (they are on the host already), with each
         tensor's exponent histogram when the scan counts them."""
-        histograms = (
-            self._rows.exponent_histograms(self._tickets) if self._rows.histograms else ()
-        )
+        histograms = self._rows.exponent_histograms(self._tickets) if self._rows.histograms else ()
         return self.report(
             self._rows.rows(self._tickets),
             thresholds,
