@@ -346,6 +346,11 @@ class PrecisionFinding:
     source: str | None = None
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 value``, ``2 values``: a finding's message reads as English for every count."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def judge(
     rows: Sequence[Headroom], max_underflow: float = DEFAULT_MAX_UNDERFLOW
 ) -> tuple[PrecisionFinding, ...]:
@@ -360,8 +365,9 @@ def judge(
                     row.name,
                     row.precision,
                     row.flushed_fraction,
-                    f"{row.flushed_fraction:.1%} of {row.nonzero} non-zero values flush to "
-                    f"zero in {label} (> {max_underflow:g})"
+                    f"{row.flushed_fraction:.1%} of {_count(row.nonzero, 'non-zero value')} "
+                    f"{'flushes' if row.nonzero == 1 else 'flush'} to zero in {label} "
+                    f"(> {max_underflow:g})"
                     + ("" if row.scale_log2 is None else f"; scale by 2**{row.scale_log2}"),
                     row.source,
                 )
@@ -374,7 +380,9 @@ def judge(
                     row.name,
                     row.precision,
                     row.overflowed_fraction,
-                    f"{row.overflowed} values overflow {label} ({spec.overflow_result})"
+                    f"{_count(row.overflowed, 'value')} "
+                    f"{'overflows' if row.overflowed == 1 else 'overflow'} {label} "
+                    f"({spec.overflow_result})"
                     + ("" if row.scale_log2 is None else f"; scale by 2**{row.scale_log2}"),
                     row.source,
                 )

@@ -133,8 +133,10 @@ def scan(
         typer.Option(
             help="Also report the headroom in a narrower format: the fraction of each "
             "tensor's values that would flush to zero, turn subnormal or overflow, and the "
-            "power-of-two scale that fits them (one extra pass per tensor). With --plot, "
-            "draws the log2 magnitude histogram against the format's range instead.",
+            "power-of-two scale that fits them. The native kernel (CPU tensors) counts them "
+            "in the same read as the stats; the eager and Triton engines (and any GPU "
+            "tensor) read each tensor once more. With --plot, draws the log2 magnitude "
+            "histogram against the format's range instead.",
         ),
     ] = None,
     max_underflow: Annotated[
@@ -277,7 +279,7 @@ def _scan_without_torch(
     from gradaudit.scan import torch_free  # numpy: only once a command runs
 
     device = str(engine_options.device or "auto")
-    if not torch_free.applies(device=device, engine=engine_options.engine, precision=precision):
+    if not torch_free.applies(device=device, engine=engine_options.engine):
         return None
     entries = list(expand_inputs(paths, recursive=recursive))
     if not torch_free.takes(entries, pickles=True):
@@ -285,7 +287,12 @@ def _scan_without_torch(
     try:
         with progress_bar(*bar) as advance:
             return torch_free.scan_torch_free(
-                entries, thresholds=thresholds, include=include, exclude=exclude, progress=advance
+                entries,
+                thresholds=thresholds,
+                include=include,
+                exclude=exclude,
+                progress=advance,
+                histograms=precision is not None,
             )
     except torch_free.NeedsTorch:
         return None

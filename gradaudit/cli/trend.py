@@ -146,10 +146,15 @@ def trend(
         engine_choice = settings.engine or Engine.AUTO
         kind_of = settings.kind or InputKind.AUTO
         report = None
-        if torch_free.applies(device=device_text, engine=engine_choice, precision=precision):
+        if torch_free.applies(device=device_text, engine=engine_choice):
             try:
                 report = builder.trend_paths_torch_free(
-                    paths, kind=kind_of, policy=policy, group_by=spec, recursive=recursive
+                    paths,
+                    kind=kind_of,
+                    policy=policy,
+                    group_by=spec,
+                    precision=precision,
+                    recursive=recursive,
                 )
             except torch_free.NeedsTorch:
                 report = None  # the torch path below, as scan falls back

@@ -1,4 +1,5 @@
-"""Device side of the exponent histogram: one extra pass per tensor, nothing read back.
+"""Device side of the exponent histogram for the eager and Triton engines and GPU tensors:
+one extra pass per tensor, nothing read back (the native kernel counts in its one read).
 
 Opt-in (``scan --precision``, ``PendingStats(histograms=True)``): the default
 stats row and its kernels are untouched. For positive floats the order of the

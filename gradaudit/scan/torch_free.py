@@ -17,6 +17,10 @@ way when their pickle holds only tensors, containers and plain values
 tensor's address is the map's plus its member's offset, and the walk that names the
 tensors and skips the rest is the torch path's (:func:`gradaudit.io.nested.walk_checkpoint`).
 
+``--precision`` needs no torch either: the kernel counts each tensor's exponent histogram
+in the same call as its row (:meth:`NativeBatch.reduce_with_histograms`, the call the torch
+path's collector makes), and the headroom is judged from them by the same code.
+
 When it applies (:func:`applies`, then :func:`takes`) is decided conservatively; anything
 else takes the torch path unchanged. A file holding a dtype this path cannot report as
 torch would (complex, the fp8 "fnuz" and e8m0 formats, or one this torch may not know),
@@ -53,6 +57,7 @@ from gradaudit.io.sniff import sniff
 from gradaudit.io.torch_zip import inspect_torch_zip
 from gradaudit.io.zip_checkpoint import MappedZipCheckpoint, NotTorchFree, StoredTensor
 from gradaudit.policy import Role, Thresholds
+from gradaudit.precision import ExponentHistogram, layout
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.results.row import ROW_WIDTH, skip_reason
@@ -93,20 +98,15 @@ def gpu_may_exist() -> bool:
     return any(name.startswith("nvidia") and name[6:].isdigit() for name in names)
 
 
-def applies(
-    *,
-    device: str,
-    engine: Engine | str,
-    precision: object | None = None,
-    distributed: bool = False,
-) -> bool:
+def applies(*, device: str, engine: Engine | str, distributed: bool = False) -> bool:
     """Whether a scan with these options may run without torch (the inputs aside: :func:`takes`).
 
     The native kernel must be built and chosen (``auto`` or ``native``); the device
-    ``cpu``, or ``auto`` on a machine where no GPU can exist; no ``--precision`` (its
-    histograms are torch's) and no ``torchrun`` job.
+    ``cpu``, or ``auto`` on a machine where no GPU can exist; no ``torchrun`` job.
+    ``--precision`` needs nothing more: the kernel counts the exponent histograms in the
+    same read as the rows, as it does for the torch path.
     """
-    if precision is not None or distributed or not native_rows.available():
+    if distributed or not native_rows.available():
         return False
     if Engine(engine) not in (Engine.AUTO, Engine.NATIVE):
         return False
@@ -136,12 +136,17 @@ class _Rows:
 
     Tickets are handed out as the collector hands them (one per tensor, in order), so a
     file that fails leaves rows nobody asks for, and batches are cut exactly where the
-    torch path cuts them.
+    torch path cuts them. With ``histograms`` (``--precision``) each call also counts
+    every tensor's exponent histogram in the same read, as the torch path's collector
+    asks the kernel to (``StatsCollector._reduce_batch``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, histograms: bool = False) -> None:
         self.batch = NativeBatch()
         self.blocks: list[np.ndarray] = []
+        self.histograms = histograms
+        #: Per block of :attr:`blocks`, its histograms ``[rows, bins]`` (with ``histograms``).
+        self.histogram_blocks: list[np.ndarray] = []
         self.issued = 0
         self.threads = native_rows.native_threads()
 
@@ -168,22 +173,40 @@ class _Rows:
 
     def settle(self) -> None:
         """Reduce the waiting batch (its tickets are the next rows, in order)."""
-        if len(self.batch):
-            self.blocks.append(self.batch.reduce(self.threads))
-            self.batch = NativeBatch()
+        if not len(self.batch):
+            return
+        if self.histograms:
+            rows, histograms = self.batch.reduce_with_histograms(self.threads)
+            self.histogram_blocks.append(histograms)
+        else:
+            rows = self.batch.reduce(self.threads)
+        self.blocks.append(rows)
+        self.batch = NativeBatch()
 
     def rows(self, tickets: list[int]) -> np.ndarray:
         """The rows of ``tickets``, in that order."""
         self.settle()
-        if not self.blocks:
-            stacked = np.empty((0, ROW_WIDTH), dtype=np.float64)
-        elif len(self.blocks) == 1:
-            stacked = self.blocks[0]
-        else:
-            stacked = np.concatenate(self.blocks)
-        if len(tickets) == len(stacked) and tickets == list(range(len(stacked))):
-            return stacked
-        return stacked[np.asarray(tickets, dtype=np.int64)]
+        return _take(self.blocks, tickets, ROW_WIDTH, np.float64)
+
+    def exponent_histograms(self, tickets: list[int]) -> tuple[ExponentHistogram, ...]:
+        """The exponent histograms of ``tickets``, in that order (``histograms`` only)."""
+        self.settle()
+        counts = _take(self.histogram_blocks, tickets, layout().bins, np.int64)
+        return tuple(ExponentHistogram(tuple(row)) for row in counts.tolist())
+
+
+def _take(blocks: list[np.ndarray], tickets: list[int], width: int, dtype: type) -> np.ndarray:
+    """Rows ``tickets`` of the blocks stacked in order (no copy when they are all, in order)."""
+    stacked: np.ndarray
+    if not blocks:
+        stacked = np.empty((0, width), dtype=dtype)
+    elif len(blocks) == 1:
+        stacked = blocks[0]
+    else:
+        stacked = np.concatenate(blocks)
+    if len(tickets) == len(stacked) and tickets == list(range(len(stacked))):
+        return stacked
+    return stacked[np.asarray(tickets, dtype=np.int64)]
 
 
 class NativeScan(Collected):
@@ -194,9 +217,9 @@ class NativeScan(Collected):
     columns, the same batches, the same report.
     """
 
-    def __init__(self, rows: _Rows | None = None) -> None:
+    def __init__(self, rows: _Rows | None = None, *, histograms: bool = False) -> None:
         super().__init__()
-        self._rows = rows or _Rows()
+        self._rows = rows or _Rows(histograms=histograms)
         self._tickets: list[int] = []
         codes = self._codes_by_name = native_rows.codes_by_name()
         #: Per safetensors dtype code: the kernel's code, -1 if skipped, -2 if torch is needed.
@@ -464,9 +487,15 @@ class NativeScan(Collected):
             progress(nbytes)
 
     def materialize(self, thresholds: Thresholds | None = None) -> Report:
-        """The report of the rows collected (they are on the host already)."""
+        """The report of the rows collected (they are on the host already), with each
+        tensor's exponent histogram when the scan counts them."""
+        histograms = self._rows.exponent_histograms(self._tickets) if self._rows.histograms else ()
         return self.report(
-            self._rows.rows(self._tickets), thresholds, device="cpu", engine=Engine.NATIVE.value
+            self._rows.rows(self._tickets),
+            thresholds,
+            device="cpu",
+            engine=Engine.NATIVE.value,
+            histograms=histograms,
         )
 
 
@@ -494,11 +523,14 @@ def scan_torch_free(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Callable[[int], None] | None = None,
+    histograms: bool = False,
 ) -> Report:
     """:func:`~gradaudit.scan.paths.scan_paths` of expanded inputs that :func:`takes`, without
-    torch; raises :class:`NeedsTorch` when a file needs the torch path after all."""
+    torch; raises :class:`NeedsTorch` when a file needs the torch path after all.
+    ``histograms`` (``--precision``) also collects each tensor's exponent histogram, counted
+    by the native kernel in the same read as its row (``scan_paths``' ``histograms``)."""
     selection = NameFilter(tuple(include), tuple(exclude))
-    scan = NativeScan()
+    scan = NativeScan(histograms=histograms)
     for entry in entries:
         scan.add_input(entry, selection if selection.active else None, progress)
     return scan.materialize(thresholds)

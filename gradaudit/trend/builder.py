@@ -491,10 +491,12 @@ def trend_paths_torch_free(
     policy: TrendPolicy | None = None,
     group_by: GroupBy | None = None,
     kind: InputKind = InputKind.AUTO,
+    precision: Precision | None = None,
     recursive: bool = False,
 ) -> TrendReport:
-    """:func:`trend_paths` without torch, on the CPU with the native kernel (no
-    ``precision``); the caller checks :func:`gradaudit.scan.torch_free.applies` first.
+    """:func:`trend_paths` without torch, on the CPU with the native kernel (``precision``'s
+    histograms counted in the same read as the rows); the caller checks
+    :func:`gradaudit.scan.torch_free.applies` first.
 
     The dumps are read by the torch-free scan (:func:`~gradaudit.scan.torch_free.scan_torch_free`);
     ordering, the builder and the report are :func:`trend_paths`'. Raises
@@ -510,10 +512,12 @@ def trend_paths_torch_free(
         raise torch_free.NeedsTorch(paths)
 
     def scan_dump(path: str, thresholds: Thresholds) -> Report:
-        return torch_free.scan_torch_free([FileInput(path)], thresholds=thresholds)
+        return torch_free.scan_torch_free(
+            [FileInput(path)], thresholds=thresholds, histograms=precision is not None
+        )
 
     dumps, problems = order_dumps(paths, recursive=recursive, metadata_of=mapped_metadata)
-    return _trend(dumps, problems, scan_dump, policy, group_by, kind, None, started)
+    return _trend(dumps, problems, scan_dump, policy, group_by, kind, precision, started)
 
 
 def _trend(

@@ -60,7 +60,7 @@ def test_markdown_lists_the_table_rows_marked_and_the_whole_run_last() -> None:
     assert rows[0].startswith(f"| ❌ `{LONG_NAME}` | 3 | 33.3% | 0 | 33.3% | -30..16 |")
     assert rows[-1].startswith("| **(all tensors)** | 4 |")
     assert f"- ❌ `{LONG_NAME}`: underflow: 33.3% of 3 non-zero values flush" in text
-    assert f"- ❌ `{LONG_NAME}`: overflow: 1 values overflow fp16 (Inf)" in text
+    assert f"- ❌ `{LONG_NAME}`: overflow: 1 value overflows fp16 (Inf)" in text
 
 
 def test_markdown_top_and_all_choose_the_rows_as_the_table_format_does() -> None:
@@ -102,7 +102,7 @@ def test_markdown_quiet_keeps_the_flagged_rows_and_findings_only() -> None:
     assert f"| ❌ `{LONG_NAME}` |" in text
     assert "(all tensors)" not in text
     assert "`c`" not in text
-    assert "overflow: 1 values overflow fp16" in text
+    assert "overflow: 1 value overflows fp16" in text
 
 
 def test_markdown_passing_headroom_says_so() -> None:
@@ -125,7 +125,7 @@ def test_github_one_annotation_per_finding_on_its_file_and_a_summary_notice(
         LONG_NAME,
     ]
     assert "flush to zero in fp16" in errors[0]
-    assert "overflow fp16 (Inf)" in errors[1]
+    assert "1 value overflows fp16 (Inf)" in errors[1]
     notice = [line for line in lines if line.startswith("::notice title=gradaudit%3A headroom")]
     assert notice == [
         "::notice title=gradaudit%3A headroom in fp16::(all tensors): 4 non-zero values: "

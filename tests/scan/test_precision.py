@@ -190,3 +190,16 @@ def test_findings_name_underflow_and_overflow() -> None:
     assert [f.kind for f in found] == ["underflow", "overflow"]
     assert "scale by 2**-1" in found[1].message
     assert judge([row], max_underflow=0.5)[0].kind == "overflow"
+
+
+def test_finding_messages_agree_with_their_counts() -> None:
+    one = torch.tensor([1e-9, 1e5])
+    row = headroom("w", _histogram(one), Precision.FP16, max_abs=1e5)
+    underflow, overflow = (f.message for f in judge([row], max_underflow=0.1))
+    assert underflow.startswith("50.0% of 2 non-zero values flush to zero in fp16")
+    assert overflow.startswith("1 value overflows fp16 (Inf)")
+    two = torch.tensor([1e-9, 1e5, -1e6])
+    row = headroom("w", _histogram(two), Precision.FP16, max_abs=1e6)
+    assert judge([row], max_underflow=0.5)[0].message.startswith("2 values overflow fp16")
+    single = headroom("w", _histogram(torch.tensor([1e-9])), Precision.FP16, max_abs=1e-9)
+    assert judge([single])[0].message.startswith("100.0% of 1 non-zero value flushes to zero")

@@ -287,7 +287,6 @@ def test_the_choice_of_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert not torch_free.applies(device="cuda", engine="auto")
     assert not torch_free.applies(device="cpu", engine="eager")
     assert not torch_free.applies(device="cpu", engine="triton")
-    assert not torch_free.applies(device="cpu", engine="auto", precision="bf16")
     assert not torch_free.applies(device="cpu", engine="auto", distributed=True)
     monkeypatch.setattr(torch_free, "gpu_may_exist", lambda: True)
     assert not torch_free.applies(device="auto", engine="auto")
@@ -327,9 +326,6 @@ def test_scan_of_safetensors_imports_no_torch(tmp_path: Path) -> None:
     report = json.loads(stdout)
     assert report["engine"] == "native"
     assert report["summary"]["nan_tensors"] == 1
-    _, heavy, code = run_cli("scan", str(path), "--precision", "bf16", "--device", "cpu")
-    assert "torch" in heavy
-    assert code == 1
     _, heavy, _ = run_cli("scan", str(path), "--engine", "eager")
     assert "torch" in heavy
 
