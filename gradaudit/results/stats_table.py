@@ -137,6 +137,8 @@ class StatsTable(ColumnView[TensorStats]):
 
     item_noun = "tensor"
     __slots__ = (
+        "_finite",
+        "_nonfinite",
         "dims",
         "dtype_codes",
         "dtypes",
@@ -193,6 +195,10 @@ class StatsTable(ColumnView[TensorStats]):
         self.evidence_codes = np.zeros(len(names), dtype=np.int32)
         self.evidences: tuple[str, ...] = ("",)
         self.evidence_thin: tuple[bool, ...] = (False,)
+        # Derived from the counts when first asked for, then kept: the columns are never
+        # changed in place, and a report reads these several times (issue 28 item 9).
+        self._finite: np.ndarray | None = None
+        self._nonfinite: np.ndarray | None = None
 
     @classmethod
     def from_rows(
@@ -221,12 +227,13 @@ class StatsTable(ColumnView[TensorStats]):
         pos_inf = rows[:, POS_INF].astype(np.int64)
         neg_inf = rows[:, NEG_INF].astype(np.int64)
         zeros = rows[:, ZEROS].astype(np.int64)
-        finite = numel - nan - pos_inf - neg_inf
+        nonfinite = nan + pos_inf + neg_inf
+        finite = numel - nonfinite
         # Overflow to inf is a value here (a float64 norm beyond range), as in Python.
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             norm = rows[:, SCALE] * np.sqrt(rows[:, SSQ])
             rms = np.where(finite > 0, norm / np.sqrt(finite), np.nan)
-        return cls(
+        table = cls(
             names,
             dims,
             starts,
@@ -239,6 +246,8 @@ class StatsTable(ColumnView[TensorStats]):
             norm,
             rms,
         )
+        table._finite, table._nonfinite = finite, nonfinite
+        return table
 
     @classmethod
     def from_stats(cls, tensors: Sequence[TensorStats]) -> StatsTable:
@@ -289,13 +298,15 @@ class StatsTable(ColumnView[TensorStats]):
 
     @property
     def finite(self) -> np.ndarray:
-        finite: np.ndarray = self.numel - self.nan - self.pos_inf - self.neg_inf
-        return finite
+        if self._finite is None:
+            self._finite = self.numel - self.nonfinite
+        return self._finite
 
     @property
     def nonfinite(self) -> np.ndarray:
-        nonfinite: np.ndarray = self.nan + self.pos_inf + self.neg_inf
-        return nonfinite
+        if self._nonfinite is None:
+            self._nonfinite = self.nan + self.pos_inf + self.neg_inf
+        return self._nonfinite
 
     @property
     def ranks(self) -> np.ndarray:
