@@ -25,7 +25,7 @@ import numpy as np
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
 from gradaudit.results.column_view import ColumnView
-from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
+from gradaudit.results.row import MAX_ABS, NAN, SCALE, SSQ, ZEROS
 
 __all__ = ["ROLES", "StatsTable", "coded", "gathered", "same_shapes", "shapes_of"]
 
@@ -223,10 +223,8 @@ class StatsTable(ColumnView[TensorStats]):
         """
         if numel is None:
             numel = numels_of(dims, starts)
-        nan = rows[:, NAN].astype(np.int64)
-        pos_inf = rows[:, POS_INF].astype(np.int64)
-        neg_inf = rows[:, NEG_INF].astype(np.int64)
-        zeros = rows[:, ZEROS].astype(np.int64)
+        # The four count slots in one cast, one contiguous row per count.
+        nan, pos_inf, neg_inf, zeros = np.ascontiguousarray(rows[:, NAN : ZEROS + 1].T, np.int64)
         nonfinite = nan + pos_inf + neg_inf
         finite = numel - nonfinite
         # Overflow to inf is a value here (a float64 norm beyond range), as in Python.

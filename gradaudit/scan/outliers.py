@@ -198,10 +198,10 @@ def _far_from_median(rms: np.ndarray, limit: float) -> tuple[float, float, list[
     """
     if len(rms) <= _LIST_LIMIT:
         logs = list(map(math.log10, rms.tolist()))
-        if all(map(math.isfinite, logs)):
+        if math.isfinite(sum(logs)):  # every log finite (an inf or NaN makes the sum so)
             median = _list_median(sorted(logs))
-            spread = 1.4826 * _list_median(sorted([abs(x - median) for x in logs]))
             distances = [x - median for x in logs]
+            spread = 1.4826 * _list_median(sorted(map(abs, distances)))
             far = [(i, d) for i, d in enumerate(distances) if abs(d) > limit]
             return median, spread, far
     logs_array = _log10(rms)

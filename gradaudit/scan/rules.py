@@ -266,7 +266,8 @@ def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
         large[np.flatnonzero(large)] = diverged_weight_mask(table, np.flatnonzero(large))
         weight &= all_zero | large
     mask = (table.nonfinite > 0) | gradient | weight
-    return np.flatnonzero(mask)
+    indices: np.ndarray = mask.nonzero()[0]  # a 1-D mask: flatnonzero without its ravel
+    return indices
 
 
 def cast_limits(target: str) -> tuple[float, float]:

@@ -50,8 +50,12 @@ def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
             model = model.module
             continue
-        inner = getattr(model, "_orig_mod", None)
-        if type(model).__name__ == "OptimizedModule" and isinstance(inner, torch.nn.Module):
+        # The name first: a plain module's ``_orig_mod`` lookup raises inside torch's
+        # ``__getattr__`` (~2 us, on every monitor step: issue 28 item 9).
+        inner = (
+            getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+        )
+        if isinstance(inner, torch.nn.Module):
             model = inner
         else:
             return model
@@ -132,6 +136,10 @@ class GradientLister:
         self._prefix = prefix
         self._root: torch.nn.Module | None = None
         self._pairs: list[tuple[str, torch.Tensor]] = []
+        # The pairs as columns, and a column of ``None`` as long, for :meth:`__call__`.
+        self._names: list[str] = []
+        self._parameters: list[torch.Tensor] = []
+        self._nones: list[None] = []
         #: Every module's ``_parameters`` and ``_modules`` dicts with their lengths, and
         #: every entry of them, as walked. Held, so no id is reused meanwhile.
         self._sizes: list[tuple[dict[str, object], int]] = []
@@ -146,8 +154,13 @@ class GradientLister:
             return named_gradients(self._params, prefix=self._prefix)
         if self._root is None or not self._unchanged(self._params):
             self._walk(self._params)
-        # ``grad`` read once per parameter: a property through torch's C code.
-        return [(name, grad) for name, param in self._pairs if (grad := param.grad) is not None]
+        # ``grad`` read once per parameter (a property through torch's C code), in a C loop.
+        grads = list(map(_GRAD, self._parameters))
+        if all(map(operator.is_not, grads, self._nones)):  # every parameter has one
+            return list(zip(self._names, grads, strict=True))
+        return [
+            (name, grad) for name, grad in zip(self._names, grads, strict=True) if grad is not None
+        ]
 
     def names(self) -> list[str]:
         """The name of every parameter, with or without a gradient, in order (a module's
@@ -161,6 +174,9 @@ class GradientLister:
     def _walk(self, module: torch.nn.Module) -> None:
         self._root = unwrap_module(module)
         self._pairs = list(named_parameters(module, prefix=self._prefix))
+        self._names = [name for name, _ in self._pairs]
+        self._parameters = [param for _, param in self._pairs]
+        self._nones = [None] * len(self._pairs)
         dicts: list[dict[str, object]] = []
         for each in self._root.modules():
             dicts += [each._parameters, each._modules]  # type: ignore[list-item]
@@ -183,6 +199,8 @@ class GradientLister:
         return all(map(operator.is_, found, self._entry_values))
 
 
+_GRAD = operator.attrgetter("grad")
+_SECOND = operator.itemgetter(1)
 #: Not any entry's value (a parameter may be registered as ``None``).
 _MISSING = object()
 
@@ -220,7 +238,7 @@ def collect_gradients(
     reuses its scratch buffers instead of allocating fresh ones every step.
     """
     named = list(gradients)
-    if group is not None or any_dtensor(grad for _, grad in named):
+    if group is not None or any_dtensor(map(_SECOND, named)):
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_all(named)
