@@ -178,8 +178,8 @@ def find_outliers(
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """``np.array_equal`` of two masks, without its checks' cost (a monitor's every step)."""
-    return a.shape == b.shape and bool((a == b).all())
+    """``np.array_equal`` of two boolean masks, as bytes (a monitor's every step)."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 #: Groups up to this size are judged on Python floats: a few dozen values take longer
@@ -202,7 +202,7 @@ def _far_from_median(rms: np.ndarray, limit: float) -> tuple[float, float, list[
             median = _list_median(sorted(logs))
             distances = [x - median for x in logs]
             spread = 1.4826 * _list_median(sorted(map(abs, distances)))
-            far = [(i, d) for i, d in enumerate(distances) if abs(d) > limit]
+            far = [(i, d) for i, d in enumerate(distances) if d > limit or d < -limit]
             return median, spread, far
     logs_array = _log10(rms)
     median = _median(logs_array)
