@@ -25,7 +25,7 @@ import numpy as np
 from gradaudit.policy import Role
 from gradaudit.results import TensorStats
 from gradaudit.results.column_view import ColumnView
-from gradaudit.results.row import MAX_ABS, NAN, NEG_INF, POS_INF, SCALE, SSQ, ZEROS
+from gradaudit.results.row import MAX_ABS, NAN, SCALE, SSQ, ZEROS
 
 __all__ = ["ROLES", "StatsTable", "coded", "gathered", "same_shapes", "shapes_of"]
 
@@ -137,6 +137,8 @@ class StatsTable(ColumnView[TensorStats]):
 
     item_noun = "tensor"
     __slots__ = (
+        "_finite",
+        "_nonfinite",
         "dims",
         "dtype_codes",
         "dtypes",
@@ -193,6 +195,10 @@ class StatsTable(ColumnView[TensorStats]):
         self.evidence_codes = np.zeros(len(names), dtype=np.int32)
         self.evidences: tuple[str, ...] = ("",)
         self.evidence_thin: tuple[bool, ...] = (False,)
+        # Derived from the counts when first asked for, then kept: the columns are never
+        # changed in place, and a report reads these several times (issue 28 item 9).
+        self._finite: np.ndarray | None = None
+        self._nonfinite: np.ndarray | None = None
 
     @classmethod
     def from_rows(
@@ -217,16 +223,15 @@ class StatsTable(ColumnView[TensorStats]):
         """
         if numel is None:
             numel = numels_of(dims, starts)
-        nan = rows[:, NAN].astype(np.int64)
-        pos_inf = rows[:, POS_INF].astype(np.int64)
-        neg_inf = rows[:, NEG_INF].astype(np.int64)
-        zeros = rows[:, ZEROS].astype(np.int64)
-        finite = numel - nan - pos_inf - neg_inf
+        # The four count slots in one cast, one contiguous row per count.
+        nan, pos_inf, neg_inf, zeros = np.ascontiguousarray(rows[:, NAN : ZEROS + 1].T, np.int64)
+        nonfinite = nan + pos_inf + neg_inf
+        finite = numel - nonfinite
         # Overflow to inf is a value here (a float64 norm beyond range), as in Python.
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             norm = rows[:, SCALE] * np.sqrt(rows[:, SSQ])
             rms = np.where(finite > 0, norm / np.sqrt(finite), np.nan)
-        return cls(
+        table = cls(
             names,
             dims,
             starts,
@@ -239,6 +244,8 @@ class StatsTable(ColumnView[TensorStats]):
             norm,
             rms,
         )
+        table._finite, table._nonfinite = finite, nonfinite
+        return table
 
     @classmethod
     def from_stats(cls, tensors: Sequence[TensorStats]) -> StatsTable:
@@ -289,13 +296,15 @@ class StatsTable(ColumnView[TensorStats]):
 
     @property
     def finite(self) -> np.ndarray:
-        finite: np.ndarray = self.numel - self.nan - self.pos_inf - self.neg_inf
-        return finite
+        if self._finite is None:
+            self._finite = self.numel - self.nonfinite
+        return self._finite
 
     @property
     def nonfinite(self) -> np.ndarray:
-        nonfinite: np.ndarray = self.nan + self.pos_inf + self.neg_inf
-        return nonfinite
+        if self._nonfinite is None:
+            self._nonfinite = self.nan + self.pos_inf + self.neg_inf
+        return self._nonfinite
 
     @property
     def ranks(self) -> np.ndarray:

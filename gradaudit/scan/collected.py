@@ -322,11 +322,15 @@ class Collected:
                     i for i, hint in enumerate(hints) if hint is not None and hint.aux is not None
                 ]
             )
-            derived = {
-                (stats.source, hint.aux_for, hint.aux): stats
-                for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
-                if hint is not None and hint.aux is not None
-            }
+            derived = (
+                {
+                    (stats.source, hint.aux_for, hint.aux): stats
+                    for stats, hint in zip(table.take(aux), [hints[i] for i in aux], strict=True)
+                    if hint is not None and hint.aux is not None
+                }
+                if aux
+                else {}
+            )
             main: list[int] = []
             if aux:  # derived rows ride along; they are not audited tensors
                 skip = set(aux)
@@ -345,8 +349,10 @@ class Collected:
                 if layout is None
                 else layout.optimizer
             )
-            estimates, negatives = gradient_estimates(
-                table.take(optimizer), [hints[i] for i in optimizer], derived
+            estimates, negatives = (
+                gradient_estimates(table.take(optimizer), [hints[i] for i in optimizer], derived)
+                if optimizer
+                else ((), [])
             )
             judged = evaluate_all(table, thresholds) + evaluate_optimizer_state(
                 estimates, negatives, thresholds

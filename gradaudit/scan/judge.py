@@ -130,7 +130,13 @@ def gradient_health(tensors: Sequence[TensorStats], findings: Sequence[Finding])
         return 0.0
     flagged = flagged_indices(table, findings, ignored=False)
     clean = total - int(table.numel[flagged].sum())
-    nonfinite = int(table.nonfinite.sum())
+    return _health(total, clean, int(table.nonfinite.sum()))
+
+
+def _health(total: int, clean: int, nonfinite: int) -> float:
+    """The score of :func:`gradient_health` from its counts (0 for nothing audited)."""
+    if total == 0:
+        return 0.0
     score = (clean / total) * ((total - nonfinite) / total) * (0.5 if nonfinite else 1.0)
     return min(1.0, max(0.0, score))
 
@@ -402,6 +408,10 @@ def summarize(
     global_norm: float,
     excluded: int = 0,
 ) -> Summary:
+    if not len(findings):  # a healthy step (a monitor's, every step): nothing to count
+        return _summary_without_findings(
+            tensors, len(limit_findings), skipped, global_norm, excluded
+        )
     columns = column_findings(tensors, findings)
     severities: Counter[Severity] = Counter()
     if columns is not None:  # a million flagged tensors: counted on the columns
@@ -441,6 +451,31 @@ def summarize(
         failing_findings=severities[Severity.ERROR] + len(limit_findings),
         warnings=severities[Severity.WARNING],
         ignored_findings=severities[Severity.IGNORED],
+        excluded=excluded,
+    )
+
+
+def _summary_without_findings(
+    tensors: StatsTable, limit_findings: int, skipped: int, global_norm: float, excluded: int
+) -> Summary:
+    """:func:`summarize` with no finding: every count 0 and the health of
+    :func:`gradient_health` with nothing flagged, read on the columns in a few numpy
+    calls (a monitor summarizes every collected step; issue 28 item 9)."""
+    total = int(tensors.numel.sum())
+    return Summary(
+        tensors=len(tensors),
+        skipped=skipped,
+        elements=total,
+        global_norm=global_norm,
+        nan_tensors=0,
+        inf_tensors=0,
+        vanishing_tensors=0,
+        exploding_tensors=0,
+        outlier_tensors=0,
+        gradient_health=_health(total, total, int(tensors.nonfinite.sum())),
+        failing_findings=limit_findings,
+        warnings=0,
+        ignored_findings=0,
         excluded=excluded,
     )
 

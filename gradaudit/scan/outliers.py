@@ -135,7 +135,7 @@ def find_outliers(
     # The layout's groups are of the same roles and shapes: only the RMS signs may differ.
     candidates = _candidates(table) if groups is None else groups.candidates
     eligible = candidates & _positive(table)
-    if groups is None or not np.array_equal(groups.eligible, eligible):
+    if groups is None or not _same(groups.eligible, eligible):
         groups = outlier_groups(table, candidates, eligible)
     if not groups.members:
         return (), ()
@@ -143,7 +143,8 @@ def find_outliers(
     # A mask, not a set of indices: with a million flagged tensors (an all-zero dump) a
     # set of Python ints was the scan's peak memory (~70 MB), for no eligible tensor.
     already = np.zeros(len(table), dtype=bool)
-    already[flagged_indices(table, findings_so_far, magnitude)] = True
+    if len(findings_so_far):  # none on a healthy step
+        already[flagged_indices(table, findings_so_far, magnitude)] = True
     rms = table.rms
     roles = table.role_codes
     shape_class = groups.shape_class
@@ -155,20 +156,16 @@ def find_outliers(
         role = ROLES[roles[first_member]]
         shapes = _LABELS[int(shape_class[first_member])]
         member_rms = rms[members]
-        logs = _log10(member_rms)
-        median = _median(logs)
-        spread = 1.4826 * _median(np.abs(logs - median))
         limit = thresholds.outlier_limit(role)
+        median, spread, far = _far_from_median(member_rms, limit)
         references.append(
             OutlierReference(role, source, len(members), median, spread, limit, shapes)
         )
-        distance = logs - median
-        for where in np.flatnonzero(np.abs(distance) > limit).tolist():
+        for where, away in far:
             member = int(members[where])
             if already[member]:
                 continue
             name = table.names[member]
-            away = float(distance[where])
             direction = "above" if away > 0 else "below"
             message = (
                 f"RMS {float(member_rms[where]):.3g} is {abs(away):.1f} decades {direction} the "
@@ -178,6 +175,49 @@ def find_outliers(
             kind = FindingKind.OUTLIER
             findings.append(Finding(kind, thresholds.severity(kind, name), name, message, source))
     return tuple(findings), tuple(references)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal`` of two boolean masks, as bytes (a monitor's every step)."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+#: Groups up to this size are judged on Python floats: a few dozen values take longer
+#: through numpy's per-call cost than through a list (a monitor's 40 tensors, every step).
+_LIST_LIMIT = 256
+
+
+def _far_from_median(rms: np.ndarray, limit: float) -> tuple[float, float, list[tuple[int, float]]]:
+    """``(median, spread, far)`` of a group's log10 RMS: ``far`` holds ``(position,
+    distance)`` of each member more than ``limit`` from the median, in order.
+
+    The same IEEE operations on lists of Python floats for a small group as on arrays
+    for a large one (``math.log10``, the middle of the sorted values, differences,
+    absolute values), so both give the same bits; a group with a non-finite log (an
+    RMS that overflowed) takes the arrays, whose sort places NaN as numpy does.
+    """
+    if len(rms) <= _LIST_LIMIT:
+        logs = list(map(math.log10, rms.tolist()))
+        if math.isfinite(sum(logs)):  # every log finite (an inf or NaN makes the sum so)
+            median = _list_median(sorted(logs))
+            distances = [x - median for x in logs]
+            spread = 1.4826 * _list_median(sorted(map(abs, distances)))
+            far = [(i, d) for i, d in enumerate(distances) if d > limit or d < -limit]
+            return median, spread, far
+    logs_array = _log10(rms)
+    median = _median(logs_array)
+    spread = 1.4826 * _median(np.abs(logs_array - median))
+    distance = logs_array - median
+    where = np.flatnonzero(np.abs(distance) > limit).tolist()
+    return median, spread, [(i, float(distance[i])) for i in where]
+
+
+def _list_median(ordered: list[float]) -> float:
+    """:func:`_median` of values already sorted."""
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 #: Values turned into Python floats at once by :func:`_log10`.

@@ -163,6 +163,8 @@ def _diverged_any_role(table: StatsTable, rows: np.ndarray) -> np.ndarray:
 
 def table_of(tensors: Iterable[TensorStats]) -> StatsTable:
     """``tensors`` as a :class:`~gradaudit.results.stats_table.StatsTable` (itself if one)."""
+    if isinstance(tensors, StatsTable):  # before the ABC check below, ~10x its cost
+        return tensors
     return StatsTable.from_stats(tensors if isinstance(tensors, Sequence) else list(tensors))
 
 
@@ -266,7 +268,8 @@ def judged_candidates(table: StatsTable, thresholds: Thresholds) -> np.ndarray:
         large[np.flatnonzero(large)] = diverged_weight_mask(table, np.flatnonzero(large))
         weight &= all_zero | large
     mask = (table.nonfinite > 0) | gradient | weight
-    return np.flatnonzero(mask)
+    indices: np.ndarray = mask.nonzero()[0]  # a 1-D mask: flatnonzero without its ravel
+    return indices
 
 
 def cast_limits(target: str) -> tuple[float, float]:

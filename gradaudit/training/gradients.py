@@ -10,6 +10,7 @@ tensors with a process group passed, are combined across ranks by
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -49,8 +50,12 @@ def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
             model = model.module
             continue
-        inner = getattr(model, "_orig_mod", None)
-        if type(model).__name__ == "OptimizedModule" and isinstance(inner, torch.nn.Module):
+        # The name first: a plain module's ``_orig_mod`` lookup raises inside torch's
+        # ``__getattr__`` (~2 us, on every monitor step: issue 28 item 9).
+        inner = (
+            getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+        )
+        if isinstance(inner, torch.nn.Module):
             model = inner
         else:
             return model
@@ -131,18 +136,31 @@ class GradientLister:
         self._prefix = prefix
         self._root: torch.nn.Module | None = None
         self._pairs: list[tuple[str, torch.Tensor]] = []
+        # The pairs as columns, and a column of ``None`` as long, for :meth:`__call__`.
+        self._names: list[str] = []
+        self._parameters: list[torch.Tensor] = []
+        self._nones: list[None] = []
         #: Every module's ``_parameters`` and ``_modules`` dicts with their lengths, and
         #: every entry of them, as walked. Held, so no id is reused meanwhile.
         self._sizes: list[tuple[dict[str, object], int]] = []
-        self._entries: list[tuple[dict[str, object], str, object]] = []
+        # The entries as three parallel lists (dict, key, value), checked in one C pass.
+        self._entry_dicts: list[dict[str, object]] = []
+        self._entry_keys: list[str] = []
+        self._entry_values: list[object] = []
+        self._missing: list[object] = []
 
     def __call__(self) -> list[tuple[str, torch.Tensor]]:
         if not isinstance(self._params, torch.nn.Module):
             return named_gradients(self._params, prefix=self._prefix)
         if self._root is None or not self._unchanged(self._params):
             self._walk(self._params)
-        # ``grad`` read once per parameter: a property through torch's C code.
-        return [(name, grad) for name, param in self._pairs if (grad := param.grad) is not None]
+        # ``grad`` read once per parameter (a property through torch's C code), in a C loop.
+        grads = list(map(_GRAD, self._parameters))
+        if all(map(operator.is_not, grads, self._nones)):  # every parameter has one
+            return list(zip(self._names, grads, strict=True))
+        return [
+            (name, grad) for name, grad in zip(self._names, grads, strict=True) if grad is not None
+        ]
 
     def names(self) -> list[str]:
         """The name of every parameter, with or without a gradient, in order (a module's
@@ -156,13 +174,18 @@ class GradientLister:
     def _walk(self, module: torch.nn.Module) -> None:
         self._root = unwrap_module(module)
         self._pairs = list(named_parameters(module, prefix=self._prefix))
+        self._names = [name for name, _ in self._pairs]
+        self._parameters = [param for _, param in self._pairs]
+        self._nones = [None] * len(self._pairs)
         dicts: list[dict[str, object]] = []
         for each in self._root.modules():
             dicts += [each._parameters, each._modules]  # type: ignore[list-item]
         self._sizes = [(entries, len(entries)) for entries in dicts]
-        self._entries = [
-            (entries, key, value) for entries in dicts for key, value in entries.items()
-        ]
+        entries = [(each, key, value) for each in dicts for key, value in each.items()]
+        self._entry_dicts = [each for each, _, _ in entries]
+        self._entry_keys = [key for _, key, _ in entries]
+        self._entry_values = [value for _, _, value in entries]
+        self._missing = [_MISSING] * len(entries)
 
     def _unchanged(self, module: torch.nn.Module) -> bool:
         if unwrap_module(module) is not self._root:
@@ -170,9 +193,14 @@ class GradientLister:
         for entries, size in self._sizes:
             if len(entries) != size:
                 return False
-        return all(entries.get(key, _MISSING) is value for entries, key, value in self._entries)
+        # ``dict.get(entries, key, _MISSING) is value`` for every entry, mapped in C: a
+        # Python generator over the entries was half the lister's cost (issue 28 item 9).
+        found = map(dict.get, self._entry_dicts, self._entry_keys, self._missing)
+        return all(map(operator.is_, found, self._entry_values))
 
 
+_GRAD = operator.attrgetter("grad")
+_SECOND = operator.itemgetter(1)
 #: Not any entry's value (a parameter may be registered as ``None``).
 _MISSING = object()
 
@@ -210,7 +238,7 @@ def collect_gradients(
     reuses its scratch buffers instead of allocating fresh ones every step.
     """
     named = list(gradients)
-    if group is not None or any_dtensor(grad for _, grad in named):
+    if group is not None or any_dtensor(map(_SECOND, named)):
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_all(named)

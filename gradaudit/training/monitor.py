@@ -201,8 +201,11 @@ class MonitorRecord:
         table = self._table
         if table is None:
             return tuple(t.name for t in self.report.tensors if t.nonfinite)
+        nonfinite = table.nonfinite
+        if not nonfinite.any():  # a healthy step
+            return ()
         names = table.names
-        return tuple(names[i] for i in np.flatnonzero(table.nonfinite).tolist())
+        return tuple(names[i] for i in np.flatnonzero(nonfinite).tolist())
 
     @cached_property
     def findings(self) -> tuple[Finding, ...]:

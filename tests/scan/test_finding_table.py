@@ -228,3 +228,20 @@ def test_a_million_findings_are_columns_not_objects() -> None:
     assert summary.vanishing_tensors == count
     assert summary.warnings == count
     assert found[count - 1].kind is FindingKind.VANISHING
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(tensors())
+def test_a_summary_without_findings_is_the_counted_one(stats: list[TensorStats]) -> None:
+    """The shortcut for no finding (a monitor's healthy step) gives the summary the count
+    over the findings gives: zero counts, and the health of the NaN/Inf left unjudged."""
+    table = StatsTable.from_stats(stats)
+    summary = summarize(table, (), ("limit",), 3, 2.5, 4)  # type: ignore[arg-type]
+    assert summary.gradient_health == gradient_health(table, ())
+    assert (summary.tensors, summary.skipped, summary.excluded) == (len(stats), 3, 4)
+    assert summary.elements == sum(t.numel for t in stats)
+    assert (summary.nan_tensors, summary.outlier_tensors, summary.warnings) == (0, 0, 0)
+    assert summary.failing_findings == 1  # the limit finding
+    empty = FindingTable.judge(table, Thresholds(vanishing=0.0, exploding=math.inf))
+    if not len(empty):
+        assert summarize(table, empty, (), 0, 1.0) == summarize(table, (), (), 0, 1.0)

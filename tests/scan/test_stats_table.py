@@ -28,6 +28,7 @@ from gradaudit.roles import (
     role_from_name,
     stats_evidence,
 )
+from gradaudit.scan import outliers
 from gradaudit.scan.judge import evaluate_all, gradient_health, in_tensor_order, with_roles
 from gradaudit.scan.outliers import OUTLIER_MIN_TENSORS, find_outliers
 from gradaudit.scan.rules import evaluate
@@ -438,3 +439,23 @@ def test_coded_values_keep_their_first_appearance_order() -> None:
     assert (distinct, codes.tolist()) == ((None,), [0, 0, 0])
     distinct, codes = coded([], np.int16)
     assert (distinct, codes.tolist()) == ((), [])
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([1e-300, 1e-9, 1e-3, 0.02, 0.03, 1.0, 7.5, 1e5, 1e300, math.inf]),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([0.5, 1.0, 2.0]),
+)
+def test_small_outlier_groups_on_lists_match_the_arrays(rms: list[float], limit: float) -> None:
+    """A small group judged on Python floats gives the bits the array path gives."""
+    values = np.array(rms, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf: a group with a non-finite log
+        on_lists = outliers._far_from_median(values, limit)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(outliers, "_LIST_LIMIT", 0)
+            on_arrays = outliers._far_from_median(values, limit)
+    assert repr(on_lists) == repr(on_arrays)  # repr: NaN equals NaN, -0.0 is not 0.0
