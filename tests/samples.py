@@ -26,6 +26,15 @@ from gradaudit.scan.pending import PendingStats
 #: The engine label every sample report carries. Which kernel ran depends on the install
 #: (no C compiler: eager instead of native); rendered output must not.
 ENGINE = "native"
+#: The floating dtypes the native kernel reads (the torch-free path's too).
+KERNEL_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:

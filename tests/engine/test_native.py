@@ -17,15 +17,9 @@ from gradaudit.engine import native
 from gradaudit.engine.stats import HostRow, StatsCollector, read_rows
 from tests.engine.test_stats import HUGE, assert_matches_reference
 from tests.reference import reference_stats
+from tests.samples import KERNEL_DTYPES
 
-NATIVE_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-]
+NATIVE_DTYPES = KERNEL_DTYPES
 PATHS = list(native.PATHS)
 #: Subnormal in float32 (1e-40) and in float64 (1e-310).
 SUBNORMALS = [1e-40, 1e-310]

@@ -20,6 +20,7 @@ import torch
 from gradaudit.io import zip_checkpoint
 from tests.cli.test_startup import run_cli
 from tests.hostile import CASES, data_pkl, patch_member
+from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways, needs_native
 
 pytestmark = needs_native
@@ -40,12 +41,7 @@ def _planted(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 
 
 DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
+    *KERNEL_DTYPES,
     torch.int64,
     torch.int32,
     torch.int16,

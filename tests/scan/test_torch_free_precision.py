@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from gradaudit.engine import native_rows
 from gradaudit.precision import FORMATS, Precision
 from tests.cli.test_startup import run_cli
+from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways, needs_native
 from tests.scan.test_torch_free_commands import _invoke as invoke_command
 from tests.scan.test_torch_free_commands import _series
@@ -28,14 +29,7 @@ pytestmark = needs_native
 
 TARGETS = [precision.value for precision in Precision]
 #: The kernel's dtypes, each a tensor of the file (float64 is binned after rounding).
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-]
+DTYPES = KERNEL_DTYPES
 
 
 def _boundaries() -> torch.Tensor:
