@@ -26,6 +26,7 @@ from tests.conftest import runner
 from tests.hostile import (
     CASES,
     NOTHING_TO_AUDIT,
+    TORCH_2_6_CASES,
     ExecMarker,
     OpenMarker,
     TouchMarker,
@@ -72,15 +73,10 @@ def assert_one_line_error(result: Any, path: Path, cause: str) -> str:
     return lines[0]
 
 
-#: Cases whose refusal relies on torch >= 2.6: the storage offsets a meta load records (the
-#: size check, skipped where torch records none) and its EOF message for a cut legacy file.
-_TORCH_2_6_CASES = {"zip-storage-larger-than-member", "truncated-legacy-checkpoint"}
-
-
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=requires_torch_2_6) if n in _TORCH_2_6_CASES else n
+        pytest.param(n, marks=requires_torch_2_6) if n in TORCH_2_6_CASES else n
         for n in sorted(CASES)
     ],
 )

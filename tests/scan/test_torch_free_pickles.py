@@ -19,9 +19,10 @@ import torch
 
 from gradaudit.io import zip_checkpoint
 from tests.cli.test_startup import run_cli
-from tests.hostile import CASES, data_pkl, patch_member
+from tests.hostile import CASES, TORCH_2_6_CASES, data_pkl, patch_member
 from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways, needs_native
+from tests.torch_features import requires_torch_2_6
 
 pytestmark = needs_native
 
@@ -184,21 +185,24 @@ def _folder(path: Path) -> Path:
 @pytest.mark.parametrize(
     "case",
     [
-        "empty-pt",
-        "truncated-zip-checkpoint",
-        "truncated-legacy-checkpoint",
-        "safetensors-named-pt",
-        "unsafe-open-zip",
-        "unsafe-exec-zip",
-        "unsafe-open-protocol-4",
-        "plain-pickle",
-        "pickled-module",
-        "custom-class",
-        "torchscript",
-        "zip-crc-mismatch",
-        "zip-compressed-member",
-        "zip-storage-larger-than-member",
-        "pickle-protocol-4",
+        pytest.param(name, marks=requires_torch_2_6) if name in TORCH_2_6_CASES else name
+        for name in [
+            "empty-pt",
+            "truncated-zip-checkpoint",
+            "truncated-legacy-checkpoint",
+            "safetensors-named-pt",
+            "unsafe-open-zip",
+            "unsafe-exec-zip",
+            "unsafe-open-protocol-4",
+            "plain-pickle",
+            "pickled-module",
+            "custom-class",
+            "torchscript",
+            "zip-crc-mismatch",
+            "zip-compressed-member",
+            "zip-storage-larger-than-member",
+            "pickle-protocol-4",
+        ]
     ],
 )
 def test_hostile_checkpoints_same_error_either_way(
