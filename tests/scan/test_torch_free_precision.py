@@ -95,6 +95,7 @@ def test_pt_checkpoint_headroom_is_the_same_both_ways(
     assert report["headroom"]["total"]["overflowed"] > 0
 
 
+@pytest.mark.slow
 def test_batches_several_files_and_a_bad_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
