@@ -152,6 +152,7 @@ def test_plain_dcp_checkpoint_equals_the_same_state_saved_whole(plain: tuple[Pat
     assert "optim.param_groups.0.lr" in bytes_entries
 
 
+@pytest.mark.slow  # the sharded fixture: two gloo processes, ~4 s
 @requires_torch_2_6
 def test_sharded_dcp_checkpoint_equals_the_gathered_state(sharded: tuple[Path, Path]) -> None:
     directory, gathered = sharded
@@ -170,6 +171,7 @@ def test_sharded_dcp_checkpoint_equals_the_gathered_state(sharded: tuple[Path, P
     assert "optim.state.0.weight.exp_avg_sq" in stats
 
 
+@pytest.mark.slow  # the sharded fixture: two gloo processes, ~4 s
 @requires_torch_2_6
 def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> None:
     """Every sharded tensor is read chunk by chunk (two files), never put together."""
@@ -186,6 +188,7 @@ def test_sharded_tensors_really_come_in_pieces(sharded: tuple[Path, Path]) -> No
     assert [tuple(t.shape) for t in specials.load()] == [(51,), (50,)]
 
 
+@pytest.mark.slow  # the sharded fixture: two gloo processes, ~4 s
 @requires_torch_2_6
 def test_the_cli_scans_a_dcp_directory_and_flags_its_nan(sharded: tuple[Path, Path]) -> None:
     result = runner.invoke(app, ["scan", str(sharded[0]), "--format", "json"])
