@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from gradaudit.errors import ExitCode
-from gradaudit.policy import FindingKind, LimitKind, Severity
+from gradaudit.policy import ALWAYS_FAILING, FindingKind, LimitKind, Severity
 from gradaudit.precision import PrecisionFinding, PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
@@ -196,10 +196,13 @@ def _problems(report: Report) -> list[str]:
 def policy_parts(report: Report) -> list[str]:
     """The policy a report was judged by, piece by piece, for the closing ``Policy:`` line."""
     t = report.thresholds
+    # Kinds that fail whatever ``fail_on`` says (``cast``, ``negative``) are named when the
+    # report holds one: a policy line that left them out contradicted the verdict beside it.
+    failing = t.fail_on | {f.kind for f in report.findings if f.kind in ALWAYS_FAILING}
     parts = [
         f"vanishing < {number(t.vanishing)}",
         f"exploding > {number(t.exploding)}",
-        "fail on: " + (", ".join(sorted(k.value for k in t.fail_on)) or "none"),
+        "fail on: " + (", ".join(sorted(k.value for k in failing)) or "none"),
     ]
     if t.max_global_norm is not None:
         parts.append(f"max global norm {number(t.max_global_norm)}")
