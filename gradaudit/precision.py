@@ -347,8 +347,9 @@ class PrecisionFinding:
 
 
 def _count(n: int, noun: str) -> str:
-    """``1 value``, ``2 values``: a finding's message reads as English for every count."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """``1 value``, ``2,070 values``: a finding's message reads as English for every count,
+    with the thousands separator the tables beside it use."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def judge(

@@ -203,3 +203,11 @@ def test_finding_messages_agree_with_their_counts() -> None:
     assert judge([row], max_underflow=0.5)[0].message.startswith("2 values overflow fp16")
     single = headroom("w", _histogram(torch.tensor([1e-9])), Precision.FP16, max_abs=1e-9)
     assert judge([single])[0].message.startswith("100.0% of 1 non-zero value flushes to zero")
+
+
+def test_finding_counts_carry_the_tables_thousands_separator() -> None:
+    values = torch.cat([torch.full((2070,), 1e5), torch.full((1500,), 1e-9)])
+    row = headroom("w", _histogram(values), Precision.FP16, max_abs=1e5)
+    underflow, overflow = (f.message for f in judge([row], max_underflow=0.1))
+    assert underflow.startswith("42.0% of 3,570 non-zero values flush to zero in fp16")
+    assert overflow.startswith("2,070 values overflow fp16 (Inf)")
