@@ -35,6 +35,7 @@ PURE = {
     "gradaudit._compat",
     "gradaudit.cli",
     "gradaudit.cli.app",
+    "gradaudit.cli.coercion",
     "gradaudit.cli.compare",
     "gradaudit.cli.config",
     "gradaudit.cli.options",

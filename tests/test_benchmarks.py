@@ -292,3 +292,16 @@ def test_monitor_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None
     rows = [line.split(" | ") for line in lines[3:]]
     assert [(row[0], row[1]) for row in rows] == [("40", "0.73"), ("400", "7.07")]
     assert all(float(row[4]) > 0 and float(row[6]) > 0 for row in rows)
+
+
+def test_startup_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_startup
+
+    bench_startup.main(["--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "load average" in lines[0]
+    rows = dict(line.split(" | ", 1) for line in lines[3:])
+    assert set(rows) == set(
+        bench_startup.commands(dict.fromkeys(("small", "small2", "steps"), Path("x")))
+    )
+    assert all(float(value) > 0 for row in rows.values() for value in row.split(" | "))

@@ -8,16 +8,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-
 #: Below this many input bytes a scan is over before a bar would be readable.
 AUTO_PROGRESS_BYTES = 256 * 1024 * 1024
 
@@ -60,6 +50,17 @@ def progress_bar(total: int, enabled: bool) -> Iterator[Advance | None]:
     if not enabled:
         yield None
         return
+    # Start-up: most runs draw no bar (small inputs, pipes, machine formats).
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     console = Console(stderr=True, highlight=False, markup=False)
     columns = (
         TextColumn("auditing"),

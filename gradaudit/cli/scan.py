@@ -282,7 +282,7 @@ def _scan_without_torch(
     if not torch_free.applies(device=device, engine=engine_options.engine):
         return None
     entries = list(expand_inputs(paths, recursive=recursive))
-    if not torch_free.takes(entries, pickles=True):
+    if not torch_free.takes(entries):
         return None
     try:
         with progress_bar(*bar) as advance:

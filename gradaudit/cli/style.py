@@ -20,6 +20,7 @@ from typing import Any
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from gradaudit.cli import coercion
 from gradaudit.errors import ExitCode
 
 
@@ -107,6 +108,16 @@ class GradauditCommand(TyperCommand):
             pieces.append(bare)
         return pieces
 
+    def get_help_option(self, ctx: Any) -> Any:
+        """Click's ``--help``, made on first use, with plain values (:mod:`.coercion`)."""
+        return _plain_help(super().get_help_option(ctx))
+
+
+def _plain_help(option: Any) -> Any:
+    if option is not None:
+        coercion.install([option])
+    return option
+
 
 def _no_python_type(argument: TyperArgument) -> None:
     """Help shows an argument's metavar and help text, not ``<list[Path]>``."""
@@ -146,14 +157,20 @@ class GradauditGroup(TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
+        coercion.install(self.params)
         for command in self.commands.values():
             if type(command) is TyperCommand:
                 command.__class__ = GradauditCommand
+            coercion.install(command.params)
             for param in command.params:
                 if isinstance(param, TyperArgument):
                     _no_python_type(param)
                 elif isinstance(param, TyperOption):
                     _name_the_value(param, None)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        """Click's ``--help``, made on first use, with plain values (:mod:`.coercion`)."""
+        return _plain_help(super().get_help_option(ctx))
 
     def main(
         self,

@@ -99,7 +99,8 @@ def compare_paths_torch_free(
     Raises :class:`~gradaudit.scan.torch_free.NeedsTorch` when an input is not what the
     torch-free scan takes (:func:`~gradaudit.scan.torch_free.takes`), or not a regular file
     (compare does not expand directories: those, and missing files, take the torch path and
-    its messages), or holds a dtype only torch reports as it should.
+    its messages), or holds a dtype only torch reports as it should, or is a ``torch.save``
+    file the torch-free reader declines (:mod:`gradaudit.io.zip_checkpoint`).
     """
     paths = [str(host_path)] + ([] if seed_path is None else [str(seed_path)])
     if not all(os.path.isfile(path) for path in paths):

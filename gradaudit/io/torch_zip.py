@@ -36,7 +36,6 @@ import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from io import BufferedReader
 from typing import TYPE_CHECKING, BinaryIO
@@ -178,6 +177,9 @@ def _verify_crcs(path: str, view: memoryview, members: list[Member]) -> None:
         if total < _THREADS_FROM_BYTES or threads < 2:
             crcs = [_crc(data, m) for m in members]
         else:
+            # Start-up: a small checkpoint (a torch-free `scan small.pt`) needs no threads.
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=threads) as pool:
                 crcs = list(pool.map(lambda m: _crc(data, m), members))
     for member, crc in zip(members, crcs, strict=True):

@@ -16,6 +16,9 @@ way when their pickle holds only tensors, containers and plain values
 (:mod:`gradaudit.io.zip_checkpoint`): their storages are zip members stored raw, so a
 tensor's address is the map's plus its member's offset, and the walk that names the
 tensors and skips the rest is the torch path's (:func:`gradaudit.io.nested.walk_checkpoint`).
+``compare`` and ``trend`` read their files through the same :class:`NativeScan`
+(:func:`~gradaudit.comparison.files.compare_paths_torch_free`,
+:func:`~gradaudit.trend.builder.trend_paths_torch_free`), ``.pt`` files included.
 
 ``--precision`` needs no torch either: the kernel counts each tensor's exponent histogram
 in the same call as its row (:meth:`NativeBatch.reduce_with_histograms`, the call the torch
@@ -54,7 +57,7 @@ from gradaudit.io.safetensors_header import DTYPE_NAMES, SIZES_BY_CODE
 from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
 from gradaudit.io.sharded import in_shard, validated_shards
 from gradaudit.io.sniff import sniff
-from gradaudit.io.torch_zip import inspect_torch_zip
+from gradaudit.io.torch_zip import TorchZip, inspect_torch_zip
 from gradaudit.io.zip_checkpoint import MappedZipCheckpoint, NotTorchFree, StoredTensor
 from gradaudit.policy import Role, Thresholds
 from gradaudit.precision import ExponentHistogram, layout
@@ -65,7 +68,15 @@ from gradaudit.scan.boundary import problem_of, reading
 from gradaudit.scan.collected import Collected, Routing
 from gradaudit.selection import NameFilter
 
-__all__ = ["NativeScan", "NeedsTorch", "applies", "gpu_may_exist", "scan_torch_free", "takes"]
+__all__ = [
+    "NativeScan",
+    "NeedsTorch",
+    "applies",
+    "check_checkpoint",
+    "gpu_may_exist",
+    "scan_torch_free",
+    "takes",
+]
 
 #: Device files and driver directories whose presence means torch might find a GPU
 #: (NVIDIA's driver, AMD's ROCm, WSL's GPU bridge). ``--device auto`` takes the torch
@@ -114,19 +125,17 @@ def applies(*, device: str, engine: Engine | str, distributed: bool = False) -> 
     return text == "cpu" or (text == "auto" and not gpu_may_exist())
 
 
-def takes(entries: Iterable[Expanded], *, pickles: bool = False) -> bool:
-    """Whether every expanded input is a safetensors file or index (or skipped, or bad);
-    with ``pickles`` (``scan``'s), a file with a ``torch.save`` ending too: a checkpoint
-    the torch-free reader declines raises :class:`NeedsTorch` when it is read.
-    ``compare`` and ``trend`` read ``.pt`` files with torch, as before."""
-    kinds = ("safetensors", "index", "pickle") if pickles else ("safetensors", "index")
+def takes(entries: Iterable[Expanded]) -> bool:
+    """Whether every expanded input is a safetensors file or index, or a file with a
+    ``torch.save`` ending (or skipped, or bad); not a DCP, Trainer or DeepSpeed directory.
+    A checkpoint the torch-free reader declines raises :class:`NeedsTorch` when it is read."""
     for entry in entries:
         if not isinstance(entry, FileInput):
             continue
         path = entry.path
         if is_dcp_directory(path) or is_trainer_checkpoint(path) or is_deepspeed_checkpoint(path):
             return False
-        if input_kind(path) not in kinds:
+        if input_kind(path) not in ("safetensors", "index", "pickle"):
             return False
     return True
 
@@ -500,16 +509,33 @@ class NativeScan(Collected):
 
 
 def _open_checkpoint(path: str) -> MappedZipCheckpoint:
+    """The reader of one zip checkpoint, after the checks ``TorchPickleSource`` makes."""
+    archive, identity = _checkpoint_container(path)
+    return MappedZipCheckpoint(path, archive, identity)
+
+
+def _checkpoint_container(path: str) -> tuple[TorchZip, FileIdentity | None]:
     """The checks ``TorchPickleSource`` makes before torch reads anything, in its order
     (the same functions: the same refusals); a file that is not a zip checkpoint is left
-    to it."""
+    to it (:class:`NotTorchFree`)."""
     try:
         identity: FileIdentity | None = FileIdentity.of(os.stat(path))
     except OSError:
         identity = None  # sniff() says why it cannot be read
     if sniff(path).kind != "zip":
         raise NotTorchFree("not a zip checkpoint")
-    return MappedZipCheckpoint(path, inspect_torch_zip(path), identity)
+    return inspect_torch_zip(path), identity
+
+
+def check_checkpoint(path: str) -> None:
+    """What opening a ``torch.save`` file's reader checks (``open_source``), without
+    reading its pickle: ``trend`` orders its dumps by name after these checks, as the
+    torch path does. Raises :class:`NeedsTorch` for a file that is not a zip checkpoint
+    (a legacy one, or not a checkpoint at all: the torch path says what it is)."""
+    try:
+        _checkpoint_container(path)
+    except NotTorchFree as error:
+        raise NeedsTorch(path) from error
 
 
 def _in_shard(path: str, shard: str | None) -> AbstractContextManager[None]:

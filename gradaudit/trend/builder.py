@@ -161,9 +161,15 @@ def opened_metadata(path: str) -> dict[str, str] | None:
 
 
 def mapped_metadata(path: str) -> dict[str, str] | None:
-    """:func:`opened_metadata` of a safetensors file, without torch: what ``open_source``
-    checks and reads of one (:class:`MappedSafetensors` is its reader's header half)."""
+    """:func:`opened_metadata` without torch: what ``open_source`` checks and reads of a
+    safetensors file (:class:`MappedSafetensors` is its reader's header half), or checks of
+    a ``torch.save`` file (:func:`~gradaudit.scan.torch_free.check_checkpoint`: ``None``,
+    its step is in its name; :class:`~gradaudit.scan.torch_free.NeedsTorch` for one only
+    the torch path reads)."""
     check_regular_file(path)
+    if input_kind(path) == "pickle":
+        torch_free.check_checkpoint(path)
+        return None
     return MappedSafetensors(path).header.metadata
 
 
@@ -503,7 +509,8 @@ def trend_paths_torch_free(
     :class:`~gradaudit.scan.torch_free.NeedsTorch` when an input is not what the torch-free
     scan takes (:func:`~gradaudit.scan.torch_free.takes`) or is a sharded index (its
     reader checks the index while the dumps are ordered), or holds a dtype only torch
-    reports as it should.
+    reports as it should, or is a ``torch.save`` file the torch-free reader declines
+    (:mod:`gradaudit.io.zip_checkpoint`).
     """
     started = time.perf_counter()
     entries = list(expand_inputs(paths, recursive=recursive))

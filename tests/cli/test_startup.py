@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 
-HEAVY = ("torch", "numpy", "safetensors", "triton", "matplotlib")
+HEAVY = ("torch", "numpy", "safetensors", "triton", "matplotlib", "pydantic")
 
 _RUN_CLI = f"""
 import sys

@@ -300,8 +300,12 @@ def test_the_choice_of_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     torch.save({"w": torch.ones(2)}, tmp_path / "b.pt")
     assert torch_free.takes(expand_inputs([tmp_path / "a.safetensors", tmp_path / "x.safetensors"]))
     assert not torch_free.takes(expand_inputs([tmp_path / "a.safetensors", tmp_path / "x.txt"]))
-    assert not torch_free.takes(expand_inputs([tmp_path]))
+    assert torch_free.takes(expand_inputs([tmp_path]))  # a.safetensors and b.pt
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "dcp" / ".metadata").write_bytes(b"")
+    assert not torch_free.takes(expand_inputs([tmp_path / "dcp"]))  # a DCP checkpoint: torch
     assert torch_free.takes(expand_inputs([sharded(tmp_path / "s")]))
+    assert torch_free.takes(expand_inputs([tmp_path / "a.safetensors", tmp_path / "b.pt"]))
 
 
 def test_without_the_native_kernel_the_torch_path_runs(

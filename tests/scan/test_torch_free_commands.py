@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from gradaudit.cli import app
 from gradaudit.comparison import files
@@ -25,6 +26,7 @@ from gradaudit.scan import collected, torch_free
 from gradaudit.trend import builder
 from tests.cli.test_startup import run_cli
 from tests.conftest import runner
+from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways as both_ways
 from tests.scan.test_torch_free import planted
 
@@ -118,13 +120,14 @@ def test_compare_errors_and_fallbacks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert_same_both_ways(
         ["compare", str(a), "--host-prefix", "model.", "--seed-prefix", "nothing."], monkeypatch
     )
-    # A missing file, and a torch.save file: the torch path, as before.
+    # A missing file: the torch path, as before.
     assert_same_both_ways(
         ["compare", str(a), str(tmp_path / "gone.safetensors")], monkeypatch, free=False
     )
+    # A torch.save file against a safetensors one: torch-free too.
     pickle = tmp_path / "b.pt"
     torch.save({"model.embed_tokens.weight": torch.ones(3)}, pickle)
-    assert_same_both_ways(["compare", str(a), str(pickle)], monkeypatch, free=False)
+    assert_same_both_ways(["compare", str(a), str(pickle)], monkeypatch)
 
 
 def _series(folder: Path, *, steps: int = 8, nan_at: int | None = 6) -> Path:
@@ -165,8 +168,109 @@ def test_trend_problems_and_fallbacks(tmp_path: Path, monkeypatch: pytest.Monkey
     save_file({"w": torch.ones(2)}, str(folder / "nameless.safetensors"))
     save_file({"w": torch.ones(2)}, str(folder / "again.safetensors"), metadata={"step": "2"})
     assert_same_both_ways(["trend", str(folder)], monkeypatch)
-    # A torch.save dump in the series: the torch path for all of it.
+    # A torch.save dump in the series: read without torch too.
     torch.save({"w": torch.ones(2)}, folder / "step_7.pt")
+    assert_same_both_ways(["trend", str(folder)], monkeypatch)
+
+
+def _pt(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    torch.save(tensors, path)
+    return path
+
+
+def _pt_of(path: Path, safetensors: Path) -> Path:
+    """The tensors of a safetensors file, saved by ``torch.save`` (a plain state dict)."""
+    return _pt(path, load_file(str(safetensors)))
+
+
+def test_compare_of_two_pt_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zip checkpoint reader's differential suite, through compare: two files, two
+    prefixes of one file, and every kernel dtype on each side."""
+    a = _pt_of(tmp_path / "a.pt", planted(tmp_path / "a.safetensors"))
+    b = _pt_of(tmp_path / "b.pth", planted(tmp_path / "b.safetensors", seed=1))
+    report = assert_same_both_ways(["compare", str(a), str(b), "--all"], monkeypatch)
+    assert report["engine"] == "native"
+    assert report["parameters"]
+    both = _pt_of(tmp_path / "both.bin", _two_sides(tmp_path / "both.safetensors"))
+    args = ["compare", str(both), "--host-prefix", "host.", "--seed-prefix", "seed."]
+    assert_same_both_ways([*args, "--all"], monkeypatch)
+    assert_same_both_ways([*args, "--max-change", "3", "--fail-on-change"], monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randn(40, generator=gen, dtype=torch.float64) * (i + 1) for i in range(6)]
+    names = [f"model.layers.{i}.weight" for i in range(len(KERNEL_DTYPES))]
+    host = _pt(
+        tmp_path / "host.ckpt",
+        {name: b.to(dtype) for name, b, dtype in zip(names, base, KERNEL_DTYPES, strict=True)},
+    )
+    seed = _pt(
+        tmp_path / "seed.pt",
+        {name: (b * 3).to(dt) for name, b, dt in zip(names, base, KERNEL_DTYPES, strict=True)},
+    )
+    assert_same_both_ways(["compare", str(host), str(seed), "--all"], monkeypatch)
+
+
+def test_compare_of_pt_files_the_reader_declines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optimizer state with estimates, a legacy file, a file that is no checkpoint, a
+    corrupt zip: the torch path, or the same input error either way."""
+    a = _pt_of(tmp_path / "a.pt", planted(tmp_path / "a.safetensors"))
+    model = torch.nn.Linear(5, 3)
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 5)).sum().backward()
+    adam.step()
+    state = _pt(tmp_path / "state.pt", {"model": model.state_dict(), "optim": adam.state_dict()})
+    assert_same_both_ways(["compare", str(state), str(state)], monkeypatch, free=False)
+    legacy = tmp_path / "legacy.pt"
+    torch.save(
+        load_file(str(tmp_path / "a.safetensors")), legacy, _use_new_zipfile_serialization=False
+    )
+    assert_same_both_ways(["compare", str(a), str(legacy)], monkeypatch, free=False)
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint\n")
+    assert_same_both_ways(["compare", str(a), str(text)], monkeypatch, free=False)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(a.read_bytes()[:-200])
+    assert_same_both_ways(["compare", str(a), str(truncated)], monkeypatch, free=None)
+
+
+def _pt_series(folder: Path, **kwargs: Any) -> Path:
+    """:func:`_series` saved by ``torch.save``: the step is in each name only."""
+    _series(folder, **kwargs)
+    for dump in sorted(folder.glob("*.safetensors")):
+        _pt_of(dump.with_suffix(".pt"), dump)
+        dump.unlink()
+    return folder
+
+
+def test_trend_over_pt_step_dumps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _pt_series(tmp_path / "run")
+    report = assert_same_both_ways(["trend", str(folder), "--all"], monkeypatch)
+    kinds = {finding["kind"] for finding in report["findings"]}
+    assert {"nonfinite", "spike", "collapse"} <= kinds
+    assert_same_both_ways(["trend", str(folder), "--spike-factor", "3"], monkeypatch)
+    # Problems: a dump without a number in its name, a corrupt zip, a step taken twice.
+    shutil.copy(folder / "step_0001.pt", folder / "nameless.pt")
+    (folder / "step_0099.pt").write_bytes(b"PK\x03\x04" + bytes(60))
+    shutil.copy(folder / "step_0001.pt", folder / "again_2.pth")
+    report = assert_same_both_ways(["trend", str(folder)], monkeypatch)
+    assert len(report["errors"]) == 3
+
+
+def test_trend_over_pt_dumps_the_reader_declines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One dump only the torch path reads sends the whole series there."""
+    folder = _pt_series(tmp_path / "legacy", steps=4, nan_at=None)
+    state = torch.load(folder / "step_0001.pt", weights_only=True)
+    torch.save(state, folder / "step_0009.pt", _use_new_zipfile_serialization=False)
+    assert_same_both_ways(["trend", str(folder)], monkeypatch, free=False)
+    folder = _pt_series(tmp_path / "params", steps=4, nan_at=None)
+    params = {
+        name: torch.nn.Parameter(tensor) if tensor.is_floating_point() else tensor
+        for name, tensor in state.items()
+    }
+    torch.save(params, folder / "step_0009.pt")
     assert_same_both_ways(["trend", str(folder)], monkeypatch, free=False)
 
 
@@ -183,4 +287,22 @@ def test_compare_and_trend_of_safetensors_import_no_torch(tmp_path: Path) -> Non
     assert "torch" not in heavy
     assert code == 1
     _, heavy, _ = run_cli("compare", str(a), str(b), "--engine", "eager")
+    assert "torch" in heavy
+
+
+@pytest.mark.slow
+def test_compare_and_trend_of_pt_files_import_no_torch(tmp_path: Path) -> None:
+    a = _pt_of(tmp_path / "a.pt", planted(tmp_path / "a.safetensors"))
+    b = _pt_of(tmp_path / "b.pt", planted(tmp_path / "b.safetensors", seed=1))
+    stdout, heavy, code = run_cli("compare", str(a), str(b), "--format", "json", "--device", "cpu")
+    assert "torch" not in heavy
+    assert "pydantic" not in heavy
+    assert json.loads(stdout)["engine"] == "native"
+    assert code == 1  # NaN on both sides
+    folder = _pt_series(tmp_path / "run")
+    stdout, heavy, code = run_cli("trend", str(folder), "--format", "json", "--device", "cpu")
+    assert "torch" not in heavy
+    assert json.loads(stdout)["findings"]
+    assert code == 1
+    _, heavy, _ = run_cli("trend", str(folder), "--engine", "eager")
     assert "torch" in heavy

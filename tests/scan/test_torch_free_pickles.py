@@ -268,6 +268,7 @@ def test_scan_of_a_small_pt_imports_no_torch(tmp_path: Path) -> None:
     path = _save(tmp_path / "small.pt", {"w": torch.tensor([1.0, math.nan]), "step": 3})
     stdout, heavy, code = run_cli("scan", path, "--format", "json", "--device", "cpu")
     assert "torch" not in heavy
+    assert "pydantic" not in heavy  # plain option values (gradaudit/cli/coercion.py)
     assert code == 1
     assert '"nan_tensors": 1' in stdout
     _, heavy, _ = run_cli("scan", path, "--engine", "eager")

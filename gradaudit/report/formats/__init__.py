@@ -19,8 +19,6 @@ from collections.abc import Iterator
 
 from gradaudit._compat import assert_never
 from gradaudit.report.base import Renderers, RenderOptions
-from gradaudit.report.formats import github, junit, markdown, table
-from gradaudit.report.formats import json as json_format
 from gradaudit.report.output_format import OutputFormat as OutputFormat
 from gradaudit.results import Report
 from gradaudit.results.comparison import Comparison
@@ -28,16 +26,30 @@ from gradaudit.results.trend import TrendReport
 
 
 def renderers(output_format: OutputFormat) -> Renderers:
-    """The format's renderer for each result type."""
+    """The format's renderer for each result type.
+
+    Each format's module is imported when it is asked for: a run renders one format, and
+    the others cost start-up (JUnit's ``xml.etree`` alone ~5 ms of a 0.3 s ``scan``).
+    """
     if output_format is OutputFormat.TABLE:
+        from gradaudit.report.formats import table  # start-up: only the format asked for
+
         return table.RENDERERS
     if output_format is OutputFormat.JSON:
-        return json_format.RENDERERS
+        from gradaudit.report.formats import json  # start-up: only the format asked for
+
+        return json.RENDERERS
     if output_format is OutputFormat.MARKDOWN:
+        from gradaudit.report.formats import markdown  # start-up: only the format asked for
+
         return markdown.RENDERERS
     if output_format is OutputFormat.GITHUB:
+        from gradaudit.report.formats import github  # start-up: only the format asked for
+
         return github.RENDERERS
     if output_format is OutputFormat.JUNIT:
+        from gradaudit.report.formats import junit  # start-up: only the format asked for
+
         return junit.RENDERERS
     assert_never(output_format)
 
