@@ -39,7 +39,7 @@ build_runtime_param = _typer_part("typer._coercion", "build_runtime_param")
 #: Typer's checks of a path value (exists, readable ...) and their messages.
 coerce_cli_path = _typer_part("typer._param_types", "coerce_cli_path")
 
-__all__ = ["PlainValues", "install"]
+__all__ = ["TESTED_TYPER", "PlainValues", "install", "typer_release"]
 
 #: ``_plain``'s answer when the value is not plain: Typer coerces it.
 _TYPER = object()
@@ -132,9 +132,26 @@ def _number(annotation: type, value: Any, low: float | None, high: float | None)
     return number
 
 
+#: The Typer releases (major, minor) whose private coercion parts this module was checked
+#: against (``tests/cli/test_coercion.py``). Another release keeps Typer's own coercion,
+#: slower to start but never broken by a renamed or re-signatured private function.
+TESTED_TYPER = frozenset({(0, 29)})
+
+
+def typer_release() -> tuple[int, int] | None:
+    """The installed Typer's (major, minor), or ``None`` if its version does not parse."""
+    match = re.match(
+        r"(\d+)\.(\d+)", str(getattr(importlib.import_module("typer"), "__version__", ""))
+    )
+    return (int(match[1]), int(match[2])) if match else None
+
+
 def install(params: Any) -> None:
-    """Give each Typer parameter of ``params`` its :class:`PlainValues` (see the module)."""
+    """Give each Typer parameter of ``params`` its :class:`PlainValues` (see the module),
+    on a Typer release in :data:`TESTED_TYPER` that has the parts."""
     if build_runtime_param is None or coerce_cli_path is None:
+        return
+    if typer_release() not in TESTED_TYPER:
         return
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)

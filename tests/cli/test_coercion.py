@@ -80,3 +80,23 @@ def test_a_plain_scan_builds_no_typer_coercion(
     result = runner.invoke(app, ["scan", "--top", "1e1", str(tmp_path)])
     assert result.exit_code == 2
     assert "--top: '1e1' is not a whole number" in result.stderr
+
+
+def _plain_params() -> list[Any]:
+    group = typer.main.get_command(app)
+    params = [*group.params, *(p for c in group.commands.values() for p in c.params)]  # type: ignore[attr-defined]
+    return [p for p in params if isinstance(getattr(p, "_runtime_param", None), PlainValues)]
+
+
+def test_only_a_checked_typer_release_gets_plain_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed release is one this module was checked against (update TESTED_TYPER
+    after running this file on a new one); any other keeps Typer's own coercion."""
+    import typer as typer_module
+
+    from gradaudit.cli.coercion import TESTED_TYPER, typer_release
+
+    assert typer_release() in TESTED_TYPER
+    assert _plain_params()
+    monkeypatch.setattr(typer_module, "__version__", "0.99.0")
+    assert _plain_params() == []
+    assert runner.invoke(app, ["scan", "--top", "1e1", "x"]).exit_code == 2
