@@ -27,8 +27,10 @@ import torch
 from safetensors.torch import save_file
 
 from gradaudit.cli import app
+from gradaudit.comparison import files
 from gradaudit.engine import native_rows
 from gradaudit.scan import collected, torch_free
+from gradaudit.trend import builder
 from tests.cli.test_startup import run_cli
 from tests.conftest import runner
 from tests.hostile import CASES, sharded
@@ -39,24 +41,41 @@ needs_native = pytest.mark.skipif(
 FORMATS = ["json", "table", "markdown", "github", "junit"]
 
 
-def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: bool) -> Any:
-    """Run the CLI at a fixed width and clock; returns (result, torch-free scans that ran)."""
+#: Each command's torch-free entry point, spied on to see that it ran to the end.
+ENTRY = {
+    "scan": (torch_free, "scan_torch_free"),
+    "compare": (files, "compare_paths_torch_free"),
+    "trend": (builder, "trend_paths_torch_free"),
+}
+
+
+def invoke_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: bool) -> Any:
+    """Run a command line (``args[0]`` the command) at a fixed width and clock; returns
+    (result, torch-free runs that finished)."""
     ran: list[bool] = []
-    real = torch_free.scan_torch_free
+    module, name = ENTRY[args[0]]
+    real = getattr(module, name)
 
     def spy(*a: Any, **k: Any) -> Any:
-        report = real(*a, **k)  # raises NeedsTorch before anything is appended
+        result = real(*a, **k)  # raises NeedsTorch before anything is appended
         ran.append(True)
-        return report
+        return result
 
+    clock = SimpleNamespace(perf_counter=lambda: 0.0)
     with monkeypatch.context() as patch:
         patch.setenv("COLUMNS", "100")
-        patch.setattr(collected, "time", SimpleNamespace(perf_counter=lambda: 0.0))
-        patch.setattr(torch_free, "scan_torch_free", spy)
+        patch.setattr(collected, "time", clock)
+        patch.setattr(builder, "time", clock)
+        patch.setattr(module, name, spy)
         if torch_path:
             patch.setattr(torch_free, "applies", lambda **_: False)
-        result = runner.invoke(app, ["scan", *args])
+        result = runner.invoke(app, args)
     return result, ran
+
+
+def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: bool) -> Any:
+    """:func:`invoke_cli` of ``scan ARGS``."""
+    return invoke_cli(["scan", *args], monkeypatch, torch_path=torch_path)
 
 
 Invoke = Callable[..., tuple[Any, list[bool]]]

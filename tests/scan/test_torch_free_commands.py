@@ -12,63 +12,28 @@ import json
 import math
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gradaudit.cli import app
-from gradaudit.comparison import files
 from gradaudit.engine import native_rows
-from gradaudit.scan import collected, torch_free
-from gradaudit.trend import builder
 from tests.cli.test_startup import run_cli
-from tests.conftest import runner
 from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways as both_ways
-from tests.scan.test_torch_free import planted
+from tests.scan.test_torch_free import invoke_cli, planted
 
 pytestmark = pytest.mark.skipif(
     not native_rows.available(), reason="the torch-free path needs the native kernel"
 )
-
-#: Each command's torch-free entry point, spied on to see that it ran to the end.
-ENTRY = {
-    "compare": (files, "compare_paths_torch_free"),
-    "trend": (builder, "trend_paths_torch_free"),
-}
-
-
-def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, *, torch_path: bool) -> Any:
-    """Run the CLI at a fixed width and clock; returns (result, torch-free runs that finished)."""
-    ran: list[bool] = []
-    module, name = ENTRY[args[0]]
-    real = getattr(module, name)
-
-    def spy(*a: Any, **k: Any) -> Any:
-        result = real(*a, **k)  # raises NeedsTorch before anything is appended
-        ran.append(True)
-        return result
-
-    clock = SimpleNamespace(perf_counter=lambda: 0.0)
-    with monkeypatch.context() as patch:
-        patch.setenv("COLUMNS", "100")
-        patch.setattr(collected, "time", clock)
-        patch.setattr(builder, "time", clock)
-        patch.setattr(module, name, spy)
-        if torch_path:
-            patch.setattr(torch_free, "applies", lambda **_: False)
-        result = runner.invoke(app, args)
-    return result, ran
 
 
 def assert_same_both_ways(
     args: list[str], monkeypatch: pytest.MonkeyPatch, *, free: bool = True
 ) -> Any:
     """scan's differential check (every format, both paths) on a compare or trend line."""
-    return both_ways(args, monkeypatch, free=free, invoke=_invoke)
+    return both_ways(args, monkeypatch, free=free, invoke=invoke_cli)
 
 
 def _two_sides(path: Path) -> Path:
@@ -130,7 +95,7 @@ def test_compare_errors_and_fallbacks(tmp_path: Path, monkeypatch: pytest.Monkey
     assert_same_both_ways(["compare", str(a), str(pickle)], monkeypatch)
 
 
-def _series(folder: Path, *, steps: int = 8, nan_at: int | None = 6) -> Path:
+def write_run(folder: Path, *, steps: int = 8, nan_at: int | None = 6) -> Path:
     """Dumps of a run whose layer 1 spikes at step 5 and whose layer 2 dies, with a NaN."""
     folder.mkdir()
     gen = torch.Generator().manual_seed(0)
@@ -154,7 +119,7 @@ def _series(folder: Path, *, steps: int = 8, nan_at: int | None = 6) -> Path:
 
 
 def test_trend_of_a_series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = _series(tmp_path / "run")
+    folder = write_run(tmp_path / "run")
     report = assert_same_both_ways(["trend", str(folder), "--all"], monkeypatch)
     kinds = {finding["kind"] for finding in report["findings"]}
     assert {"nonfinite", "spike", "collapse"} <= kinds
@@ -162,7 +127,7 @@ def test_trend_of_a_series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_trend_problems_and_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = _series(tmp_path / "run", steps=5, nan_at=None)
+    folder = write_run(tmp_path / "run", steps=5, nan_at=None)
     # A corrupt dump, a dump without a step, a step taken twice: problems on both paths.
     (folder / "broken_9.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}x")
     save_file({"w": torch.ones(2)}, str(folder / "nameless.safetensors"))
@@ -235,8 +200,8 @@ def test_compare_of_pt_files_the_reader_declines(
 
 
 def _pt_series(folder: Path, **kwargs: Any) -> Path:
-    """:func:`_series` saved by ``torch.save``: the step is in each name only."""
-    _series(folder, **kwargs)
+    """:func:`write_run` saved by ``torch.save``: the step is in each name only."""
+    write_run(folder, **kwargs)
     for dump in sorted(folder.glob("*.safetensors")):
         _pt_of(dump.with_suffix(".pt"), dump)
         dump.unlink()
@@ -282,7 +247,7 @@ def test_compare_and_trend_of_safetensors_import_no_torch(tmp_path: Path) -> Non
     assert "torch" not in heavy
     assert json.loads(stdout)["engine"] == "native"
     assert code == 1  # NaN on both sides
-    folder = _series(tmp_path / "run")
+    folder = write_run(tmp_path / "run")
     stdout, heavy, code = run_cli("trend", str(folder), "--format", "json", "--device", "cpu")
     assert "torch" not in heavy
     assert code == 1

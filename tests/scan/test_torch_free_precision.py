@@ -22,8 +22,8 @@ from gradaudit.precision import FORMATS, Precision
 from tests.cli.test_startup import run_cli
 from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways, needs_native
-from tests.scan.test_torch_free_commands import _invoke as invoke_command
-from tests.scan.test_torch_free_commands import _series
+from tests.scan.test_torch_free import invoke_cli as invoke_command
+from tests.scan.test_torch_free_commands import write_run
 
 pytestmark = needs_native
 
@@ -117,7 +117,7 @@ def test_trend_headroom_is_the_same_both_ways(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """trend's --precision (a table only): the same table from both paths."""
-    folder = _series(tmp_path / "run")
+    folder = write_run(tmp_path / "run")
     args = ["trend", str(folder), "--precision", "fp16", "--device", "cpu"]
     chosen, ran = invoke_command(args, monkeypatch, torch_path=False)
     forced, ran_forced = invoke_command(args, monkeypatch, torch_path=True)
@@ -145,7 +145,7 @@ def test_scan_and_trend_with_precision_import_no_torch(tmp_path: Path) -> None:
     assert "torch" not in heavy
     assert code == 1
     assert "overflow fp16 (Inf)" in stdout
-    folder = _series(tmp_path / "run")
+    folder = write_run(tmp_path / "run")
     _, heavy, _ = run_cli("trend", str(folder), "--precision", "bf16", "--device", "cpu")
     assert "torch" not in heavy
     # Still torch where it is needed: another engine counts its histograms with torch ops.
