@@ -58,8 +58,9 @@ def trend(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Dumps (.safetensors) or directories of dumps, one dump per step; ordered by "
-            "the 'step' metadata, else the last number in the file name.",
+            help="Dumps (.safetensors, or .pt/.bin written by torch.save) or directories of "
+            "dumps, one dump per step; ordered by a safetensors dump's 'step' metadata, else "
+            "the last number in the file name.",
             metavar="PATH",
         ),
     ],
