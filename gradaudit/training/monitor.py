@@ -24,14 +24,14 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
 
 import numpy as np
 import torch
 
-from gradaudit.engine.dtensor import is_dtensor
+from gradaudit._compat import cached_property
+from gradaudit.engine.dtensor import any_dtensor, is_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.errors import (
     GradientFindingError,
@@ -51,7 +51,7 @@ from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
     GradientLister,
     ParametersInput,
-    collect_gradients,
+    collect_columns,
     named_gradients,
 )
 from gradaudit.training.locate import Location, NanLocator, StepReplay
@@ -383,8 +383,8 @@ class GradientMonitor:
         self._next_step = current + 1
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
-            gradients = self._gradients()
-            pending = collect_gradients(gradients, group=self.group, collector=self._collector)
+            names, gradients = self._gradients.columns()
+            pending = collect_columns(names, gradients, group=self.group, collector=self._collector)
             digests = self._gather_digests(pending, gradients)
             if self.sync:
                 record = self._finish(current, pending, current, digests)
@@ -415,14 +415,14 @@ class GradientMonitor:
         return record
 
     def _gather_digests(
-        self, pending: PendingStats, gradients: list[tuple[str, torch.Tensor]]
+        self, pending: PendingStats, gradients: list[torch.Tensor]
     ) -> GatheredDigests | None:
         """Every rank's digests of a DDP model's replicated gradients (collective), or
         ``None`` when this step is not checked (see :mod:`gradaudit.training.replicas`)."""
         if self.on_divergence == "off":
             return None
         group = replica_group(self._params, self.group)
-        if group is None or any(is_dtensor(grad) for _, grad in gradients):
+        if group is None or any_dtensor(gradients):
             return None
         assert isinstance(self._params, torch.nn.Module)  # a DDP wrapper: replica_group
         return gather_digests(pending, self._gradients.names(), group, model_device(self._params))
