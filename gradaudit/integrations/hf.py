@@ -21,6 +21,11 @@ gradient accumulation:
   summary row), so a 50-step run with the Trainer's defaults (``logging_steps=500``) still
   shows them. ``every=N`` collects the first step and multiples of ``N`` instead.
 
+* **every rank's replicated gradients alike**, under DDP (``torchrun`` on several processes):
+  the Trainer hands callbacks the module DDP wraps, so the callback finds the wrapper in
+  ``trainer.model_wrapped`` and every collected step checks that the gradients are
+  bit-identical on every rank (``on_divergence``; :mod:`gradaudit.training.replicas`).
+
 The monitor's scalars (:mod:`gradaudit.integrations.scalars`) are added to the log row of
 their step (its ``log_history`` entry and the ``logs`` the reporting callbacks receive). The
 callback moves itself ahead of the Trainer's other callbacks when training begins, so
@@ -133,6 +138,9 @@ class GradauditTrainerCallback(TrainerCallback):  # type: ignore[misc,unused-ign
                 stacklevel=2,
             )
             return
+        # Under DDP the Trainer hands callbacks the module it wraps; the wrapper, whose
+        # replicated gradients are checked across ranks, is its model_wrapped by now.
+        self.monitor.find_replicas([getattr(trainer, "model_wrapped", None)])
         callbacks = trainer.callback_handler.callbacks
         if callbacks and callbacks[0] is not self and self in callbacks:
             # Safe while the handler iterates: the callbacks after this one keep their places.

@@ -16,7 +16,11 @@ optimization alike (``self.optimizers().step()`` goes through it). So:
   if it is that step's own (``sync=True`` by default): a value ``pl_module.log`` holds is
   written again at later logging steps, so an older record is never handed to it;
 * by default (``every=None``) it collects the steps Lightning logs (``log_every_n_steps``)
-  and the first; ``every=N`` collects the first step and multiples of ``N``.
+  and the first; ``every=N`` collects the first step and multiples of ``N``;
+* under a DDP strategy (``strategy="ddp"``, ``"ddp_spawn"`` …) the callback finds the
+  ``DistributedDataParallel`` wrapper in ``trainer.strategy.model``, and every collected
+  step checks that each optimizer's gradients are bit-identical on every rank
+  (``on_divergence``; :mod:`gradaudit.training.replicas`).
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ class GradauditLightningCallback(Callback):  # type: ignore[misc,unused-ignore]
         monitor = self.monitors.get(index)
         if monitor is None:
             monitor = self._monitor(pl_module, optimizer, index if several else None)
+            # DDP strategies wrap the module; the callback is handed the module itself.
+            monitor.find_replicas([getattr(getattr(trainer, "strategy", None), "model", None)])
             self.monitors[index] = monitor
         step = self._steps.get(index, 0)
         self._steps[index] = step + 1

@@ -408,6 +408,8 @@ class Collected:
         readings: Mapping[str | None, tuple[str, str, bool]],
         global_row: np.ndarray | None,
     ) -> Iterator[FileResult]:
+        if not self._files and not self._errors:  # gradients in memory (a monitor's step)
+            return
         errors = {problem.path: problem.message for problem in self._errors}
         skipped = Counter(s.source for s in self._skipped)
         for path in dict.fromkeys(self._files + list(errors)):

@@ -397,31 +397,40 @@ class PendingStats(Collected):
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         """:meth:`add` for each tensor; every value is taken before this returns."""
+        if isinstance(tensors, Mapping):
+            names: list[str] = list(tensors.keys())
+            values: list[torch.Tensor] = list(tensors.values())
+        else:
+            names, values = _split(tensors)
+        self.add_tensors(names, values, source)
+
+    def add_tensors(
+        self, names: list[str], tensors: list[torch.Tensor], source: str | None = None
+    ) -> None:
+        """:meth:`add_all` of ``names[i]: tensors[i]``, for a caller that holds its tensors as
+        columns already (a monitor's gradients, every step: no pairs to build and split)."""
         try:
             # Nothing built here forms a cycle, and a collection set off meanwhile
             # would walk every tensor of the caller's model (gradaudit.no_gc).
             with paused_gc():
                 if self.device is None or self.device.type == "cpu":
-                    self._add_columns(tensors, source)
+                    self._add_columns(names, tensors, source)
                 else:
-                    for name, tensor in _named(tensors):
+                    for name, tensor in zip(names, tensors, strict=True):
                         self.queue(name, tensor, source)
         finally:
             self.settle()
 
-    def _add_columns(self, tensors: TensorInput, source: str | None) -> None:
-        """:meth:`add_all` without a Python call per tensor where it can.
+    def _add_columns(
+        self, names: list[str], values: list[torch.Tensor], source: str | None
+    ) -> None:
+        """:meth:`add_tensors` without a Python call per tensor where it can.
 
         Plain contiguous CPU tensors the native kernel takes as they are go to it as
         columns (:func:`~gradaudit.engine.bulk.native_segments`), and their facts are
         appended a column at a time; every other tensor goes through :meth:`queue`,
         in its place in the order.
         """
-        if isinstance(tensors, Mapping):
-            names: list[str] = list(tensors.keys())
-            values: list[torch.Tensor] = list(tensors.values())
-        else:
-            names, values = _split(tensors)
         codes = self._collector.cpu_native_codes
         segments, others = native_segments(values, codes)
         spelled = {code: _dtype_name(dtype) for dtype, code in codes.items()}
@@ -504,6 +513,11 @@ class PendingStats(Collected):
         ``meta``) need no copy; rows added after the prefetch make
         ``materialize`` read everything the usual way.
         """
+        if not any(device.type == "cuda" for device in self._devices):
+            # Every row is on the host already (a CPU training loop, every step): nothing
+            # to copy ahead, and ``materialize`` reads them the usual way (issue 28 item 9).
+            self._prefetched = None
+            return
         blocks = self._collector.flush()
         settled = self._collector.settled()
         copies: dict[torch.device, _Prefetch] = {}

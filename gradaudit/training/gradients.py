@@ -10,6 +10,7 @@ tensors with a process group passed, are combined across ranks by
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, TypeAlias
@@ -140,9 +141,10 @@ class GradientLister:
         self._names: list[str] = []
         self._parameters: list[torch.Tensor] = []
         self._nones: list[None] = []
-        #: Every module's ``_parameters`` and ``_modules`` dicts with their lengths, and
+        #: Every module's ``_parameters`` and ``_modules`` dicts and their lengths, and
         #: every entry of them, as walked. Held, so no id is reused meanwhile.
-        self._sizes: list[tuple[dict[str, object], int]] = []
+        self._dicts: list[dict[str, object]] = []
+        self._lengths: list[int] = []
         # The entries as three parallel lists (dict, key, value), checked in one C pass.
         self._entry_dicts: list[dict[str, object]] = []
         self._entry_keys: list[str] = []
@@ -150,17 +152,22 @@ class GradientLister:
         self._missing: list[object] = []
 
     def __call__(self) -> list[tuple[str, torch.Tensor]]:
+        return list(zip(*self.columns(), strict=True))
+
+    def columns(self) -> tuple[list[str], list[torch.Tensor]]:
+        """:meth:`__call__` as two lists, the names and the gradients: what the collector
+        takes (a monitor's every step builds no pairs to split again)."""
         if not isinstance(self._params, torch.nn.Module):
-            return named_gradients(self._params, prefix=self._prefix)
+            pairs = named_gradients(self._params, prefix=self._prefix)
+            return [name for name, _ in pairs], [grad for _, grad in pairs]
         if self._root is None or not self._unchanged(self._params):
             self._walk(self._params)
         # ``grad`` read once per parameter (a property through torch's C code), in a C loop.
         grads = list(map(_GRAD, self._parameters))
         if all(map(operator.is_not, grads, self._nones)):  # every parameter has one
-            return list(zip(self._names, grads, strict=True))
-        return [
-            (name, grad) for name, grad in zip(self._names, grads, strict=True) if grad is not None
-        ]
+            return self._names.copy(), grads
+        kept = list(map(operator.is_not, grads, self._nones))
+        return list(itertools.compress(self._names, kept)), list(itertools.compress(grads, kept))
 
     def names(self) -> list[str]:
         """The name of every parameter, with or without a gradient, in order (a module's
@@ -180,7 +187,8 @@ class GradientLister:
         dicts: list[dict[str, object]] = []
         for each in self._root.modules():
             dicts += [each._parameters, each._modules]  # type: ignore[list-item]
-        self._sizes = [(entries, len(entries)) for entries in dicts]
+        self._dicts = dicts
+        self._lengths = [len(entries) for entries in dicts]
         entries = [(each, key, value) for each in dicts for key, value in each.items()]
         self._entry_dicts = [each for each, _, _ in entries]
         self._entry_keys = [key for _, key, _ in entries]
@@ -190,9 +198,8 @@ class GradientLister:
     def _unchanged(self, module: torch.nn.Module) -> bool:
         if unwrap_module(module) is not self._root:
             return False
-        for entries, size in self._sizes:
-            if len(entries) != size:
-                return False
+        if list(map(len, self._dicts)) != self._lengths:  # in C, as below
+            return False
         # ``dict.get(entries, key, _MISSING) is value`` for every entry, mapped in C: a
         # Python generator over the entries was half the lister's cost (issue 28 item 9).
         found = map(dict.get, self._entry_dicts, self._entry_keys, self._missing)
@@ -200,7 +207,6 @@ class GradientLister:
 
 
 _GRAD = operator.attrgetter("grad")
-_SECOND = operator.itemgetter(1)
 #: Not any entry's value (a parameter may be registered as ``None``).
 _MISSING = object()
 
@@ -238,8 +244,26 @@ def collect_gradients(
     reuses its scratch buffers instead of allocating fresh ones every step.
     """
     named = list(gradients)
-    if group is not None or any_dtensor(map(_SECOND, named)):
+    return collect_columns(
+        [str(name) for name, _ in named],
+        [grad for _, grad in named],
+        group=group,
+        collector=collector,
+    )
+
+
+def collect_columns(
+    names: list[str],
+    gradients: list[torch.Tensor],
+    *,
+    group: ProcessGroup | None = None,
+    collector: StatsCollector | None = None,
+) -> PendingStats:
+    """:func:`collect_gradients` of ``names[i]: gradients[i]`` (a
+    :meth:`GradientLister.columns`)."""
+    if group is not None or any_dtensor(gradients):
+        named = list(zip(names, gradients, strict=True))
         return collect_sharded(named, group=group, collector=collector)
     pending = PendingStats(collector=None if collector is None else collector.fresh())
-    pending.add_all(named)
+    pending.add_tensors(names, gradients)
     return pending

@@ -24,14 +24,14 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
 
 import numpy as np
 import torch
 
-from gradaudit.engine.dtensor import is_dtensor
+from gradaudit._compat import cached_property
+from gradaudit.engine.dtensor import any_dtensor, is_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.errors import (
     GradientFindingError,
@@ -51,8 +51,9 @@ from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
     GradientLister,
     ParametersInput,
-    collect_gradients,
+    collect_columns,
     named_gradients,
+    named_parameters,
 )
 from gradaudit.training.locate import Location, NanLocator, StepReplay
 from gradaudit.training.replicas import (
@@ -60,6 +61,7 @@ from gradaudit.training.replicas import (
     gather_digests,
     model_device,
     replica_group,
+    replicating_wrapper,
 )
 
 if TYPE_CHECKING:
@@ -260,6 +262,11 @@ class GradientMonitor:
     the stats are of whole parameters on every rank (see
     :func:`~gradaudit.collect_module`), so every rank must call ``step()``.
 
+    With a ``DistributedDataParallel`` model (or ``replicated_by=`` its wrapper, when
+    ``model`` is the module it wraps or some of its parameters) every collected step also
+    checks that the replicated gradients are bit-identical on every rank
+    (``on_divergence``; :mod:`gradaudit.training.replicas`).
+
     Dumps go to ``dump_dir/step_NNNNNNNN.safetensors`` (at most ``max_dumps``
     of them; ``dump_dir=None`` never writes one). With DTensor gradients rank 0
     writes the gathered gradients; other distributed runs write one file per
@@ -282,6 +289,7 @@ class GradientMonitor:
         thresholds: Thresholds | None = None,
         prefix: str | None = None,
         group: ProcessGroup | None = None,
+        replicated_by: torch.nn.Module | None = None,
         locate: LocateMode = "off",
         locate_every: int = 1,
     ) -> None:
@@ -325,6 +333,15 @@ class GradientMonitor:
         self.prefix = prefix
         self._gradients = GradientLister(self._params, prefix=prefix)
         self.group = group
+        if replicated_by is not None and not isinstance(
+            replicated_by, torch.nn.parallel.DistributedDataParallel
+        ):
+            raise ValueError(
+                "replicated_by must be the DistributedDataParallel wrapper of the model; "
+                f"got {type(replicated_by).__name__}"
+            )
+        self._replicated_by = replicated_by
+        self._searched: list[int] | None = None  # the candidates find_replicas last looked at
         self.dumps_written = 0
         self._history: deque[MonitorRecord] = deque(maxlen=history)
         self._collector = StatsCollector()
@@ -383,8 +400,8 @@ class GradientMonitor:
         self._next_step = current + 1
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
-            gradients = self._gradients()
-            pending = collect_gradients(gradients, group=self.group, collector=self._collector)
+            names, gradients = self._gradients.columns()
+            pending = collect_columns(names, gradients, group=self.group, collector=self._collector)
             digests = self._gather_digests(pending, gradients)
             if self.sync:
                 record = self._finish(current, pending, current, digests)
@@ -415,17 +432,47 @@ class GradientMonitor:
         return record
 
     def _gather_digests(
-        self, pending: PendingStats, gradients: list[tuple[str, torch.Tensor]]
+        self, pending: PendingStats, gradients: list[torch.Tensor]
     ) -> GatheredDigests | None:
         """Every rank's digests of a DDP model's replicated gradients (collective), or
         ``None`` when this step is not checked (see :mod:`gradaudit.training.replicas`)."""
         if self.on_divergence == "off":
             return None
-        group = replica_group(self._params, self.group)
-        if group is None or any(is_dtensor(grad) for _, grad in gradients):
+        wrapper = self._params if self._replicated_by is None else self._replicated_by
+        group = replica_group(wrapper, self.group)
+        if group is None or any_dtensor(gradients):
             return None
-        assert isinstance(self._params, torch.nn.Module)  # a DDP wrapper: replica_group
-        return gather_digests(pending, self._gradients.names(), group, model_device(self._params))
+        assert isinstance(wrapper, torch.nn.Module)  # a DDP wrapper: replica_group
+        return gather_digests(pending, self._gradients.names(), group, model_device(wrapper))
+
+    @property
+    def replicated_by(self) -> torch.nn.Module | None:
+        """The ``DistributedDataParallel`` wrapper whose replicated gradients are checked
+        across ranks: ``model`` itself when it is one, else ``replicated_by``."""
+        if isinstance(self._params, torch.nn.parallel.DistributedDataParallel):
+            return self._params
+        return self._replicated_by
+
+    def find_replicas(self, candidates: Iterable[object]) -> torch.nn.Module | None:
+        """Check across ranks the gradients of the first ``DistributedDataParallel`` among
+        ``candidates`` that holds every parameter this monitor watches, from the next
+        collected step on; returns it, or ``None`` (nothing changes then).
+
+        For a framework adapter whose monitor watches the module DDP wraps, or some of its
+        parameters, while the framework holds the wrapper (see
+        :func:`~gradaudit.training.replicas.replicating_wrapper`). Collective-free: the
+        wrapper is matched by its parameters' identity.
+        """
+        if self.replicated_by is not None:
+            return self.replicated_by
+        candidates = list(candidates)
+        searched = [id(candidate) for candidate in candidates]
+        if searched == self._searched:  # an adapter asking at every step: looked already
+            return None
+        self._searched = searched
+        parameters = [param for _, param in named_parameters(self._params, prefix=self.prefix)]
+        self._replicated_by = replicating_wrapper(candidates, parameters)
+        return self._replicated_by
 
     def _location_of(self, step: int) -> Location | None:
         """The location found for ``step``, if it was located and held NaN/Inf."""

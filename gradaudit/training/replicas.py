@@ -17,6 +17,7 @@ order (DDP checks that at construction).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,13 @@ from gradaudit.results.replicas import ReplicaCheck, first_divergence
 from gradaudit.scan.pending import PendingStats
 from gradaudit.training.gradients import unwrap_module
 
-__all__ = ["GatheredDigests", "gather_digests", "model_device", "replica_group"]
+__all__ = [
+    "GatheredDigests",
+    "gather_digests",
+    "model_device",
+    "replica_group",
+    "replicating_wrapper",
+]
 
 #: The digest of a parameter that has no audited gradient on a rank (``None``, or a dtype
 #: the engine does not audit): no stats row holds a negative count.
@@ -47,6 +54,26 @@ def replica_group(model: object, group: object | None) -> dist.ProcessGroup | No
         return None
     replicas: dist.ProcessGroup = model.process_group
     return replicas if dist.get_world_size(replicas) > 1 else None
+
+
+def replicating_wrapper(
+    candidates: Iterable[object], parameters: Iterable[torch.Tensor]
+) -> torch.nn.parallel.DistributedDataParallel | None:
+    """The first ``DistributedDataParallel`` of ``candidates`` that holds every one of
+    ``parameters``, or ``None``.
+
+    A framework callback watches the module DDP wraps (the Trainer's ``model``, a
+    LightningModule's parameters per optimizer, the model an ``Accelerator`` prepared) while
+    the framework keeps the wrapper elsewhere (``trainer.model_wrapped``,
+    ``trainer.strategy.model``, ``accelerator._models``): its gradients are replicated when the
+    wrapper's all-reduce covers each of them, which is what this checks (by identity).
+    """
+    wanted = {id(p) for p in parameters}
+    wrappers = [c for c in candidates if isinstance(c, torch.nn.parallel.DistributedDataParallel)]
+    for wrapper in wrappers:
+        if wanted <= {id(p) for p in wrapper.parameters()}:
+            return wrapper
+    return None
 
 
 @dataclass(frozen=True)

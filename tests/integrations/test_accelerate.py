@@ -108,3 +108,39 @@ def test_it_steps_the_monitor_on_every_synchronised_step_and_never_the_optimizer
         returned.append(accelerate_step(accelerator, monitor, optimizer))
     assert [r.step if r is not None else None for r in returned] == [0, 1, 2]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _Accelerator:
+    """The attributes accelerate_step reads, for the cases a single CPU cannot launch."""
+
+    def __init__(self, processes: int, kind: str) -> None:
+        self.num_processes = processes
+        self.distributed_type = kind
+        self.sync_gradients = True
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("processes", "kind", "told"),
+    [(1, "NO", 0), (2, "MULTI_CPU", 1), (2, "MULTI_GPU", 1), (2, "FSDP", 0), (2, "DEEPSPEED", 0)],
+)
+def test_a_monitor_that_cannot_check_replicas_under_ddp_says_so_once(
+    processes: int, kind: str, told: int
+) -> None:
+    """Under DDP a monitor over the unprepared model is told, once (the real 2-rank runs are
+    in tests/integrations/test_ddp.py); a single process or a sharded strategy is not."""
+    from gradaudit.integrations.accelerate import accelerate_step
+
+    model = torch.nn.Linear(2, 1)
+    model.weight.grad = torch.ones(1, 2)
+    monitor = GradientMonitor(model, every=1, sync=True, dump_dir=None)
+    accelerator = _Accelerator(processes, kind)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            accelerate_step(accelerator, monitor)
+    messages = [str(w.message) for w in caught if "across ranks" in str(w.message)]
+    assert len(messages) == told
+    assert all("build it over the prepared model" in m for m in messages)

@@ -199,11 +199,25 @@ def test_a_generator_of_parameters_is_kept() -> None:
         ({"history": 0}, "history"),
         ({"max_dumps": -1}, "max_dumps"),
         ({"on_nonfinite": "explode"}, "on_nonfinite must be one of"),
+        ({"replicated_by": torch.nn.Linear(1, 1)}, "replicated_by must be the Distributed"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GradientMonitor(torch.nn.Linear(1, 1), **kwargs)  # type: ignore[arg-type]
+
+
+def test_find_replicas_takes_no_module_but_a_ddp_wrapper_and_looks_once() -> None:
+    """Outside DDP (one process, no wrapper among the candidates) nothing is checked across
+    ranks; the real wrappers are found in tests/integrations/test_ddp.py (gloo, 2 ranks)."""
+    model = torch.nn.Linear(2, 2)
+    monitor = GradientMonitor(model, every=1, sync=True, dump_dir=None)
+    assert monitor.find_replicas([model, None, torch.nn.Linear(2, 2)]) is None
+    assert monitor.replicated_by is None
+    model.weight.grad = torch.ones(2, 2)
+    record = monitor.step()
+    assert record is not None
+    assert record.replicas is None
 
 
 def _explode(loop: Loop, factor: float) -> None:
