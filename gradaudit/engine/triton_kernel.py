@@ -44,6 +44,10 @@ import torch
 #: Elements loaded per vector step of a program (a power of two): with 4 warps,
 #: 8 per thread, i.e. one or two 128-bit loads.
 BLOCK = 1024
+#: Vectors of ``BLOCK`` elements one iteration of the inner loop loads (together, before
+#: it uses them: the bytes in flight per program); spans are whole multiples of ``STEP``.
+VECTORS = 2
+STEP = VECTORS * BLOCK
 #: Vector steps one program takes at most: each lane counts NaN, +Inf, -Inf and
 #: zeros in one byte each, so a lane may see at most 255 elements (these steps
 #: plus the two masked edge steps).
@@ -267,7 +271,7 @@ def span_for(numel: int, sms: int = DEFAULT_SMS) -> int:
     tensor shorter than the span is one program of its own length.
     """
     per_program = -(-numel // (4 * sms))
-    steps = -(-per_program // BLOCK)
+    steps = -(-per_program // STEP) * VECTORS
     return min(MAX_STEPS, max(MIN_STEPS, steps)) * BLOCK
 
 
@@ -354,6 +358,7 @@ class TritonBatch:
         table_rows, merge_partials = _kernels()
         groups = [group for group in self._groups.values() if group.tensors]
         tables: list[torch.Tensor] = []
+        maps: list[torch.Tensor] = []
         tickets: list[int] = []
         bases: list[tuple[int, int]] = []  # (first program, first table row) per group
         programs = rows = 0
@@ -370,6 +375,8 @@ class TritonBatch:
             table[:, 3] = span
             group.programs = int(ends[-1])
             tables.append(table)
+            # Each program's row in its group's table (the kernel's map: one load, no search).
+            maps.append(torch.repeat_interleave(torch.arange(table.shape[0]), counts))
             tickets += group.tickets
             tickets.append(-1)
             bases.append((programs, rows))
@@ -377,7 +384,9 @@ class TritonBatch:
             rows += table.shape[0]
         # A last row whose first program ends the last sentinel's (empty) range.
         tables.append(torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64))
-        host = torch.cat(tables)
+        # The tables, then the map: one buffer, one copy.
+        host = torch.cat([table.flatten() for table in tables] + maps)
+        width = (rows + 1) * TABLE_WIDTH
         cuda = self.device.type == "cuda"
         # Everything on the tensors' device, whichever device is current (no
         # context is made on another GPU).
@@ -385,22 +394,23 @@ class TritonBatch:
         with context:
             # Pinned, so the copy is queued rather than waited for; the caching host
             # allocator keeps the pinned block until the copy has run.
-            table = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            flat = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            table = flat[:width].view(-1, TABLE_WIDTH)
+            program_rows = flat[width:]
             partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
             out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
             stream = torch.cuda.current_stream(self.device) if cuda else None
             for group, (first_program, first_row) in zip(groups, bases, strict=True):
                 kind = KINDS[group.base.dtype]
                 base = group.base.view(torch.int16) if kind == 1 else group.base
-                count = len(group.tensors)
                 table_rows[(group.programs,)](
                     base,
                     table[first_row:],
+                    program_rows,
                     partial,
                     first_program,
-                    count,
-                    max(count - 1, 0).bit_length(),
                     BLOCK=BLOCK,
+                    LANES=BLOCK // 2 if kind == 1 else BLOCK,
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
                     FP32_ACC=kind != 0 and self._fp32_accumulate,
@@ -409,7 +419,10 @@ class TritonBatch:
                 if stream is not None:
                     for tensor in group.tensors:
                         tensor.record_stream(stream)
-            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS, **LAUNCH_OPTIONS)
+            # One warp per stats row: most rows merge a handful of partial rows.
+            merge_partials[(rows,)](
+                partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
+            )
         self._groups = {}
         return out, tickets
 

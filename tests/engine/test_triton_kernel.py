@@ -356,7 +356,8 @@ def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
 
         def __getitem__(self, grid: tuple[int, ...]) -> Any:
             def launch(base: torch.Tensor, table: torch.Tensor, *args: Any, **kw: Any) -> None:
-                recorded.extend(sorted(set(table[: args[2] + 1, 3].tolist())))
+                # The launch's table is its group's rows, then the later groups'.
+                recorded.extend(sorted(set(table[table[:, 2] > 0, 3].tolist())))
                 kernels[0][grid](base, table, *args, **kw)
 
             return launch
@@ -370,6 +371,67 @@ def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
     got_nan, got_zeros = HostRow.from_values(rows[1]), HostRow.from_values(rows[2])
     assert (got_nan.nan, got_nan.zeros, got_nan.pos_inf, got_nan.neg_inf) == (length, 0, 0, 0)
     assert (got_zeros.nan, got_zeros.zeros, got_zeros.norm) == (0, length, 0.0)
+
+
+def _batch_rows(tensors: list[torch.Tensor], sms: int = triton_kernel.DEFAULT_SMS) -> list[HostRow]:
+    """Each tensor's row from one batch (one launch per dtype), in order."""
+    batch = triton_kernel.TritonBatch(DEVICE, sms=sms)
+    for ticket, tensor in enumerate(tensors):
+        assert batch.add(tensor, ticket)
+    out, tickets = batch.launch()
+    rows = dict(zip(tickets, out.cpu().tolist(), strict=True))
+    return [HostRow.from_values(rows[ticket]) for ticket in range(len(tensors))]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+@pytest.mark.parametrize("neighbour", [0.0, 5.0, math.nan])
+def test_views_at_every_offset_read_their_own_elements_only(
+    dtype: torch.dtype, neighbour: float
+) -> None:
+    """Views at element offsets 0..17 of one parent (heads at every misalignment, a
+    bfloat16 word's half outside the view at both ends), lengths that end inside a word
+    and inside each tail vector: zeros, NaN or plain values just outside a view must not
+    be counted, and the views' own zeros at their edges must be."""
+    parent = torch.full((3 * triton_kernel.STEP + 64,), neighbour, dtype=dtype, device=DEVICE)
+    views = []
+    for offset in range(18):
+        length = [1, 7, 9, triton_kernel.BLOCK + 3, 2 * triton_kernel.STEP + 5][offset % 5]
+        view = parent[offset : offset + length]
+        views.append(view)
+    gen = torch.Generator().manual_seed(5)
+    # Views overlap: fill them, then compare each with what it holds at the launch.
+    for view in views:
+        values = torch.randn(view.numel(), generator=gen).to(dtype)
+        values[0] = 0.0  # a zero at the head, one at the tail
+        values[-1] = 0.0 if view.numel() % 2 else 3.0
+        view.copy_(values)
+    anchor = torch.ones(8, dtype=dtype, device=DEVICE)  # an aligned base
+    expected = [view.cpu().clone() for view in views]
+    rows = _batch_rows([anchor, *views])[1:]
+    for tensor, row in zip(expected, rows, strict=True):
+        assert_matches_reference(tensor, row)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+def test_a_nan_sends_only_its_own_program_to_the_exact_path(dtype: torch.dtype) -> None:
+    """A tensor of several programs with one NaN, one -Inf and one +Inf in different
+    programs, beside a healthy tensor: the exact path's counts and finite maximum where
+    they are, the fast path's elsewhere, merged into the same row the reference gives."""
+    gen = torch.Generator().manual_seed(17)
+    length = 5 * triton_kernel.MIN_SPAN + 1001
+    sick = (torch.randn(length, generator=gen) * 3).to(dtype)
+    sick[::97] = 0.0
+    sick[triton_kernel.MIN_SPAN + 5] = math.nan
+    sick[3 * triton_kernel.MIN_SPAN] = -math.inf
+    sick[-1] = math.inf
+    sick[2 * triton_kernel.MIN_SPAN + 7] = 60000.0 if dtype == torch.float16 else 1e30
+    healthy = (torch.randn(length, generator=gen)).to(dtype)
+    rows = _batch_rows([sick.to(DEVICE), healthy.to(DEVICE)])
+    assert_matches_reference(sick, rows[0])
+    assert_matches_reference(healthy, rows[1])
+    assert (rows[0].nan, rows[0].pos_inf, rows[0].neg_inf) == (1, 1, 1)
 
 
 @pytest.fixture
