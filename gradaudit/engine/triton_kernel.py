@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from gradaudit.engine import warmup
+
 #: Elements loaded per vector step of a program (a power of two): with 4 warps,
 #: 8 per thread, i.e. one or two 128-bit loads.
 BLOCK = 1024
@@ -177,18 +179,29 @@ def compile_worth(device: torch.device) -> bool:
     """Whether ``auto`` should launch (and so maybe compile) the kernels on ``device`` now.
 
     Yes when they are compiled for its architecture in this process or were in an
-    earlier one, or once ``COMPILE_AFTER_BYTES`` went through the eager kernel
-    instead; always off CUDA (the interpreter compiles nothing).
+    earlier one (its marker), or when the background compile (:mod:`.warmup`, started
+    here on the first call) has finished; no while it runs, so the step never waits for a
+    compile. Where the background compile failed (or is off), the rule before it: yes
+    once ``COMPILE_AFTER_BYTES`` went through the eager kernel instead. Always yes off
+    CUDA (the interpreter compiles nothing).
     """
     if device.type != "cuda":
         return True
     arch = _arch(device)
-    if arch in _warm or _deferred_bytes >= COMPILE_AFTER_BYTES:
+    if arch in _warm:
         return True
     if os.path.exists(_marker(arch)):
         _warm.add(arch)
         return True
-    return False
+    if warmup.ENABLED:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        state = warmup.poll(arch, index)
+        if state is warmup.State.DONE:
+            _warm.add(arch)
+            return True
+        if state is warmup.State.RUNNING:
+            return False
+    return _deferred_bytes >= COMPILE_AFTER_BYTES
 
 
 def defer(nbytes: int) -> bool:
