@@ -68,8 +68,8 @@ def _squares(  # type: ignore[no-untyped-def]
     """Add the squares of finite magnitudes (float32 bits) to the running sums.
 
     FP64 (``FP32_ACC`` off): every float32 square is exact in float64 and
-    cannot overflow it. ``FP32_ACC`` (GPUs with slow float64, 2-byte dtypes
-    only): a float16 or bfloat16 square is exact in float32 when it is in
+    cannot overflow it. ``FP32_ACC`` (GPUs with slow float64): a float16 or
+    bfloat16 square is exact in float32 when it is in
     range, and compensated sums (TwoSum) keep what rounding drops. Float16
     squares are always in range; bfloat16 magnitudes are split in three
     classes, each scaled by a power of two (exact) into float32's normal
@@ -79,10 +79,41 @@ def _squares(  # type: ignore[no-untyped-def]
     to 258 (two per vector, at most 129 vectors), the exact path's up to 130.
     (With 2^60 and 2^-68, as before words, 258 squares of the largest bfloat16
     came within 0.01 % of float32's overflow.)
+
+    A float32 square is exact in float32 only as a sum: the scaled magnitude ``s``
+    splits by a mask into a head ``h`` of its top 12 significant bits and the rest
+    ``r = s - h`` (at most 12 bits, exact), and ``s² = h² + (2hr + r²)`` where ``h²``
+    is exact and the second term is rounded once (``2hr`` is exact, ``r² < 2^-22 s²``):
+    off by at most 2^-34 of ``s²``. Both go through TwoSum into one compensated sum
+    per class. The classes put ``s`` in [2^-40, 2^59), where ``h²`` cannot overflow 130
+    times over and ``r²``, when not 0, is a float32 normal (``r`` is at least an ulp
+    of ``s``, 2^-63): [2^-70, 2^29) times 2^30, [2^29, 2^128) times 2^-69, below
+    2^-70 (subnormals included: scaled, they are normals) times 2^109. Every term is
+    then a multiple of 2^-126, so no sum or error term is subnormal and a
+    flush-to-zero mode changes nothing. The head is cut on the bits, not with
+    Dekker's split, so fused multiply-adds cannot change it (every product here is
+    exact, so a fused one gives the same value).
     """
     if FP32_ACC:
         value = finite.to(tl.float32, bitcast=True)
-        if KIND == 1:
+        if KIND == 0:
+            is_huge = finite >= 0x4E000000  # 2^29
+            is_tiny = finite < 0x1C800000  # 2^-70
+            scale = tl.where(is_huge, 2.0**-69, tl.where(is_tiny, 2.0**109, 2.0**30))
+            scaled = value * scale
+            head = (scaled.to(tl.int32, bitcast=True) & -4096).to(tl.float32, bitcast=True)
+            rest = scaled - head
+            square = head * head
+            cross = (head + head) * rest + rest * rest
+            zero = tl.zeros_like(square)
+            is_mid = ~(is_huge | is_tiny)
+            mid, mid_err = _two_sum(mid, mid_err, tl.where(is_mid, square, zero))
+            mid, mid_err = _two_sum(mid, mid_err, tl.where(is_mid, cross, zero))
+            huge, huge_err = _two_sum(huge, huge_err, tl.where(is_huge, square, zero))
+            huge, huge_err = _two_sum(huge, huge_err, tl.where(is_huge, cross, zero))
+            tiny, tiny_err = _two_sum(tiny, tiny_err, tl.where(is_tiny, square, zero))
+            tiny, tiny_err = _two_sum(tiny, tiny_err, tl.where(is_tiny, cross, zero))
+        elif KIND == 1:
             is_huge = finite >= 0x5D000000  # 2^59
             is_tiny = finite < 0x20000000  # 2^-63
             scale = tl.where(is_huge, 2.0**-69, tl.where(is_tiny, 2.0**88, 1.0))
@@ -158,6 +189,10 @@ def _sum_of_squares(  # type: ignore[no-untyped-def]
     if FP32_ACC:
         # Widened once per program: each class's sum and error, scaled back, in float64.
         ssq = mid.to(tl.float64) + mid_err.to(tl.float64)
+        if KIND == 0:
+            ssq *= 2.0**-60
+            ssq += (huge.to(tl.float64) + huge_err.to(tl.float64)) * 2.0**138
+            ssq += (tiny.to(tl.float64) + tiny_err.to(tl.float64)) * 2.0**-218
         if KIND == 1:
             ssq += (huge.to(tl.float64) + huge_err.to(tl.float64)) * 2.0**138
             ssq += (tiny.to(tl.float64) + tiny_err.to(tl.float64)) * 2.0**-176
@@ -331,6 +366,10 @@ def table_rows(  # type: ignore[no-untyped-def]
     # has a head and only a tensor's last program a tail: a scalar branch skips each
     # where there is none. Lanes are elements, or words of two for bfloat16 (PER = 2).
     PER: tl.constexpr = BLOCK // LANES
+    # Element -> lane by a shift, not ``//``: a tensor may sit below the group's base
+    # (a negative offset), and integer division truncates toward zero (-13 // 2 is -6,
+    # whose word starts at element -12: element -13 would be lost); a shift floors.
+    SHIFT: tl.constexpr = PER // 2
     aligned = (start + VEC - 1) // VEC * VEC
     aligned_lane = (start + VEC - 1) // VEC * (VEC // PER)
     pairs = tl.maximum(end - aligned, 0) // (2 * BLOCK)
@@ -353,8 +392,8 @@ def table_rows(  # type: ignore[no-untyped-def]
     tiny_err = tl.zeros([LANES], dtype=tl.float32)
     if start < aligned:
         head_end = tl.minimum(aligned, end)
-        lane = start // PER + lanes
-        inside = lane < (head_end + PER - 1) // PER
+        lane = (start >> SHIFT) + lanes
+        inside = lane < ((head_end + PER - 1) >> SHIFT)
         raw = _lanes(x_ptr, lane, inside, start, head_end, True, KIND)
         minus_zeros, top, top_low, ssq, mid, mid_err, huge, huge_err, tiny, tiny_err = _fast(
             raw,
@@ -407,8 +446,8 @@ def table_rows(  # type: ignore[no-untyped-def]
         )
     if body_end < end:
         for half in range(0, 2):
-            lane = body_end // PER + half * LANES + lanes
-            inside = lane < (end + PER - 1) // PER
+            lane = (body_end >> SHIFT) + half * LANES + lanes
+            inside = lane < ((end + PER - 1) >> SHIFT)
             raw = _lanes(x_ptr, lane, inside, body_end, end, True, KIND)
             minus_zeros, top, top_low, ssq, mid, mid_err, huge, huge_err, tiny, tiny_err = _fast(
                 raw,

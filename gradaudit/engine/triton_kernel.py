@@ -242,17 +242,21 @@ def _kernels() -> tuple[Any, Any]:
 #: Thor (11.0), RTX 50xx/RTX PRO (12.0), GB10 (12.1). Data-centre parts (7.0, 8.0, 9.0,
 #: 10.0) run 32-64 per clock. A later 12.x or 11.x is taken as slow too (``_slow_fp64``).
 SLOW_FP64 = frozenset({(7, 5), (8, 6), (8, 7), (8, 9), (10, 3), (11, 0), (12, 0), (12, 1)})
-#: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
+#: Whether squares accumulate in compensated float32 (``None``: by the GPU, as above;
 #: the tests set it to run that variant through the interpreter).
 FP32_ACCUMULATE: bool | None = None
 
 
 def fp32_accumulate(device: torch.device) -> bool:
-    """Whether float16/bfloat16 squares add up in compensated float32 on ``device``.
+    """Whether squares (of every dtype) add up in compensated float32 on ``device``.
 
     One float64 FMA per element is free on data-centre GPUs (64 per clock per SM)
     and the bottleneck where float64 runs at 2 per clock per SM: an A10 would
-    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G.
+    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G, and
+    float32's conversion and FMA, both on the float64 unit, cap it near 80 %.
+    Not everywhere: the float32 sums are exact to about 3e-10 (float32 tensors) or
+    2.4e-10 (bfloat16) of the sum of squares, the float64 sums to about 1e-14
+    (docs/gpu.md).
     """
     if FP32_ACCUMULATE is not None:
         return FP32_ACCUMULATE
@@ -426,7 +430,10 @@ class TritonBatch:
                     LANES=BLOCK // 2 if kind == 1 else BLOCK,
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
-                    FP32_ACC=kind != 0 and self._fp32_accumulate,
+                    FP32_ACC=self._fp32_accumulate,
+                    # float32 through float32 sums keeps six per element and lane: with
+                    # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
+                    num_warps=8 if kind == 0 and self._fp32_accumulate else 4,
                     **LAUNCH_OPTIONS,
                 )
                 if stream is not None:

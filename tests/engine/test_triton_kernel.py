@@ -386,27 +386,32 @@ def _batch_rows(tensors: list[torch.Tensor], sms: int = triton_kernel.DEFAULT_SM
 @needs_triton
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 @pytest.mark.parametrize("neighbour", [0.0, 5.0, math.nan])
+@pytest.mark.parametrize("base", ["below", "above"])
 def test_views_at_every_offset_read_their_own_elements_only(
-    dtype: torch.dtype, neighbour: float
+    dtype: torch.dtype, neighbour: float, base: str
 ) -> None:
-    """Views at element offsets 0..17 of one parent (heads at every misalignment, a
-    bfloat16 word's half outside the view at both ends), lengths that end inside a word
-    and inside each tail vector: zeros, NaN or plain values just outside a view must not
-    be counted, and the views' own zeros at their edges must be."""
-    parent = torch.full((3 * triton_kernel.STEP + 64,), neighbour, dtype=dtype, device=DEVICE)
+    """Views at element offsets 0..17 (heads at every misalignment, a bfloat16 word's half
+    outside the view at both ends), lengths that end inside a word and inside each tail
+    vector, addressed from a base below them (positive offsets) or above them (negative
+    offsets, where integer division would truncate the wrong way): zeros, NaN or plain
+    values just outside a view must not be counted, and the views' own zeros at their
+    edges must be."""
+    size = 3 * triton_kernel.STEP + 128
+    storage = torch.full((size,), neighbour, dtype=dtype, device=DEVICE)
+    anchor = storage[:8] if base == "below" else storage[size - 16 : size - 8]  # aligned
+    region = storage[8 : size - 16]
     views = []
     for offset in range(18):
         length = [1, 7, 9, triton_kernel.BLOCK + 3, 2 * triton_kernel.STEP + 5][offset % 5]
-        view = parent[offset : offset + length]
-        views.append(view)
+        views.append(region[offset : offset + length])
     gen = torch.Generator().manual_seed(5)
     # Views overlap: fill them, then compare each with what it holds at the launch.
-    for view in views:
+    for index, view in enumerate(views):
         values = torch.randn(view.numel(), generator=gen).to(dtype)
-        values[0] = 0.0  # a zero at the head, one at the tail
-        values[-1] = 0.0 if view.numel() % 2 else 3.0
+        # Zeros and non-zeros at both edges (a lost edge element would read as a zero).
+        values[0] = 0.0 if index % 2 else -2.5
+        values[-1] = 0.0 if index % 3 else 3.0
         view.copy_(values)
-    anchor = torch.ones(8, dtype=dtype, device=DEVICE)  # an aligned base
     expected = [view.cpu().clone() for view in views]
     rows = _batch_rows([anchor, *views])[1:]
     for tensor, row in zip(expected, rows, strict=True):
@@ -447,7 +452,7 @@ def test_float32_sums_every_float16_and_bfloat16_bit_pattern(float32_sums: None)
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
 @pytest.mark.parametrize("scale", [1e-38, 1e-20, 1.0, 1e18, 1e37])
 def test_float32_sums_across_the_range(
     dtype: torch.dtype, scale: float, float32_sums: None
@@ -481,6 +486,48 @@ def test_float32_sums_of_the_largest_bfloat16_do_not_overflow(
     _, row = _batch_rows([anchor.to(DEVICE), tensor.to(DEVICE)], sms=1)
     assert_matches_reference(tensor, row)
     assert row.norm == pytest.approx(reference_stats(tensor).norm, rel=1e-12)
+
+
+#: docs/gpu.md: float32 tensors through float32 sums, relative error of the sum of squares
+#: at most 2**-34 (the rest's terms rounded once) + (2n - 1)**2 * 2**-48 (n = 130 elements
+#: per lane, two terms each): 3.0e-10.
+FLOAT32_SUMS_BOUND = 2.0**-34 + 259**2 * 2.0**-48
+
+
+def _float32_cases() -> dict[str, torch.Tensor]:
+    """Adversarial float32 data for the float32 sums: every class edge, float32's largest
+    values, subnormals, a huge dynamic range, and 10**6 full-mantissa values (each
+    square's rest rounded: the most the rounding can add up to)."""
+    gen = torch.Generator().manual_seed(34)
+    below = math.nextafter
+    edges = []
+    for edge in (2.0**29, 2.0**-70, 2.0**59, 2.0**-40):
+        edges += [below(edge, 0.0), edge, below(edge, math.inf)]
+    edges += [3.4028234663852886e38, 3.0e38, 1.17549435e-38, 1e-45, 1.4e-44, 1.0]
+    mantissas = 1 + (2 * torch.randint(0, 1 << 22, (10**6,), generator=gen).double() + 1) / 2**23
+    log_uniform = torch.exp(torch.rand(200_003, generator=gen, dtype=torch.float64) * 170 - 100)
+    return {
+        "class edges": torch.tensor(edges * 3000, dtype=torch.float64),
+        "near float32 max": torch.full((262_147,), 3.4e38, dtype=torch.float64),
+        "subnormals": torch.randint(1, 1 << 23, (100_003,), generator=gen).double() * 2.0**-149,
+        "dynamic range": log_uniform * torch.where(torch.rand(200_003, generator=gen) < 0.5, -1, 1),
+        "10**6 full mantissas": mantissas,
+    }
+
+
+@needs_triton
+@pytest.mark.parametrize("case", list(_float32_cases()))
+def test_float32_sums_of_float32_tensors_are_within_the_documented_bound(
+    case: str, float32_sums: None
+) -> None:
+    """Against ``math.fsum`` of the float64 squares (exact), at the longest span (one SM)."""
+    tensor = _float32_cases()[case].to(torch.float32)
+    assert torch.isfinite(tensor).all()
+    (row,) = _batch_rows([tensor.to(DEVICE)], sms=1)
+    values = row.norm**2
+    exact = math.fsum((tensor.double() ** 2).tolist())
+    assert abs(values - exact) <= FLOAT32_SUMS_BOUND * exact, (values, exact)
+    assert_matches_reference(tensor, row)
 
 
 def _adversarial(dtype: torch.dtype) -> torch.Tensor:
