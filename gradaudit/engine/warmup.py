@@ -22,11 +22,13 @@ This module is the parent's side; it imports neither torch nor Triton.
 from __future__ import annotations
 
 import enum
+import os
 import subprocess
 import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from gradaudit.errors import KernelCompileWarning
@@ -79,6 +81,7 @@ def poll(arch: str, device_index: int) -> State:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env=_environment(),
             )
         except OSError as error:
             stderr.close()
@@ -98,6 +101,18 @@ def poll(arch: str, device_index: int) -> State:
     lines = run.stderr.read().decode("utf-8", "replace").strip().splitlines()
     run.stderr.close()
     return _failed(arch, lines[-1] if lines else f"exit status {code}")
+
+
+def _environment() -> dict[str, str]:
+    """The parent's environment (``TRITON_CACHE_DIR``, ``CUDA_VISIBLE_DEVICES`` …), with the
+    folder this gradaudit was imported from first on ``PYTHONPATH``: a parent that found
+    it through ``sys.path`` alone (a notebook, a checkout) must not start a child that
+    cannot import it, or imports another copy."""
+    environment = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
+    environment["PYTHONPATH"] = os.pathsep.join(paths)
+    return environment
 
 
 def _failed(arch: str, cause: str) -> State:

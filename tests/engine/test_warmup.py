@@ -9,6 +9,7 @@ the collector's routing (a pretend sm_90, ``meta`` tensors standing for its tens
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gradaudit
 from gradaudit.engine import triton_kernel, warmup
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.errors import KernelCompileWarning
@@ -146,6 +148,16 @@ def test_the_collector_uses_eager_until_the_compile_is_done(
     assert triton_on_meta == [3 * programs, 4]
 
 
+def test_the_child_imports_the_parents_gradaudit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found through ``sys.path`` alone (a notebook, a checkout), the parent's copy must be
+    the child's: its folder comes first on the child's ``PYTHONPATH``, the rest kept."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", ""]))
+    paths = warmup._environment()["PYTHONPATH"].split(os.pathsep)
+    assert paths == [str(Path(gradaudit.__file__).resolve().parents[1]), "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert warmup._environment()["PYTHONPATH"] == paths[0]
+
+
 @pytest.mark.slow
 def test_the_real_child_fails_harmlessly_without_a_gpu(
     child: Child, monkeypatch: pytest.MonkeyPatch
@@ -159,6 +171,8 @@ def test_the_real_child_fails_harmlessly_without_a_gpu(
     assert not triton_kernel.compile_worth(GPU)
     with pytest.warns(KernelCompileWarning, match="in the background failed"):
         assert warmup.wait(ARCH, timeout=120) is warmup.State.FAILED
-    assert warmup.cause(ARCH)
+    cause = warmup.cause(ARCH)
+    assert cause
+    assert "No module named" not in cause  # it imported gradaudit: it failed for the GPU
     assert not Path(triton_kernel._marker(ARCH)).exists()
     child.go.write_text("fail")
