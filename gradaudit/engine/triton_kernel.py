@@ -392,8 +392,13 @@ class TritonBatch:
             table[:, 3] = span
             group.programs = int(ends[-1])
             tables.append(table)
-            # Each program's row in its group's table (the kernel's map: one load, no search).
-            maps.append(torch.repeat_interleave(torch.arange(table.shape[0]), counts))
+            # Each program's row in its group's table (the kernel's map: one load, no search):
+            # a 1 where each later row's programs start, summed up (``repeat_interleave``
+            # would be one op, but it wakes the intra-op threads: milliseconds on a busy CPU).
+            starts = torch.zeros(group.programs + 1, dtype=torch.int64)
+            firsts = (ends - counts)[1:]
+            starts.index_add_(0, firsts, torch.ones_like(firsts))
+            maps.append(torch.cumsum(starts, 0)[: group.programs])
             tickets += group.tickets
             tickets.append(-1)
             bases.append((programs, rows))
