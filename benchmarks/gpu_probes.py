@@ -277,16 +277,25 @@ def probe_beyond_2_31(probe: Probe) -> tuple[str, dict[str, torch.Tensor]] | Non
 
 
 def probe_fp32_sums(probe: Probe) -> tuple[str, dict[str, torch.Tensor]]:
-    """The float32-sums variant's tensors: bf16 over its exponent range, fp16 subnormals."""
+    """The float32-sums variant's tensors: bf16 and fp32 over their exponent ranges, fp16
+    subnormals."""
     n = 3_001 if probe.small or probe.dry else 300_001
     tensors = {
         f"{str(dtype).removeprefix('torch.')}.1e{exponent}": planted(
             n, dtype, 10.0**exponent, probe, seed=exponent + 40
         )
-        for dtype, exponents in ((torch.bfloat16, (-30, 0, 30)), (torch.float16, (-6, 0)))
+        for dtype, exponents in (
+            (torch.bfloat16, (-30, 0, 30)),
+            (torch.float16, (-6, 0)),
+            (torch.float32, (-40, 0, 30)),
+        )
         for exponent in exponents
     }
-    return "float32-sums variant, bf16 1e-30..1e30, fp16 subnormals", tensors
+    # And the same without NaN or ±Inf: a program that meets one takes the exact path, so
+    # only healthy tensors check the fast path.
+    for name, tensor in list(tensors.items()):
+        tensors[f"{name}.healthy"] = tensor.nan_to_num(nan=1.0, posinf=2.0, neginf=-2.0)
+    return "float32-sums variant, bf16 1e-30..1e30, fp16 subnormals, fp32 1e-40..1e30", tensors
 
 
 def correctness(probe: Probe) -> int:

@@ -135,6 +135,12 @@ class NonFiniteGradientError(GradauditError):
         super().__init__(message)
 
 
+class KernelCompileWarning(RuntimeWarning):
+    """The background compile of the Triton kernels failed (once per GPU architecture and
+    process): ``auto`` goes on with the eager kernel, and compiles in the process only
+    once ``COMPILE_AFTER_BYTES`` went through it, as it did before the background compile."""
+
+
 class NonFiniteGradientWarning(RuntimeWarning):
     """Issued by a :class:`~gradaudit.GradientMonitor` that found NaN or Inf gradients."""
 

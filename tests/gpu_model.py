@@ -9,17 +9,17 @@ issues, not only the inner loop's)
 ----------------------------------------------------------------------------------
 A program of :func:`~gradaudit.engine._triton_rows.table_rows` issues, per warp:
 
-* the straight-line code once (the row lookup, the 7 reductions and their stores, and
-  the masked head and tail steps unless a branch skips them): an upper bound, since a
-  predicated-off instruction still takes its issue slot and a branch around a part that
-  is not an edge block is counted as taken;
+* the straight-line code once (the row lookup through the program -> row map, the
+  fast path's reductions and the stores): an upper bound, since a predicated-off
+  instruction still takes its issue slot and a branch around a part that is not an edge
+  block is counted as taken;
 * an edge block (a region a conditional branch skips that loads data) only when the
   program has that edge: a head when its first element is not 16-byte aligned (never
   here: the caching allocator aligns tensors and spans are whole steps), a tail when its
   elements are not a whole number of steps;
-* the binary-search loop's instructions per probed row × the probes (``bit_length`` of
-  the group's tensors − 1), where the kernel still searches;
-* the inner loop's instructions × its steps.
+* the inner loop's instructions × its steps (``STEP`` elements each);
+* not the exact path (``rescue``): a healthy flush holds no NaN or infinity, and a
+  program that meets one runs its span again through it (about twice its cost).
 
 Every warp of a program issues the same, and :func:`merge_partials` adds its own per
 stats row. Issue slots per element ``i`` = all warp instructions of the flush / its
@@ -65,8 +65,6 @@ class Costs:
     ``merge_partials``, read from their SASS (``tests.sass`` results)."""
 
     inner: int
-    #: (probes per iteration, instructions) of each binary-search loop, most probes first.
-    search: tuple[tuple[int, int], ...]
     #: Straight-line instructions every program issues (edge blocks excluded).
     fixed: int
     #: Instructions of the edge blocks a branch skips: (head, tail), or () when none is
@@ -74,6 +72,9 @@ class Costs:
     edges: tuple[int, ...]
     warps: int
     registers: int
+    #: Instructions of the exact path, which a program runs only when its span holds a
+    #: NaN or an infinity (left out of a healthy flush's figures).
+    rescue: int
     merge_fixed: int
     merge_loop: int
     merge_warps: int
@@ -82,38 +83,23 @@ class Costs:
     def from_sass(cls, table: dict[str, Any], merge: dict[str, Any]) -> Costs:
         inner = [loop for loop in table["loops"] if "LDG.E.128" in loop["global_loads"]]
         assert len(inner) == 1, table["loops"]
-        search = sorted(
-            (
-                (loop["global_loads"].count("LDG.E.64"), loop["instructions"])
-                for loop in table["loops"]
-                if loop is not inner[0]
-            ),
-            reverse=True,
-        )
-        assert all(probes >= 1 for probes, _ in search), search
+        # Only the inner loop: a program finds its row in the map, without a search.
+        assert len(table["loops"]) == 1, table["loops"]
         looped = sum(loop["instructions"] for loop in table["loops"])
         edges = tuple(edge["instructions"] for edge in table["edges"])
         assert len(edges) <= 2, table["edges"]
         (merge_loop,) = merge["loops"]
         return cls(
             inner=inner[0]["instructions"],
-            search=tuple(search),
-            fixed=table["instructions"] - looped - sum(edges),
+            fixed=table["instructions"] - looped - sum(edges) - table["rescue"]["instructions"],
             edges=edges,
             warps=table["warps"],
             registers=table["registers"],
+            rescue=table["rescue"]["instructions"],
             merge_fixed=merge["instructions"] - merge_loop["instructions"],
             merge_loop=merge_loop["instructions"],
             merge_warps=merge["warps"],
         )
-
-    def search_cost(self, probes: int) -> int:
-        """Instructions of ``probes`` binary-search probes (unrolled loops first)."""
-        total = 0
-        for per_iteration, instructions in self.search:
-            total += probes // per_iteration * instructions
-            probes %= per_iteration
-        return total
 
 
 @dataclass(frozen=True)
@@ -136,10 +122,9 @@ class Figures:
 def flush(lengths: Sequence[int], itemsize: int, costs: Costs, sms: int = 132) -> Figures:
     """The model for one dtype group of ``lengths`` elements, spans as ``TritonBatch`` sizes
     them for ``sms`` SMs (tensors 16-byte aligned, as the caching allocator leaves them)."""
-    block = triton_kernel.BLOCK
+    block = triton_kernel.STEP  # elements per inner-loop iteration
     spans = triton_kernel.spans(lengths, sms)
-    probes = max(len(lengths) - 1, 0).bit_length()
-    per_program = costs.fixed + costs.search_cost(probes)
+    per_program = costs.fixed
     tail = costs.edges[-1] if costs.edges else 0
     instructions = 0  # per warp, summed over programs
     programs = 0
@@ -180,7 +165,7 @@ def in_flight_share(figures: Figures, gpu: dict[str, float], warps: int = 4) -> 
     registers = -(-figures.registers // 8) * 8
     resident = min(MAX_PROGRAMS_PER_SM, REGISTERS_PER_SM // (registers * threads))
     resident = min(resident, math.ceil(figures.programs / gpu["sms"]))
-    in_flight = gpu["sms"] * resident * triton_kernel.BLOCK * figures.itemsize
+    in_flight = gpu["sms"] * resident * triton_kernel.STEP * figures.itemsize
     return min(1.0, in_flight / LATENCY_S / gpu["bandwidth"])
 
 

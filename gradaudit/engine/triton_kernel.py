@@ -41,9 +41,15 @@ from typing import Any
 
 import torch
 
+from gradaudit.engine import warmup
+
 #: Elements loaded per vector step of a program (a power of two): with 4 warps,
 #: 8 per thread, i.e. one or two 128-bit loads.
 BLOCK = 1024
+#: Vectors of ``BLOCK`` elements one iteration of the inner loop loads (together, before
+#: it uses them: the bytes in flight per program); spans are whole multiples of ``STEP``.
+VECTORS = 2
+STEP = VECTORS * BLOCK
 #: Vector steps one program takes at most: each lane counts NaN, +Inf, -Inf and
 #: zeros in one byte each, so a lane may see at most 255 elements (these steps
 #: plus the two masked edge steps).
@@ -173,18 +179,29 @@ def compile_worth(device: torch.device) -> bool:
     """Whether ``auto`` should launch (and so maybe compile) the kernels on ``device`` now.
 
     Yes when they are compiled for its architecture in this process or were in an
-    earlier one, or once ``COMPILE_AFTER_BYTES`` went through the eager kernel
-    instead; always off CUDA (the interpreter compiles nothing).
+    earlier one (its marker), or when the background compile (:mod:`.warmup`, started
+    here on the first call) has finished; no while it runs, so the step never waits for a
+    compile. Where the background compile failed (or is off), the rule before it: yes
+    once ``COMPILE_AFTER_BYTES`` went through the eager kernel instead. Always yes off
+    CUDA (the interpreter compiles nothing).
     """
     if device.type != "cuda":
         return True
     arch = _arch(device)
-    if arch in _warm or _deferred_bytes >= COMPILE_AFTER_BYTES:
+    if arch in _warm:
         return True
     if os.path.exists(_marker(arch)):
         _warm.add(arch)
         return True
-    return False
+    if warmup.ENABLED:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        state = warmup.poll(arch, index)
+        if state is warmup.State.DONE:
+            _warm.add(arch)
+            return True
+        if state is warmup.State.RUNNING:
+            return False
+    return _deferred_bytes >= COMPILE_AFTER_BYTES
 
 
 def defer(nbytes: int) -> bool:
@@ -225,17 +242,21 @@ def _kernels() -> tuple[Any, Any]:
 #: Thor (11.0), RTX 50xx/RTX PRO (12.0), GB10 (12.1). Data-centre parts (7.0, 8.0, 9.0,
 #: 10.0) run 32-64 per clock. A later 12.x or 11.x is taken as slow too (``_slow_fp64``).
 SLOW_FP64 = frozenset({(7, 5), (8, 6), (8, 7), (8, 9), (10, 3), (11, 0), (12, 0), (12, 1)})
-#: Whether 2-byte dtypes accumulate in float32 (``None``: by the GPU, as above;
+#: Whether squares accumulate in compensated float32 (``None``: by the GPU, as above;
 #: the tests set it to run that variant through the interpreter).
 FP32_ACCUMULATE: bool | None = None
 
 
 def fp32_accumulate(device: torch.device) -> bool:
-    """Whether float16/bfloat16 squares add up in compensated float32 on ``device``.
+    """Whether squares (of every dtype) add up in compensated float32 on ``device``.
 
     One float64 FMA per element is free on data-centre GPUs (64 per clock per SM)
     and the bottleneck where float64 runs at 2 per clock per SM: an A10 would
-    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G.
+    need 300 G of them per second for bfloat16 at its 600 GB/s and has 244 G, and
+    float32's conversion and FMA, both on the float64 unit, cap it near 80 %.
+    Not everywhere: the float32 sums are exact to about 3e-10 (float32 tensors) or
+    2.4e-10 (bfloat16) of the sum of squares, the float64 sums to about 1e-14
+    (docs/gpu.md).
     """
     if FP32_ACCUMULATE is not None:
         return FP32_ACCUMULATE
@@ -267,7 +288,7 @@ def span_for(numel: int, sms: int = DEFAULT_SMS) -> int:
     tensor shorter than the span is one program of its own length.
     """
     per_program = -(-numel // (4 * sms))
-    steps = -(-per_program // BLOCK)
+    steps = -(-per_program // STEP) * VECTORS
     return min(MAX_STEPS, max(MIN_STEPS, steps)) * BLOCK
 
 
@@ -354,6 +375,7 @@ class TritonBatch:
         table_rows, merge_partials = _kernels()
         groups = [group for group in self._groups.values() if group.tensors]
         tables: list[torch.Tensor] = []
+        maps: list[torch.Tensor] = []
         tickets: list[int] = []
         bases: list[tuple[int, int]] = []  # (first program, first table row) per group
         programs = rows = 0
@@ -370,6 +392,13 @@ class TritonBatch:
             table[:, 3] = span
             group.programs = int(ends[-1])
             tables.append(table)
+            # Each program's row in its group's table (the kernel's map: one load, no search):
+            # a 1 where each later row's programs start, summed up (``repeat_interleave``
+            # would be one op, but it wakes the intra-op threads: milliseconds on a busy CPU).
+            starts = torch.zeros(group.programs + 1, dtype=torch.int64)
+            firsts = (ends - counts)[1:]
+            starts.index_add_(0, firsts, torch.ones_like(firsts))
+            maps.append(torch.cumsum(starts, 0)[: group.programs])
             tickets += group.tickets
             tickets.append(-1)
             bases.append((programs, rows))
@@ -377,7 +406,9 @@ class TritonBatch:
             rows += table.shape[0]
         # A last row whose first program ends the last sentinel's (empty) range.
         tables.append(torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64))
-        host = torch.cat(tables)
+        # The tables, then the map: one buffer, one copy.
+        host = torch.cat([table.flatten() for table in tables] + maps)
+        width = (rows + 1) * TABLE_WIDTH
         cuda = self.device.type == "cuda"
         # Everything on the tensors' device, whichever device is current (no
         # context is made on another GPU).
@@ -385,31 +416,38 @@ class TritonBatch:
         with context:
             # Pinned, so the copy is queued rather than waited for; the caching host
             # allocator keeps the pinned block until the copy has run.
-            table = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            flat = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
+            table = flat[:width].view(-1, TABLE_WIDTH)
+            program_rows = flat[width:]
             partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
             out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
             stream = torch.cuda.current_stream(self.device) if cuda else None
             for group, (first_program, first_row) in zip(groups, bases, strict=True):
                 kind = KINDS[group.base.dtype]
                 base = group.base.view(torch.int16) if kind == 1 else group.base
-                count = len(group.tensors)
                 table_rows[(group.programs,)](
                     base,
                     table[first_row:],
+                    program_rows,
                     partial,
                     first_program,
-                    count,
-                    max(count - 1, 0).bit_length(),
                     BLOCK=BLOCK,
+                    LANES=BLOCK // 2 if kind == 1 else BLOCK,
                     VEC=VECTOR_BYTES // group.itemsize,
                     KIND=kind,
-                    FP32_ACC=kind != 0 and self._fp32_accumulate,
+                    FP32_ACC=self._fp32_accumulate,
+                    # float32 through float32 sums keeps six per element and lane: with
+                    # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
+                    num_warps=8 if kind == 0 and self._fp32_accumulate else 4,
                     **LAUNCH_OPTIONS,
                 )
                 if stream is not None:
                     for tensor in group.tensors:
                         tensor.record_stream(stream)
-            merge_partials[(rows,)](partial, table, out, rows, PARTS=MERGE_PARTS, **LAUNCH_OPTIONS)
+            # One warp per stats row: most rows merge a handful of partial rows.
+            merge_partials[(rows,)](
+                partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
+            )
         self._groups = {}
         return out, tickets
 

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import gradaudit
 from gradaudit import audit, collect_async
-from gradaudit.engine import staging, triton_kernel
+from gradaudit.engine import staging, triton_kernel, warmup
 from gradaudit.engine.dtypes import AUDITED_DTYPES
 from gradaudit.scan.paths import scan_paths
 from gradaudit.scan.pending import PendingStats
@@ -211,7 +211,9 @@ def test_the_cuda_channel_moves_every_byte(nbytes: int) -> None:
 def test_auto_engine_reduces_cuda_tensors_with_triton_when_installed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Once a compile is worth it (here: as if 1 GiB had gone through eager already)."""
+    """Without the background compile (off, or failed), once a compile is worth it (here:
+    as if 1 GiB had gone through eager already)."""
+    monkeypatch.setattr(warmup, "ENABLED", False)
     monkeypatch.setattr(triton_kernel, "_deferred_bytes", triton_kernel.COMPILE_AFTER_BYTES)
     report = audit({"w": torch.randn(100_000, device="cuda")})
     assert report.engine == ("triton" if triton_kernel.installed() else "eager")
@@ -223,11 +225,39 @@ def test_auto_reduces_a_small_scan_with_eager_while_cold(
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(triton_kernel, "_warm", set())
     monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    monkeypatch.setattr(warmup, "ENABLED", False)  # the rule without the background compile
     triton_kernel._marker.cache_clear()
     report = audit({"w": torch.randn(100_000, device="cuda")})
     triton_kernel._marker.cache_clear()
     assert report.engine == "eager"
     assert triton_kernel._deferred_bytes == 400_000
+
+
+def test_auto_compiles_in_the_background_then_launches_triton(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cold cache: the first audit runs eager while a child compiles (no wait), the
+    first after the child is done launches Triton, from the child's on-disk cache."""
+    if not triton_kernel.installed():
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "_warm", set())
+    monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    monkeypatch.setattr(warmup, "ENABLED", True)
+    triton_kernel._marker.cache_clear()
+    warmup.reset()
+    tensors = {"w": torch.randn(100_000, device="cuda")}
+    arch = triton_kernel._arch(tensors["w"].device)
+    try:
+        assert audit(tensors).engine == "eager"
+        assert warmup.wait(arch, timeout=300) is warmup.State.DONE, warmup.cause(arch)
+        assert Path(triton_kernel._marker(arch)).exists()
+        report = audit(tensors)
+        assert report.engine == "triton"
+        assert report.tensors[0].norm == pytest.approx(reference_stats(tensors["w"].cpu()).norm)
+    finally:
+        warmup.reset()
+        triton_kernel._marker.cache_clear()
 
 
 def test_the_gpu_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gradaudit import GradientMonitor
-from gradaudit.engine import triton_kernel
+from gradaudit.engine import triton_kernel, warmup
 from gradaudit.engine.stats import ROW_WIDTH, SCALE, StatsCollector
 from gradaudit.scan.pending import PendingEntry, PendingStats
 
@@ -121,6 +121,9 @@ def cold_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.setattr(triton_kernel, "_arch", lambda device: "sm_90")
     monkeypatch.setattr(triton_kernel, "_warm", set())
     monkeypatch.setattr(triton_kernel, "_deferred_bytes", 0)
+    # The rule without the background compile (off, or failed): tests/engine/test_warmup.py
+    # has the background compile's own.
+    monkeypatch.setattr(warmup, "ENABLED", False)
     triton_kernel._marker.cache_clear()
     yield tmp_path
     triton_kernel._marker.cache_clear()

@@ -1,0 +1,39 @@
+"""The background compile's child process (:mod:`gradaudit.engine.warmup`): compiles and
+runs every variant of the Triton kernels this GPU uses on tiny tensors, so that Triton's
+on-disk cache holds them, and leaves the marker a later ``compile_worth`` finds.
+
+Run as ``python -m gradaudit.engine._warmup_child DEVICE_INDEX``; exit status 0 when the
+kernels ran, anything else (with the cause on stderr) when they did not.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from gradaudit.engine import triton_kernel
+
+
+def main(argv: list[str]) -> int:
+    device = torch.device("cuda", int(argv[0]))
+    if not triton_kernel.runs_on(device):
+        print(f"the Triton kernels do not run on {device}", file=sys.stderr)
+        return 1
+    # The variants a flush launches: one table_rows per dtype (the float32-sum one where
+    # the GPU's float64 is slow, as the parent chooses) and merge_partials. Fresh tensors
+    # are 16-byte aligned, as the parent's bases are, so the same specialisations compile.
+    batch = triton_kernel.TritonBatch(device)
+    for ticket, dtype in enumerate(triton_kernel.KINDS):
+        assert batch.add(torch.ones(4096, dtype=dtype, device=device), ticket)
+    out, _ = batch.launch()
+    torch.cuda.synchronize(device)
+    if not bool(torch.isfinite(out).all()):
+        print("the kernels ran but their rows are not finite", file=sys.stderr)
+        return 1
+    triton_kernel.mark_warm(device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
