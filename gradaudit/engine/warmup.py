@@ -33,9 +33,21 @@ from typing import IO
 
 from gradaudit.errors import KernelCompileWarning
 
+#: The environment variable that turns the background compile off (``0``): the child
+#: holds a CUDA context, a few hundred MiB of the GPU's memory for its few seconds, which a
+#: job that fills its GPUs to the last MiB cannot spare.
+ENVIRONMENT = "GRADAUDIT_BACKGROUND_COMPILE"
+
+
+def enabled_by_environment(environ: dict[str, str] | None = None) -> bool:
+    """Whether :data:`ENVIRONMENT` leaves the background compile on (unset, or not ``0``)."""
+    value = (os.environ if environ is None else environ).get(ENVIRONMENT, "1")
+    return value.strip() != "0"
+
+
 #: Whether ``auto`` compiles in a background process (``False``: the rule before it,
 #: eager until ``COMPILE_AFTER_BYTES`` went through it, then a compile in the step).
-ENABLED = True
+ENABLED = enabled_by_environment()
 
 
 class State(enum.Enum):

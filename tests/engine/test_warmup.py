@@ -176,3 +176,11 @@ def test_the_real_child_fails_harmlessly_without_a_gpu(
     assert "No module named" not in cause  # it imported gradaudit: it failed for the GPU
     assert not Path(triton_kernel._marker(ARCH)).exists()
     child.go.write_text("fail")
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"), [(None, True), ("1", True), ("yes", True), ("0", False), (" 0 ", False)]
+)
+def test_the_environment_turns_the_background_compile_off(value: str | None, enabled: bool) -> None:
+    environ = {} if value is None else {warmup.ENVIRONMENT: value}
+    assert warmup.enabled_by_environment(environ) is enabled
