@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from fixtures.make_series import write_series
 from gradaudit import __version__
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -22,6 +23,16 @@ runner = CliRunner()
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 WriteDump = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def series(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo series of ``fixtures/make_series.py`` (a spike, a NaN, a collapse planted),
+    written once per worker for every module that reads it (it trains a small model: a few
+    seconds). Read-only: a test that needs a changed series writes its own."""
+    directory = tmp_path_factory.mktemp("series")
+    write_series(directory)
+    return directory
 
 
 #: The metadata a dump by ``gradaudit.save_gradients`` carries that says what it holds: a

@@ -294,6 +294,7 @@ def test_a_chunk_of_the_wrong_shape_is_refused(plain: tuple[Path, Path], tmp_pat
     assert "metadata says float64 [7, 10]" in problem.message
 
 
+@pytest.mark.slow  # the sharded fixture (two gloo processes) and torchrun
 @requires_torch_2_6
 def test_under_torchrun_the_chunks_are_split_and_the_report_is_the_single_process_one(
     sharded: tuple[Path, Path],

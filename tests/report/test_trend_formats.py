@@ -18,7 +18,6 @@ from fixtures.make_series import (
     FIRST_NAN_STEP,
     SPIKE_LAYER,
     SPIKE_STEP,
-    write_series,
 )
 from gradaudit import ExitCode
 from gradaudit.cli import app
@@ -30,13 +29,6 @@ from tests.conftest import runner
 from tests.report.test_schema import _declared
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "gradaudit" / "schema" / "trend.schema.json"
-
-
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("series")
-    write_series(directory)
-    return directory
 
 
 def trend(*args: str) -> Any:

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from fixtures.make_series import STEPS, write_series
+from fixtures.make_series import STEPS
 from gradaudit import ExitCode, scan_paths
 from gradaudit.cli import app
 from gradaudit.precision import Precision, precision_report
 from gradaudit.trend.builder import trend_paths
 from tests.conftest import runner
-
-
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("series")
-    write_series(directory)
-    return directory
 
 
 def test_each_step_matches_its_own_scan(series: Path) -> None:

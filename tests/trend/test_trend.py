@@ -19,7 +19,6 @@ from fixtures.make_series import (
     SPIKE_LAYER,
     SPIKE_STEP,
     STEPS,
-    write_series,
 )
 from gradaudit import ExitCode, audit
 from gradaudit.cli import app
@@ -30,13 +29,6 @@ from gradaudit.results.trend import TrendKind, TrendPolicy
 from gradaudit.results.verdict import trend_exit_code
 from gradaudit.trend.builder import TrendBuilder, order_dumps, step_from_name, trend_paths
 from tests.conftest import runner
-
-
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("series")
-    write_series(directory)
-    return directory
 
 
 def strict_json(text: str) -> Any:
