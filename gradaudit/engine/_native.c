@@ -1164,6 +1164,8 @@ static uint32_t binade_cut[256][2];
 typedef struct {
     int lo, binades, two_cuts; /* lo == 0: no window yet */
     uint32_t pos[WINDOW], cut1[WINDOW], cut2[WINDOW];
+    /* The same for bfloat16 words: a cut as the least word whose float32 value reaches it. */
+    uint16_t pos16[WINDOW], cut1_16[WINDOW], cut2_16[WINDOW];
 } window_t;
 
 /* The window whose top binade is just above `top` (an exponent field 1..254). */
@@ -1192,24 +1194,37 @@ static void window_choose(window_t *w, int top) {
         w->two_cuts |= binade_cuts[e] >= 2;
         at += 1u + binade_cuts[e];
     }
+    for (int d = 0; d < WINDOW; d++) {
+        w->pos16[d] = (uint16_t)w->pos[d];
+        w->cut1_16[d] = w->cut1[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut1[d] + 0xffffu) >> 16);
+        w->cut2_16[d] = w->cut2[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut2[d] + 0xffffu) >> 16);
+    }
 }
 
 typedef struct {
+    int words;                         /* 16-bit lanes (bfloat16's upper positions), not 32 */
     __m512i ones, twos, fours, eights; /* weights 1, 2, 4, 8 */
     __m512i q[8];                      /* weights 16 .. 2048: a ripple counter of sixteens */
     uint64_t counts[WINDOW];           /* what has been resolved, per position */
 } planes_t;
 
-/* counts[p] += weight * (lanes of w with bit p set), for the positions any lane has. */
-AVX512_INLINE void planes_resolve(__m512i w, uint64_t weight, uint64_t *counts) {
-    for (uint32_t bits = (uint32_t)_mm512_reduce_or_epi32(w); bits; bits &= bits - 1) {
+/* counts[p] += weight * (lanes of w with bit p set), for the positions any lane has; lanes
+ * of 32 bits, or of 16 with `words`. */
+AVX512_INLINE void planes_resolve(__m512i w, uint64_t weight, uint64_t *counts, int words) {
+    uint32_t bits = (uint32_t)_mm512_reduce_or_epi32(w);
+    if (words) bits = (bits | (bits >> 16)) & 0xffffu;
+    for (; bits; bits &= bits - 1) {
         int p = __builtin_ctz(bits);
-        counts[p] += weight * (uint64_t)__builtin_popcount(
-                                  _mm512_test_epi32_mask(w, _mm512_set1_epi32((int)(1u << p))));
+        uint32_t lanes = words ? (uint32_t)_mm512_test_epi16_mask(
+                                     w, _mm512_set1_epi16((int16_t)(uint16_t)(1u << p)))
+                               : (uint32_t)_mm512_test_epi32_mask(
+                                     w, _mm512_set1_epi32((int)(1u << p)));
+        counts[p] += weight * (uint64_t)__builtin_popcount(lanes);
     }
 }
 
-AVX512 static void planes_init(planes_t *s) {
+AVX512 static void planes_init(planes_t *s, int words) {
+    s->words = words;
     s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
     for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
     memset(s->counts, 0, sizeof(s->counts));
@@ -1217,18 +1232,22 @@ AVX512 static void planes_init(planes_t *s) {
 
 /* Every plane into counts, and the planes cleared. */
 AVX512 static void planes_drain(planes_t *s) {
-    planes_resolve(s->ones, 1, s->counts);
-    planes_resolve(s->twos, 2, s->counts);
-    planes_resolve(s->fours, 4, s->counts);
-    planes_resolve(s->eights, 8, s->counts);
-    for (int k = 0; k < 8; k++) planes_resolve(s->q[k], (uint64_t)16 << k, s->counts);
+    planes_resolve(s->ones, 1, s->counts, s->words);
+    planes_resolve(s->twos, 2, s->counts, s->words);
+    planes_resolve(s->fours, 4, s->counts, s->words);
+    planes_resolve(s->eights, 8, s->counts, s->words);
+    for (int k = 0; k < 8; k++) planes_resolve(s->q[k], (uint64_t)16 << k, s->counts, s->words);
     s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
     for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
 }
 
-/* The window's counts into the part's bins, and the counts cleared. */
-static void window_flush(const window_t *w, planes_t *s, uint64_t *out) {
+/* The window's counts into the part's bins, and the counts cleared; `upper` holds
+ * positions 16..31 of bfloat16's words. */
+static void window_flush(const window_t *w, planes_t *s, planes_t *upper, uint64_t *out) {
     planes_drain(s);
+    planes_drain(upper);
+    for (int p = 0; p < 16; p++) s->counts[p + 16] += upper->counts[p];
+    memset(upper->counts, 0, sizeof(upper->counts));
     for (int d = 0; d < w->binades; d++) {
         int e = w->lo + d;
         for (int j = 0; j <= binade_cuts[e]; j++) out[binade_bin[e] + j] += s->counts[w->pos[d] + j];
@@ -1254,7 +1273,7 @@ AVX512_INLINE void planes_carry(planes_t *s, __m512i sixteens) {
         s->q[k] = _mm512_xor_si512(s->q[k], c);
         c = t;
     }
-    if (_mm512_test_epi32_mask(c, c) != 0) planes_resolve(c, 4096, s->counts);
+    if (_mm512_test_epi32_mask(c, c) != 0) planes_resolve(c, 4096, s->counts, s->words);
 }
 
 /* The window's tables in registers. */
@@ -1326,11 +1345,12 @@ AVX512_INLINE __m512i window_load(int dtype, const void *p, int k, size_t left) 
 
 /* The one-hot words of the 256 elements at `p` (`left` of them there, all when `full`) into
  * the planes, two words at a time into the carry-save adders (the 16 words of a round are
- * never all live: they would not fit in the registers with the tables); adds 1 to the
- * lanes of `in_window` per element in the window. */
+ * never all live: they would not fit in the registers with the tables); the adders' low
+ * planes are `s` (locals), the ripple counter and the counts `home`'s. Adds 1 to the lanes
+ * of `in_window` per element in the window. */
 AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
                                 const window_regs_t *r, int two_cuts, planes_t *s,
-                                __m512i *in_window) {
+                                planes_t *home, __m512i *in_window) {
     const __m512i one = _mm512_set1_epi32(1);
     const size_t there = full ? 16 * WINDOW_GROUP : left;
     __m512i twosA, twosB, foursA, foursB, eightsA, eightsB, sixteens;
@@ -1367,7 +1387,7 @@ AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
     CSA(eightsB, s->fours, s->fours, foursA, foursB);
     CSA(sixteens, s->eights, s->eights, eightsA, eightsB);
 #undef WORDS
-    planes_carry(s, sixteens);
+    planes_carry(home, sixteens);
 }
 
 /* The in-window elements of n (<= BLOCK) at `data` into the planes; returns how many. */
@@ -1377,15 +1397,25 @@ AVX512_INLINE size_t window_block_of(int dtype, const void *data, size_t n, cons
     window_regs(w, &r);
     const size_t size = dtype == DT_F32 ? 4 : 2;
     __m512i in_window = _mm512_setzero_si512();
+    /* The adders' planes in locals for the block: through `s` they were stored every round. */
+    planes_t *home = s, local;
+    local.ones = home->ones, local.twos = home->twos, local.fours = home->fours,
+    local.eights = home->eights;
+    s = &local;
     size_t i = 0;
     for (; i + 16 * WINDOW_GROUP <= n; i += 16 * WINDOW_GROUP) {
         const char *p = (const char *)data + i * size;
         /* Ahead of the stats read of the next block: memory keeps streaming meanwhile. */
-        _mm_prefetch(p + BLOCK * size + 8192, _MM_HINT_T0);
-        _mm_prefetch(p + BLOCK * size + 8192 + 512, _MM_HINT_T0);
-        window_group(dtype, p, 0, 1, &r, two_cuts, s, &in_window);
+#ifndef NO_WINDOW_PREFETCH
+        for (size_t line = 0; line < 16 * WINDOW_GROUP * size; line += 64)
+            _mm_prefetch(p + BLOCK * size + 8192 + line, _MM_HINT_T0);
+#endif
+        window_group(dtype, p, 0, 1, &r, two_cuts, s, home, &in_window);
     }
-    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, two_cuts, s, &in_window);
+    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, two_cuts, s, home,
+                                &in_window);
+    home->ones = local.ones, home->twos = local.twos, home->fours = local.fours,
+    home->eights = local.eights;
     return (size_t)(uint32_t)_mm512_reduce_add_epi32(in_window);
 }
 
@@ -1399,6 +1429,117 @@ AVX512 static size_t window_block(int dtype, const void *data, size_t n, const w
         case DT_BF16 * 2: return window_block_of(DT_BF16, data, n, w, s, 0);
         default: return window_block_of(DT_BF16, data, n, w, s, 1);
     }
+}
+
+/* bfloat16 on 16-bit lanes: 32 elements a vector, half the operations of widening them.
+ * The 32 positions do not fit a 16-bit lane, so each vector makes two one-hot words, one
+ * for positions 0..15 (`s`) and one for 16..31 (`upper`), each with its own adders. */
+typedef struct {
+    __m512i lo, binades, pos, cut1, cut2;
+} window_regs16_t;
+
+AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int two_cuts,
+                                  __m512i *low, __m512i *high, __m512i *in_window) {
+    const __m512i one = _mm512_set1_epi16(1);
+    __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
+    __m512i d = _mm512_sub_epi16(_mm512_srli_epi16(m, 7), r->lo);
+    __mmask32 valid = _mm512_cmplt_epu16_mask(d, r->binades);
+    __m512i pos = _mm512_permutexvar_epi16(d, r->pos);
+    pos = _mm512_mask_add_epi16(pos, _mm512_cmpge_epu16_mask(m, _mm512_permutexvar_epi16(d, r->cut1)),
+                                pos, one);
+    if (two_cuts)
+        pos = _mm512_mask_add_epi16(
+            pos, _mm512_cmpge_epu16_mask(m, _mm512_permutexvar_epi16(d, r->cut2)), pos, one);
+    *low = _mm512_maskz_sllv_epi16(valid, one, pos);
+    *high = _mm512_maskz_sllv_epi16(valid, one, _mm512_sub_epi16(pos, _mm512_set1_epi16(16)));
+    *in_window = _mm512_mask_add_epi16(*in_window, valid, *in_window, one);
+}
+
+/* 512 words at `p` (`left` of them there): each vector's two words go to the two adder
+ * sets; the rounds of both are interleaved by making the 16 vectors' words in pairs. */
+AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
+                                  const window_regs16_t *r, int two_cuts, planes_t *lo_set,
+                                  planes_t *hi_set, planes_t *lo_home, planes_t *hi_home,
+                                  __m512i *in_window) {
+    const size_t there = full ? 512 : left;
+    __m512i la, lb, ha, hb, lo_sixteens, hi_sixteens;
+    __m512i lo_twosA, lo_twosB, lo_foursA, lo_foursB, lo_eightsA, lo_eightsB;
+    __m512i hi_twosA, hi_twosB, hi_foursA, hi_foursB, hi_eightsA, hi_eightsB;
+#define LOAD16(k)                                                                         \
+    (there >= 32 * (size_t)(k) + 32                                                       \
+         ? _mm512_loadu_si512(p + 32 * (k))                                               \
+         : _mm512_maskz_loadu_epi16(there > 32 * (size_t)(k) ? words_in(there - 32 * (size_t)(k)) : 0, \
+                                    p + 32 * (k)))
+#define PAIR(k)                                                                   \
+    do {                                                                          \
+        window_words16(LOAD16(k), r, two_cuts, &la, &ha, in_window);              \
+        window_words16(LOAD16(k + 1), r, two_cuts, &lb, &hb, in_window);          \
+    } while (0)
+#define STEP(k, T)                                                                \
+    do {                                                                          \
+        PAIR(k);                                                                  \
+        CSA(lo_##T, lo_set->ones, lo_set->ones, la, lb);                          \
+        CSA(hi_##T, hi_set->ones, hi_set->ones, ha, hb);                          \
+    } while (0)
+#define BOTH(H, L, A, B, LEVEL)                                                   \
+    do {                                                                          \
+        CSA(lo_##H, lo_set->LEVEL, lo_set->LEVEL, lo_##A, lo_##B);                \
+        CSA(hi_##H, hi_set->LEVEL, hi_set->LEVEL, hi_##A, hi_##B);                \
+    } while (0)
+    STEP(0, twosA);
+    STEP(2, twosB);
+    BOTH(foursA, twos, twosA, twosB, twos);
+    STEP(4, twosA);
+    STEP(6, twosB);
+    BOTH(foursB, twos, twosA, twosB, twos);
+    BOTH(eightsA, fours, foursA, foursB, fours);
+    STEP(8, twosA);
+    STEP(10, twosB);
+    BOTH(foursA, twos, twosA, twosB, twos);
+    STEP(12, twosA);
+    STEP(14, twosB);
+    BOTH(foursB, twos, twosA, twosB, twos);
+    BOTH(eightsB, fours, foursA, foursB, fours);
+    BOTH(sixteens, eights, eightsA, eightsB, eights);
+#undef LOAD16
+#undef PAIR
+#undef STEP
+#undef BOTH
+    planes_carry(lo_home, lo_sixteens);
+    planes_carry(hi_home, hi_sixteens);
+}
+
+/* As window_block, for bfloat16 on 16-bit lanes. */
+AVX512 static size_t window_block16_of(const uint16_t *x, size_t n, const window_t *w,
+                                       planes_t *s, planes_t *upper, int two_cuts) {
+    window_regs16_t r;
+    r.lo = _mm512_set1_epi16((int16_t)w->lo);
+    r.binades = _mm512_set1_epi16((int16_t)w->binades);
+    r.pos = _mm512_loadu_si512(w->pos16);
+    r.cut1 = _mm512_loadu_si512(w->cut1_16);
+    r.cut2 = _mm512_loadu_si512(w->cut2_16);
+    planes_t lo_set, hi_set;
+    lo_set.ones = s->ones, lo_set.twos = s->twos, lo_set.fours = s->fours, lo_set.eights = s->eights;
+    hi_set.ones = upper->ones, hi_set.twos = upper->twos, hi_set.fours = upper->fours,
+    hi_set.eights = upper->eights;
+    __m512i in_window = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 512 <= n; i += 512) {
+        for (size_t line = 0; line < 1024; line += 64)
+            _mm_prefetch((const char *)(x + i) + 2 * BLOCK + 8192 + line, _MM_HINT_T0);
+        window_group16(x + i, 0, 1, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
+    }
+    if (i < n) window_group16(x + i, n - i, 0, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
+    s->ones = lo_set.ones, s->twos = lo_set.twos, s->fours = lo_set.fours, s->eights = lo_set.eights;
+    upper->ones = hi_set.ones, upper->twos = hi_set.twos, upper->fours = hi_set.fours,
+    upper->eights = hi_set.eights;
+    return (size_t)(uint32_t)_mm512_reduce_add_epi32(_mm512_madd_epi16(in_window, _mm512_set1_epi16(1)));
+}
+
+AVX512 static size_t window_block_bf16(const void *data, size_t n, const window_t *w, planes_t *s,
+                                       planes_t *upper) {
+    if (w->two_cuts) return window_block16_of((const uint16_t *)data, n, w, s, upper, 1);
+    return window_block16_of((const uint16_t *)data, n, w, s, upper, 0);
 }
 
 /* The elements of a block outside the window (zeros aside), counted one by one into `out`;
@@ -1451,8 +1592,9 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     const size_t size = itemsize(dtype);
     window_t w;
     memset(&w, 0, sizeof w); /* no window yet (lo 0): every element is outside */
-    planes_t s;
-    planes_init(&s);
+    planes_t s, upper;
+    planes_init(&s, dtype == DT_BF16);
+    planes_init(&upper, 1);
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         const char *piece = (const char *)data + done * size;
@@ -1460,7 +1602,9 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         run(dtype, piece, len, a);
         zeros = a->zeros - zeros;
         out[0] += zeros;
-        size_t counted = w.lo != 0 ? window_block(dtype, piece, len, &w, &s) : 0;
+        size_t counted = w.lo == 0          ? 0
+                         : dtype == DT_BF16 ? window_block_bf16(piece, len, &w, &s, &upper)
+                                            : window_block(dtype, piece, len, &w, &s);
         if (counted + zeros == len) continue;
         size_t rest = window_rest(dtype, piece, len, &w, out);
         /* Many outside (or no window yet): the values moved, and the next blocks get a
@@ -1471,10 +1615,10 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         window_t next;
         window_choose(&next, top);
         if (next.lo == w.lo) continue;
-        if (w.lo != 0) window_flush(&w, &s, out);
+        if (w.lo != 0) window_flush(&w, &s, &upper, out);
         w = next;
     }
-    if (w.lo != 0) window_flush(&w, &s, out);
+    if (w.lo != 0) window_flush(&w, &s, &upper, out);
 }
 #endif
 
