@@ -1031,7 +1031,9 @@ static void run(int dtype, const void *data, size_t n, acc_t *a) {
  * top 15 bits, and by a binary search in the few cells a boundary splits. float64 is
  * rounded to float32 first, as the casts to the narrow formats do; a non-zero double that
  * rounds to zero counts in float32's lowest binade (bits 1). Counts add: across pieces,
- * threads, chunks and files, the one merge rule of every statistic. */
+ * threads, chunks and files, the one merge rule of every statistic. On the AVX-512 path,
+ * float32, bfloat16 and float16 are counted in vector registers instead (the window below);
+ * these tables then count only what falls outside the window. */
 #define HIST_MAX_BINS 1024
 #define HIST_SPLIT 0xffffu
 /* Below this many elements a tensor's counts go straight to its row of the output. */
