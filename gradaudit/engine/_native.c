@@ -1166,9 +1166,25 @@ static uint32_t binade_cut[256][2];
 typedef struct {
     int lo, binades, two_cuts; /* lo == 0: no window yet */
     uint32_t pos[WINDOW], cut1[WINDOW], cut2[WINDOW];
-    /* The same for bfloat16 words: a cut as the least word whose float32 value reaches it. */
-    uint16_t pos16[WINDOW], cut1_16[WINDOW], cut2_16[WINDOW];
+    /* The same for bfloat16 and float16 words: a cut as the least magnitude word whose
+     * float32 value reaches it. */
+    uint16_t pos16[WINDOW], cut1_16[WINDOW], cut2_16[WINDOW], cut1_h[WINDOW], cut2_h[WINDOW];
 } window_t;
+
+/* The least finite float16 magnitude whose value is >= the float32 pattern `cut` (0xffff
+ * when none is). Values are monotone in the patterns: a binary search. */
+static uint16_t half_threshold(uint32_t cut) {
+    if (cut == 0xffffffffu || float_bits((float)half_value(0x7bffu)) < cut) return 0xffffu;
+    uint32_t lo = 0, hi = 0x7bffu;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (float_bits((float)half_value(mid)) >= cut)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return (uint16_t)lo;
+}
 
 /* The window whose top binade is just above `top` (an exponent field 1..254). */
 static void window_choose(window_t *w, int top) {
@@ -1200,6 +1216,8 @@ static void window_choose(window_t *w, int top) {
         w->pos16[d] = (uint16_t)w->pos[d];
         w->cut1_16[d] = w->cut1[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut1[d] + 0xffffu) >> 16);
         w->cut2_16[d] = w->cut2[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut2[d] + 0xffffu) >> 16);
+        w->cut1_h[d] = half_threshold(w->cut1[d]);
+        w->cut2_h[d] = half_threshold(w->cut2[d]);
     }
 }
 
@@ -1433,18 +1451,27 @@ AVX512 static size_t window_block(int dtype, const void *data, size_t n, const w
     }
 }
 
-/* bfloat16 on 16-bit lanes: 32 elements a vector, half the operations of widening them.
- * The 32 positions do not fit a 16-bit lane, so each vector makes two one-hot words, one
- * for positions 0..15 (`s`) and one for 16..31 (`upper`), each with its own adders. */
+/* bfloat16 and float16 on 16-bit lanes: 32 elements a vector, fewer operations than
+ * widening them. The 32 positions do not fit a 16-bit lane, so each vector makes two
+ * one-hot words, one for positions 0..15 (`s`) and one for 16..31 (`upper`), each with its
+ * own adders. The binade is read from the upper half of each element's float32 pattern:
+ * bfloat16's own bits; for float16 the F16C widening (exact, subnormals made normal) with
+ * the upper halves gathered back into word order. The cuts compare the element's own bits
+ * (float16 values are monotone in them as float32's are), against its format's table. */
 typedef struct {
-    __m512i lo, binades, pos, cut1, cut2;
+    __m512i lo, binades, pos, cut1, cut2, odd; /* odd: the upper words of 32 dwords, in order */
 } window_regs16_t;
 
-AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int two_cuts,
+AVX512_INLINE void window_words16(__m512i v, int dtype, const window_regs16_t *r, int two_cuts,
                                   __m512i *low, __m512i *high, __m512i *in_window) {
     const __m512i one = _mm512_set1_epi16(1);
-    __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
-    __m512i d = _mm512_sub_epi16(_mm512_srli_epi16(m, 7), r->lo);
+    __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff)), upper = m;
+    if (dtype == DT_F16) {
+        __m512i a = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(m)));
+        __m512i b = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)));
+        upper = _mm512_permutex2var_epi16(a, r->odd, b);
+    }
+    __m512i d = _mm512_sub_epi16(_mm512_srli_epi16(upper, 7), r->lo);
     __mmask32 valid = _mm512_cmplt_epu16_mask(d, r->binades);
     __m512i pos = _mm512_permutexvar_epi16(d, r->pos);
     pos = _mm512_mask_add_epi16(pos, _mm512_cmpge_epu16_mask(m, _mm512_permutexvar_epi16(d, r->cut1)),
@@ -1459,7 +1486,7 @@ AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int two_c
 
 /* 512 words at `p` (`left` of them there): each vector's two words go to the two adder
  * sets; the rounds of both are interleaved by making the 16 vectors' words in pairs. */
-AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
+AVX512_INLINE void window_group16(int dtype, const uint16_t *p, size_t left, int full,
                                   const window_regs16_t *r, int two_cuts, planes_t *lo_set,
                                   planes_t *hi_set, planes_t *lo_home, planes_t *hi_home,
                                   __m512i *in_window) {
@@ -1474,8 +1501,8 @@ AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
                                     p + 32 * (k)))
 #define PAIR(k)                                                                   \
     do {                                                                          \
-        window_words16(LOAD16(k), r, two_cuts, &la, &ha, in_window);              \
-        window_words16(LOAD16(k + 1), r, two_cuts, &lb, &hb, in_window);          \
+        window_words16(LOAD16(k), dtype, r, two_cuts, &la, &ha, in_window);       \
+        window_words16(LOAD16(k + 1), dtype, r, two_cuts, &lb, &hb, in_window);   \
     } while (0)
 #define STEP(k, T)                                                                \
     do {                                                                          \
@@ -1511,15 +1538,18 @@ AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
     planes_carry(hi_home, hi_sixteens);
 }
 
-/* As window_block, for bfloat16 on 16-bit lanes. */
-AVX512 static size_t window_block16_of(const uint16_t *x, size_t n, const window_t *w,
+/* As window_block, for bfloat16 and float16 on 16-bit lanes. */
+AVX512_INLINE size_t window_block16_of(int dtype, const uint16_t *x, size_t n, const window_t *w,
                                        planes_t *s, planes_t *upper, int two_cuts) {
     window_regs16_t r;
     r.lo = _mm512_set1_epi16((int16_t)w->lo);
     r.binades = _mm512_set1_epi16((int16_t)w->binades);
     r.pos = _mm512_loadu_si512(w->pos16);
-    r.cut1 = _mm512_loadu_si512(w->cut1_16);
-    r.cut2 = _mm512_loadu_si512(w->cut2_16);
+    r.cut1 = _mm512_loadu_si512(dtype == DT_F16 ? w->cut1_h : w->cut1_16);
+    r.cut2 = _mm512_loadu_si512(dtype == DT_F16 ? w->cut2_h : w->cut2_16);
+    uint16_t odd[32];
+    for (int k = 0; k < 32; k++) odd[k] = (uint16_t)(2 * k + 1);
+    r.odd = _mm512_loadu_si512(odd);
     planes_t lo_set, hi_set;
     lo_set.ones = s->ones, lo_set.twos = s->twos, lo_set.fours = s->fours, lo_set.eights = s->eights;
     hi_set.ones = upper->ones, hi_set.twos = upper->twos, hi_set.fours = upper->fours,
@@ -1529,19 +1559,26 @@ AVX512 static size_t window_block16_of(const uint16_t *x, size_t n, const window
     for (; i + 512 <= n; i += 512) {
         for (size_t line = 0; line < 1024; line += 64)
             _mm_prefetch((const char *)(x + i) + 2 * BLOCK + 8192 + line, _MM_HINT_T0);
-        window_group16(x + i, 0, 1, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
+        window_group16(dtype, x + i, 0, 1, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
     }
-    if (i < n) window_group16(x + i, n - i, 0, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
+    if (i < n)
+        window_group16(dtype, x + i, n - i, 0, &r, two_cuts, &lo_set, &hi_set, s, upper,
+                       &in_window);
     s->ones = lo_set.ones, s->twos = lo_set.twos, s->fours = lo_set.fours, s->eights = lo_set.eights;
     upper->ones = hi_set.ones, upper->twos = hi_set.twos, upper->fours = hi_set.fours,
     upper->eights = hi_set.eights;
     return (size_t)(uint32_t)_mm512_reduce_add_epi32(_mm512_madd_epi16(in_window, _mm512_set1_epi16(1)));
 }
 
-AVX512 static size_t window_block_bf16(const void *data, size_t n, const window_t *w, planes_t *s,
-                                       planes_t *upper) {
-    if (w->two_cuts) return window_block16_of((const uint16_t *)data, n, w, s, upper, 1);
-    return window_block16_of((const uint16_t *)data, n, w, s, upper, 0);
+AVX512 static size_t window_block_16(int dtype, const void *data, size_t n, const window_t *w,
+                                     planes_t *s, planes_t *upper) {
+    const uint16_t *x = (const uint16_t *)data;
+    switch (2 * (dtype == DT_F16) + (w->two_cuts != 0)) {
+        case 0: return window_block16_of(DT_BF16, x, n, w, s, upper, 0);
+        case 1: return window_block16_of(DT_BF16, x, n, w, s, upper, 1);
+        case 2: return window_block16_of(DT_F16, x, n, w, s, upper, 0);
+        default: return window_block16_of(DT_F16, x, n, w, s, upper, 1);
+    }
 }
 
 /* The elements of a block outside the window (zeros aside), counted one by one into `out`;
@@ -1595,7 +1632,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     window_t w;
     memset(&w, 0, sizeof w); /* no window yet (lo 0): every element is outside */
     planes_t s, upper;
-    planes_init(&s, dtype == DT_BF16);
+    planes_init(&s, dtype != DT_F32);
     planes_init(&upper, 1);
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
@@ -1605,8 +1642,8 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         zeros = a->zeros - zeros;
         out[0] += zeros;
         size_t counted = w.lo == 0          ? 0
-                         : dtype == DT_BF16 ? window_block_bf16(piece, len, &w, &s, &upper)
-                                            : window_block(dtype, piece, len, &w, &s);
+                         : dtype == DT_F32 ? window_block(dtype, piece, len, &w, &s)
+                                           : window_block_16(dtype, piece, len, &w, &s, &upper);
         if (counted + zeros == len) continue;
         size_t rest = window_rest(dtype, piece, len, &w, out);
         /* Many outside (or no window yet): the values moved, and the next blocks get a
