@@ -1162,6 +1162,7 @@ static uint32_t binade_cut[256][2];
 
 #ifdef HAVE_AVX512
 #define WINDOW_GROUP 16 /* one-hot words per Harley-Seal round */
+#define WINDOW_PAUSE 15 /* blocks counted by the tables after one mostly outside the window */
 
 typedef struct {
     int lo, binades, two_cuts; /* lo == 0: no window yet */
@@ -1634,18 +1635,42 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     planes_t s, upper;
     planes_init(&s, dtype != DT_F32);
     planes_init(&upper, 1);
+    /* Values spread wider than any window (random bits, a log-normal of huge variance) make
+     * the window pass plus the one-by-one pass ~3x the table count alone: after a block
+     * mostly outside, the next WINDOW_PAUSE blocks are counted by the tables, then the
+     * window is tried again. */
+    uint32_t sub[4 * HIST_MAX_BINS];
+    const size_t stride = HIST_MAX_BINS;
+    size_t since_fold = 0, paused = 0;
+    int sub_used = 0;
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         const char *piece = (const char *)data + done * size;
         uint64_t zeros = a->zeros;
         run(dtype, piece, len, a);
         zeros = a->zeros - zeros;
+        if (paused > 0) {
+            paused--;
+            if (!sub_used) {
+                for (int k = 0; k < 4; k++)
+                    memset(sub + k * stride, 0, sizeof(uint32_t) * (size_t)hist_bins);
+                sub_used = 1;
+            }
+            hist_piece(dtype, piece, len, sub, stride);
+            since_fold += len;
+            if (since_fold >= ((size_t)1 << 31)) { /* before a uint32 count could wrap */
+                hist_fold(sub, stride, out);
+                since_fold = 0;
+            }
+            continue;
+        }
         out[0] += zeros;
         size_t counted = w.lo == 0          ? 0
                          : dtype == DT_F32 ? window_block(dtype, piece, len, &w, &s)
                                            : window_block_16(dtype, piece, len, &w, &s, &upper);
         if (counted + zeros == len) continue;
         size_t rest = window_rest(dtype, piece, len, &w, out);
+        if (rest > len / 4) paused = WINDOW_PAUSE;
         /* Many outside (or no window yet): the values moved, and the next blocks get a
          * window around this one's largest. Few outside: the tail of a distribution. */
         if (w.lo != 0 && rest <= len / 64) continue;
@@ -1658,6 +1683,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         w = next;
     }
     if (w.lo != 0) window_flush(&w, &s, &upper, out);
+    if (sub_used) hist_fold(sub, stride, out);
 }
 #endif
 

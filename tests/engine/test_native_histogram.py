@@ -190,6 +190,15 @@ def _window_cases() -> dict[str, torch.Tensor]:
     parts.append(relu)
     parts.append(torch.full((BLOCK,), 1e-45))
     cases["moving"] = torch.cat(parts)
+    # Values that drift (x2.8 a block): the window is chosen again and again, its counts
+    # flushed to the bins each time.
+    drift = [_gradient_block(gen, 1e-12 * 2.0 ** (1.5 * i)) for i in range(32)]
+    cases["drifting"] = torch.cat(drift)
+    # A block of every magnitude (mostly outside any window: the next blocks are counted by
+    # the tables), then gradients long enough for the window to be tried again.
+    wide = torch.randint(-(1 << 31), (1 << 31) - 1, (BLOCK,), generator=gen)
+    wide = wide.to(torch.int32).view(torch.float32).nan_to_num(0.0, 0.0, 0.0).clamp(-1e38, 1e38)
+    cases["wide then narrow"] = torch.cat([wide, _gradient_block(gen, 1e-3, 20 * BLOCK), wide])
     # Tails: a last block of fewer elements than a vector, a word pair, a window round.
     for size in (1024, 1025, BLOCK + 1, BLOCK + 15, BLOCK + 17, 2 * BLOCK + 255, 3 * BLOCK + 31):
         cases[f"tail {size}"] = _gradient_block(gen, 1e-4, size)
