@@ -1,6 +1,7 @@
 """What ``--precision`` costs: the exponent histogram, × one ``torch.sum`` pass.
 
-    python -m benchmarks.bench_precision [--mib 128] [--repeats 3] [--threads 2]
+    python -m benchmarks.bench_precision [--mib 128] [--repeats 3] [--threads 2] [--clock cpu]
+                                         [--baseline path/to/_native.so]
 
 For float32, bfloat16 and float16 tensors of ``--mib`` MiB (gradient-like values, normal
 with scale 1e-3), in one process, each measured ``--repeats`` times with the candidates
@@ -11,7 +12,12 @@ alternated (a shared machine's noise then hits all of them alike), best of each:
 * the row and the histogram together, as ``scan --precision`` collects them (the native
   kernel counts the histogram in the same read as the row; without it, the next column);
 * :func:`gradaudit.engine.histogram.exponent_histogram` alone: the pass of its own that
-  every other engine (eager, Triton, CUDA) still adds.
+  every other engine (eager, Triton, CUDA) still adds;
+* with ``--baseline``, the row and the histogram by another build of the native kernel (a
+  copy of main's ``_native*.so``, say), loaded beside this one: before and after in one run.
+
+``--clock cpu`` times by the process's CPU time, all threads together: on a shared machine
+wall time also counts the time other processes held the cores.
 
 The last line names the CPU, the native kernel's path and the load average.
 """
@@ -19,10 +25,14 @@ The last line names the CPU, the native kernel's path and the load average.
 from __future__ import annotations
 
 import argparse
+import array
+import importlib.util
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
@@ -30,6 +40,7 @@ from benchmarks.bench_scan import table
 from gradaudit.engine import native
 from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.stats import StatsCollector
+from gradaudit.precision import layout
 
 
 def _row_and_histogram(values: torch.Tensor) -> torch.Tensor:
@@ -37,6 +48,34 @@ def _row_and_histogram(values: torch.Tensor) -> torch.Tensor:
     ticket = collector.submit(values)
     collector.flush()
     return collector.histogram(ticket)
+
+
+def native_build(path: str) -> ModuleType:
+    """Another build of the native kernel, loaded beside this process's own: a second
+    ``.so`` file is a second module with its own layout and path (the widest its CPU runs)."""
+    name = "gradaudit.engine._native"
+    before = sys.modules.get(name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: not a native kernel build")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if before is not None:
+        sys.modules[name] = before
+    module.set_layout(array.array("I", layout().boundaries).tobytes())
+    return module
+
+
+def _build_call(module: ModuleType, values: torch.Tensor, threads: int) -> Callable[[], object]:
+    """The row and the histogram of ``values`` by ``module``'s stats_batch, buffers made once."""
+    pointers = array.array("Q", [values.data_ptr()])
+    counts = array.array("Q", [values.numel()])
+    codes = array.array("i", [native.code(values.dtype)])
+    row = torch.zeros(7, dtype=torch.float64)
+    hist = torch.zeros(layout().bins, dtype=torch.int64)
+    return lambda: module.stats_batch(
+        pointers, counts, codes, row.data_ptr(), threads, hist.data_ptr()
+    )
 
 
 def cpu_model() -> str:
@@ -55,7 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mib", type=float, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--baseline", help="another build's _native*.so, timed beside this one")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    baseline = native_build(args.baseline) if args.baseline else None
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     collector = StatsCollector()
@@ -69,27 +112,30 @@ def main(argv: list[str] | None = None) -> None:
             "one read": lambda v=values: _row_and_histogram(v),
             "alone": lambda v=values: exponent_histogram(v),
         }
+        if baseline is not None:
+            candidates["baseline"] = _build_call(baseline, values, args.threads)
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(args.repeats):
             for key, fn in candidates.items():
-                start = time.perf_counter()
+                start = clock()
                 fn()
-                best[key] = min(best[key], time.perf_counter() - start)
-        rows.append(
-            {
-                "dtype": str(dtype).removeprefix("torch."),
-                "MiB": args.mib,
-                "sum ms": 1e3 * best["sum"],
-                "stats row × sum": best["row"] / best["sum"],
-                "row + histogram × sum": best["one read"] / best["sum"],
-                "histogram alone × sum": best["alone"] / best["sum"],
-            }
-        )
-    print(table(rows, 1))
+                best[key] = min(best[key], clock() - start)
+        row = {
+            "dtype": str(dtype).removeprefix("torch."),
+            "MiB": args.mib,
+            "sum ms": 1e3 * best["sum"],
+            "stats row × sum": best["row"] / best["sum"],
+            "row + histogram × sum": best["one read"] / best["sum"],
+            "histogram alone × sum": best["alone"] / best["sum"],
+        }
+        if baseline is not None:
+            row["baseline build: row + histogram × sum"] = best["baseline"] / best["sum"]
+        rows.append(row)
+    print(table(rows, 2))
     path = native.path() if native.available() else "not built"
     print(
         f"\nstats engine {collector.engine_used}, native path {path}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {cpu_model()}, "
+        f"{torch.get_num_threads()} threads, {args.clock} time, {cpu_model()}, "
         f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
 

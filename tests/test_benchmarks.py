@@ -305,3 +305,19 @@ def test_startup_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None
         bench_startup.commands(dict.fromkeys(("small", "small2", "steps"), Path("x")))
     )
     assert all(float(value) > 0 for row in rows.values() for value in row.split(" | "))
+
+
+def test_precision_benchmark_times_another_build_beside_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import bench_precision
+    from gradaudit.engine import native_rows
+
+    module = native_rows.module()
+    if module is None:
+        pytest.skip("the native kernel is not built")
+    argv = ["--mib", "0.01", "--repeats", "1", "--threads", "1", "--clock", "cpu"]
+    bench_precision.main([*argv, "--baseline", str(module.__file__)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(" | ")[-1] == "baseline build: row + histogram × sum"
+    assert "cpu time" in lines[-1]

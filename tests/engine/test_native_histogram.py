@@ -130,3 +130,97 @@ def test_native_and_eager_collections_give_the_same_histograms() -> None:
     native_counts = _collected_histograms("native", tensors)
     assert len(native_counts) == len(tensors)
     assert native_counts == _collected_histograms("eager", tensors)
+
+
+# ---- the AVX-512 window path: elements counted in vector registers ---------------------
+# It counts a window of ~30 bins around the values of the block that chose it; what falls
+# outside (zeros aside) is found by a per-block total and counted one by one. These tensors
+# put values on every side of that: edges, moves, every bin, every rounding boundary.
+
+BLOCK = 4096
+
+
+def _numpy_counts(tensor: torch.Tensor) -> list[int]:
+    """The oracle: float32 bit patterns of |x| searched in the layout's boundaries."""
+    bits = tensor.float().abs().numpy().view(np.uint32)
+    bounds = np.array(layout().boundaries, dtype=np.uint32)
+    index = np.searchsorted(bounds, bits, side="right")
+    return np.bincount(index, minlength=layout().bins).tolist()
+
+
+def _gradient_block(gen: torch.Generator, scale: float, size: int = BLOCK) -> torch.Tensor:
+    return torch.randn(size, generator=gen) * scale
+
+
+def _window_cases() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    bounds = torch.tensor(layout().boundaries[:-1], dtype=torch.int64)
+    cases: dict[str, torch.Tensor] = {}
+    # Every rounding boundary and one and two ulps either side, each inside a gradient-like
+    # block whose window holds it (the block's scale is the boundary's), both signs.
+    cuts = [b for b in layout().boundaries[:-1] if b & 0x7FFFFF and b >> 23 not in (0, 254)]
+    blocks = []
+    for cut in cuts:
+        near = torch.tensor([cut + k for k in (-2, -1, 0, 1, 2)], dtype=torch.int64)
+        values = near.to(torch.int32).view(torch.float32)
+        block = _gradient_block(gen, float(values[2]))
+        block[:: BLOCK // 10][:10] = torch.cat([values, -values])
+        blocks.append(block)
+    cases["cuts"] = torch.cat(blocks)
+    # Every bin: one value per boundary (and its neighbour below) scattered through blocks of
+    # gradients, so most sit outside the window that the gradients chose.
+    spread = torch.cat([bounds, (bounds - 1).clamp(min=0)]).to(torch.int32).view(torch.float32)
+    base = _gradient_block(gen, 1e-3, 8 * BLOCK)
+    base[torch.randperm(base.numel(), generator=gen)[: spread.numel()]] = spread
+    base[7] = math.nan
+    base[BLOCK + 3] = math.inf
+    base[2 * BLOCK + 5] = -math.inf
+    cases["every bin"] = base
+    # Values that move: scales jump up and down block by block (the window follows), some
+    # blocks straddle two scales, some are mostly zeros (ReLU) or all zeros or subnormal.
+    parts = []
+    for i, scale in enumerate([1e-3, 1e3, 1e-3, 1e-30, 1e30, 3e-39, 1.0, 1e-3]):
+        block = _gradient_block(gen, scale)
+        if i % 2:
+            block[BLOCK // 2 :] *= 2.0**-20
+        parts.append(block)
+    parts.append(torch.zeros(BLOCK))
+    relu = _gradient_block(gen, 1e-2)
+    relu[relu < 0] = 0.0
+    parts.append(relu)
+    parts.append(torch.full((BLOCK,), 1e-45))
+    cases["moving"] = torch.cat(parts)
+    # Values that drift (x2.8 a block): the window is chosen again and again, its counts
+    # flushed to the bins each time.
+    drift = [_gradient_block(gen, 1e-12 * 2.0 ** (1.5 * i)) for i in range(32)]
+    cases["drifting"] = torch.cat(drift)
+    # A block of every magnitude (mostly outside any window: the next blocks are counted by
+    # the tables), then gradients long enough for the window to be tried again.
+    wide = torch.randint(-(1 << 31), (1 << 31) - 1, (BLOCK,), generator=gen)
+    wide = wide.to(torch.int32).view(torch.float32).nan_to_num(0.0, 0.0, 0.0).clamp(-1e38, 1e38)
+    cases["wide then narrow"] = torch.cat([wide, _gradient_block(gen, 1e-3, 20 * BLOCK), wide])
+    # Tails: a last block of fewer elements than a vector, a word pair, a window round.
+    for size in (1024, 1025, BLOCK + 1, BLOCK + 15, BLOCK + 17, 2 * BLOCK + 255, 3 * BLOCK + 31):
+        cases[f"tail {size}"] = _gradient_block(gen, 1e-4, size)
+    return cases
+
+
+@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_window_edges_moves_and_boundaries_match_numpy(name: str, dtype: torch.dtype) -> None:
+    if name not in native.paths():
+        pytest.skip(f"this CPU has no {name} path")
+    tensors = [t.to(dtype) for t in _window_cases().values()]
+    columns = _columns(tensors)
+    with on_path(name):
+        rows, histograms = native_rows.rows_and_histograms(*columns, 1)
+        plain = native_rows.rows_of_pointers(*columns, 1)
+    assert rows.view(np.int64).tolist() == plain.view(np.int64).tolist()
+    for label, tensor, counts in zip(_window_cases(), tensors, histograms.tolist(), strict=True):
+        assert counts == _numpy_counts(tensor), (label, dtype)
+
+
+def test_the_window_cases_reach_every_bin() -> None:
+    """The oracle's counts themselves: every bin is populated, so every bin is checked."""
+    counts = np.array(_numpy_counts(_window_cases()["every bin"]))
+    assert (counts > 0).all()
