@@ -416,8 +416,8 @@ def compared_line(comparison: Comparison) -> str:
     dual = comparison.dual
     if ab_mode(comparison):
         return (
-            f"Compared {count(dual.host.tensors)} tensors in A and {count(dual.seed.tensors)} "
-            f"in B, skipped {comparison.report.summary.skipped}"
+            f"Compared {plural(dual.host.tensors, 'tensor')} in A and "
+            f"{count(dual.seed.tensors)} in B, skipped {comparison.report.summary.skipped}"
         )
     return (
         f"Compared {count(dual.host.tensors)} host and {count(dual.seed.tensors)} seed "
