@@ -17,6 +17,12 @@ TensorBoard or W&B shows the same keys:
 * ``gradaudit/replicas/differing``: how many of a ``DistributedDataParallel`` model's
   replicated gradients are not bit-identical on every rank (0 on a healthy step); present
   when the record was checked across ranks (``record.replicas``), absent otherwise;
+* ``gradaudit/headroom/<fmt>/flushed_fraction``, ``…/subnormal_fraction`` and
+  ``…/overflowed_fraction`` (of every gradient's non-zero values together), ``…/overflowed``
+  (how many values), ``…/scale_log2`` (the power of two that brings the most values into
+  range without overflow, NaN when every gradient is zero) and ``…/flagged_tensors`` (how
+  many gradients have a ``cast`` finding): present when the monitor judges a format
+  (``precision="fp16"``: ``<fmt>`` is ``fp16``), absent otherwise;
 * ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
   record only in the row of its own step, so there it equals the row's step);
 * ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on (NaN / ``inf`` for
@@ -27,7 +33,10 @@ Everything here reads the host copy the monitor already made: no device access.
 
 from __future__ import annotations
 
+import math
+
 from gradaudit.policy import FindingKind
+from gradaudit.precision import StepHeadroom
 from gradaudit.training.monitor import MonitorRecord
 
 #: The prefix of every key.
@@ -63,6 +72,22 @@ def record_scalars(
         values[f"{prefix}/replicas/differing"] = float(
             0 if divergence is None else len(divergence.tensors)
         )
+    if record.headroom is not None:
+        values.update(headroom_scalars(record.headroom, prefix=prefix))
     if per_layer:
         values.update({f"{prefix}/norm/{name}": norm for name, norm in record.norms.items()})
     return values
+
+
+def headroom_scalars(headroom: StepHeadroom, *, prefix: str = PREFIX) -> dict[str, float]:
+    """The ``headroom/<fmt>/…`` scalars of a record (see the module docstring)."""
+    total = headroom.total
+    key = f"{prefix}/headroom/{headroom.precision.value}"
+    return {
+        f"{key}/flushed_fraction": total.flushed_fraction,
+        f"{key}/subnormal_fraction": total.subnormal_fraction,
+        f"{key}/overflowed_fraction": total.overflowed_fraction,
+        f"{key}/overflowed": float(total.overflowed),
+        f"{key}/scale_log2": math.nan if total.scale_log2 is None else float(total.scale_log2),
+        f"{key}/flagged_tensors": float(len({f.tensor for f in headroom.findings})),
+    }
