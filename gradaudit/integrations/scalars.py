@@ -21,7 +21,7 @@ TensorBoard or W&B shows the same keys:
   ``…/overflowed_fraction`` (of every gradient's non-zero values together), ``…/overflowed``
   (how many values), ``…/scale_log2`` (the power of two that brings the most values into
   range without overflow, NaN when every gradient is zero) and ``…/flagged_tensors`` (how
-  many gradients have a ``cast`` finding): present when the monitor judges a format
+  many gradients have a ``cast`` finding, not ignored): present when the monitor judges a format
   (``precision="fp16"``: ``<fmt>`` is ``fp16``), absent otherwise;
 * ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
   record only in the row of its own step, so there it equals the row's step);
@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 
 from gradaudit.policy import FindingKind
-from gradaudit.precision import StepHeadroom
 from gradaudit.training.monitor import MonitorRecord
 
 #: The prefix of every key.
@@ -72,22 +71,27 @@ def record_scalars(
         values[f"{prefix}/replicas/differing"] = float(
             0 if divergence is None else len(divergence.tensors)
         )
-    if record.headroom is not None:
-        values.update(headroom_scalars(record.headroom, prefix=prefix))
+    values.update(headroom_scalars(record, prefix=prefix))
     if per_layer:
         values.update({f"{prefix}/norm/{name}": norm for name, norm in record.norms.items()})
     return values
 
 
-def headroom_scalars(headroom: StepHeadroom, *, prefix: str = PREFIX) -> dict[str, float]:
-    """The ``headroom/<fmt>/…`` scalars of a record (see the module docstring)."""
+def headroom_scalars(record: MonitorRecord, *, prefix: str = PREFIX) -> dict[str, float]:
+    """The ``headroom/<fmt>/…`` scalars of a record judged for a format (see the module
+    docstring); none without one."""
+    headroom = record.headroom
+    if headroom is None:
+        return {}
     total = headroom.total
     key = f"{prefix}/headroom/{headroom.precision.value}"
+    # The cast findings the record acts on: not those of an ignored tensor.
+    flagged = {f.tensor for f in record.findings if f.kind is FindingKind.CAST}
     return {
         f"{key}/flushed_fraction": total.flushed_fraction,
         f"{key}/subnormal_fraction": total.subnormal_fraction,
         f"{key}/overflowed_fraction": total.overflowed_fraction,
         f"{key}/overflowed": float(total.overflowed),
         f"{key}/scale_log2": math.nan if total.scale_log2 is None else float(total.scale_log2),
-        f"{key}/flagged_tensors": float(len({f.tensor for f in headroom.findings})),
+        f"{key}/flagged_tensors": float(len(flagged)),
     }

@@ -281,3 +281,14 @@ def test_a_zero_step_has_no_scale() -> None:
         "(all tensors)", Precision.FP8_E4M3FN, 0, 0, 0, 0, None, None, None
     )
     assert math.isnan(record_scalars(record)["gradaudit/headroom/fp8_e4m3fn/scale_log2"])
+
+
+def test_an_ignored_tensor_is_neither_acted_on_nor_counted() -> None:
+    model = _planted_overflow()
+    record = _record(model, "fp16", thresholds=Thresholds(ignore=("1.weight",)))
+    assert record.headroom is not None
+    assert [f.tensor for f in record.headroom.findings] == ["1.weight"]  # still judged
+    assert [f for f in record.findings if f.kind.value == "cast"] == []
+    scalars = record_scalars(record)
+    assert scalars["gradaudit/headroom/fp16/flagged_tensors"] == 0.0
+    assert scalars["gradaudit/headroom/fp16/overflowed"] == 1.0
