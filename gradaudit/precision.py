@@ -39,12 +39,14 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from gradaudit.grouping import model_order
 from gradaudit.policy import FindingKind, Thresholds, fraction_exceeds
 from gradaudit.results import Finding, Report
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Bit pattern of float32 +Inf; NaN patterns are above it.
 INF_BITS = 0x7F800000
@@ -315,6 +317,8 @@ def headroom(
     source: str | None = None,
 ) -> Headroom:
     """The flush/subnormal/overflow counts of ``histogram`` for one format."""
+    import numpy as np  # here, not at the top: the CLI's --help imports this module
+
     columns = headroom_columns(np.array([histogram.counts], dtype=np.int64), precision)
     return columns.row(0, name, max_abs=max_abs, source=source)
 
@@ -330,6 +334,8 @@ def _bin_starts(precision: Precision) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=1)
 def _finite_exponents() -> np.ndarray:
     """The binary exponent of each bin of a finite non-zero value (bins 1 to ``bins - 2``)."""
+    import numpy as np  # here, not at the top: the CLI's --help imports this module
+
     return np.array(layout().exponents[1:-1], dtype=np.int64)
 
 
@@ -373,6 +379,7 @@ class HeadroomColumns:
 
 def headroom_columns(counts: np.ndarray, precision: Precision) -> HeadroomColumns:
     """The headroom counts of each row of ``counts`` (int64, ``[histograms, bins]``)."""
+
     flush, normal, overflow = _bin_starts(precision)
     last = counts.shape[1] - 1  # the NaN/Inf bin
     finite = counts[:, 1:last]
@@ -585,6 +592,8 @@ def step_headroom(
     a flushed fraction within a rounding error of ``max_underflow`` (a float product may
     err; :func:`~gradaudit.policy.fraction_exceeds` does not).
     """
+    import numpy as np  # here, not at the top: the CLI's --help imports this module
+
     if len(names) != counts.shape[0] or len(names) != len(max_abs):
         raise ValueError("one histogram row and one max |x| per name")
     columns = headroom_columns(counts, precision)
