@@ -1,7 +1,7 @@
 """What a GradientMonitor costs a training loop, as a ratio to a bare norm and to backward.
 
     python -m benchmarks.bench_monitor [--steps 300] [--repeats 300] [--threads 2]
-                                       [--device cpu] [--ratio-only]
+                                       [--device cpu] [--ratio-only] [--precision FMT]
 
 First, against a bare norm (issue 28 item 9): for a GPT-like module with 40 gradient
 tensors (~0.7 M elements) and one with 400 (~7 M; width 128, blocks of 12 parameters), the
@@ -11,7 +11,11 @@ median time of one ``monitor.step()`` with ``every=1`` (every call collects), wi
 ``torch.nn.utils.get_total_norm(grads).item()`` on the same gradients, and their ratio.
 The gradients are swapped between two sets each step (as ``zero_grad(set_to_none=True)``
 and a backward make fresh ones) and the calls interleave, in an order that rotates, so a
-slow moment of a shared machine hits all of them alike. The CPU, the native kernel's
+slow moment of a shared machine hits all of them alike. ``--precision fp16`` (or any
+``GradientMonitor(precision=...)`` format) adds, in the same rotation, the same two monitors
+with ``precision=`` on, and their ratio to the monitor without it (the cost of judging the
+headroom on every collected step; ``precision=None`` runs exactly the code without it).
+The CPU, the native kernel's
 ISA path and the load average are printed with it. The monitor's own defaults
 (``every=100``, ``sync=False``) collect one call in 100; the cost of that collecting call
 is the ``every=1`` figure.
@@ -32,7 +36,8 @@ with SGD. In the same process it measures:
   process that slows the machine down for a moment does not skew the ratio.
 
 Machines are noisy: compare the ratios, not the milliseconds. ``--ratio-only`` prints the
-first table alone.
+first table alone. With ``--precision`` the monitors of the second table judge that format
+too.
 """
 
 from __future__ import annotations
@@ -94,12 +99,17 @@ class GradientsOnly(torch.nn.Module):
 RATIO_MODELS = ((3, 512), (33, 2048))
 
 
-def norm_ratios(repeats: int, warmup: int = 20) -> list[str]:
-    """The rows of the table of ``monitor.step()`` against ``get_total_norm(...).item()``."""
-    return [_norm_ratio(blocks, vocab, repeats, warmup) for blocks, vocab in RATIO_MODELS]
+def norm_ratios(repeats: int, warmup: int = 20, precision: str | None = None) -> list[str]:
+    """The rows of the table of ``monitor.step()`` against ``get_total_norm(...).item()``
+    (with ``precision``, also against the same monitors judging that format)."""
+    return [
+        _norm_ratio(blocks, vocab, repeats, warmup, precision) for blocks, vocab in RATIO_MODELS
+    ]
 
 
-def _norm_ratio(blocks: int, vocab: int, repeats: int, warmup: int) -> str:
+def _norm_ratio(
+    blocks: int, vocab: int, repeats: int, warmup: int, precision: str | None = None
+) -> str:
     torch.manual_seed(0)
     model = GradientsOnly(blocks, vocab)
     params = list(model.parameters())
@@ -112,6 +122,19 @@ def _norm_ratio(blocks: int, vocab: int, repeats: int, warmup: int) -> str:
         "sync": synced.step,
         "default": default.step,
     }
+    with_precision: list[gradaudit.GradientMonitor] = []
+    if precision is not None:
+        for sync in (True, False):
+            monitor = gradaudit.GradientMonitor(
+                model,
+                every=1,
+                sync=sync,
+                dump_dir=None,
+                precision=precision,
+                on_finding="ignore",
+            )
+            with_precision.append(monitor)
+            calls[f"{'sync' if sync else 'default'}+precision"] = monitor.step
     times: dict[str, list[float]] = {name: [] for name in calls}
     orders = itertools.cycle(itertools.permutations(calls))
     for step in range(warmup + repeats):
@@ -124,6 +147,8 @@ def _norm_ratio(blocks: int, vocab: int, repeats: int, warmup: int) -> str:
             if step >= warmup:
                 times[name].append(time.perf_counter() - start)
     default.flush()
+    for monitor in with_precision:
+        monitor.flush()
     median = {name: statistics.median(values) for name, values in times.items()}
     spread = {name: _spread(values) for name, values in times.items()}
     cells = [f"{len(params)} | {sum(p.numel() for p in params) / 1e6:.2f}"]
@@ -131,6 +156,10 @@ def _norm_ratio(blocks: int, vocab: int, repeats: int, warmup: int) -> str:
     for name in ("sync", "default"):
         ratio = median[name] / median["norm"]
         cells.append(f"{1e3 * median[name]:.3f} ({spread[name]}) | {ratio:.2f}")
+    for name in ("sync", "default") if precision is not None else ():
+        timed = median[f"{name}+precision"]
+        spread_of = spread[f"{name}+precision"]
+        cells.append(f"{1e3 * timed:.3f} ({spread_of}) | {timed / median[name]:.2f}")
     return " | ".join(cells)
 
 
@@ -200,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--ratio-only", action="store_true", help="only the table against a norm")
+    parser.add_argument(
+        "--precision", default=None, help="also time monitors judging this format's headroom"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -213,9 +245,15 @@ def main(argv: list[str] | None = None) -> None:
         "tensors | M elements | get_total_norm().item() ms (IQR) "
         "| step() sync=True, every=1 ms (IQR) | × norm "
         "| step() default mode, every=1 ms (IQR) | × norm"
+        + (
+            ""
+            if args.precision is None
+            else f" | sync=True, precision={args.precision} ms (IQR) | × without"
+            f" | default mode, precision={args.precision} ms (IQR) | × without"
+        )
     )
-    print("--- | --- | --- | --- | --- | --- | ---")
-    for row in norm_ratios(args.repeats):
+    print(" | ".join(["---"] * (7 if args.precision is None else 11)))
+    for row in norm_ratios(args.repeats, precision=args.precision):
         print(row)
     if args.ratio_only:
         return
@@ -232,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     for every in (1, 100):
         for sync in (False, True):
             options: dict[str, object] = {"every": every, "sync": sync}
+            if args.precision is not None:
+                options.update(precision=args.precision, on_finding="ignore")
             backward, overhead, kind_of = run(warmup + args.steps, device, options)
             t_backward = statistics.median(backward[warmup:])
             by_kind: dict[str, list[float]] = {kind: [] for kind in kinds}

@@ -294,6 +294,20 @@ def test_monitor_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None
     assert all(float(row[4]) > 0 and float(row[6]) > 0 for row in rows)
 
 
+def test_monitor_benchmark_times_precision_against_the_same_monitors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--precision``: two more columns per mode, the monitor with it against without."""
+    from benchmarks import bench_monitor
+
+    bench_monitor.main(["--repeats", "4", "--ratio-only", "--precision", "fp16"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "sync=True, precision=fp16 ms (IQR) | × without" in lines[1]
+    rows = [line.split(" | ") for line in lines[3:]]
+    assert [len(row) for row in rows] == [11, 11]
+    assert all(float(row[8]) > 0 and float(row[10]) > 0 for row in rows)
+
+
 def test_startup_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import bench_startup
 

@@ -17,6 +17,12 @@ TensorBoard or W&B shows the same keys:
 * ``gradaudit/replicas/differing``: how many of a ``DistributedDataParallel`` model's
   replicated gradients are not bit-identical on every rank (0 on a healthy step); present
   when the record was checked across ranks (``record.replicas``), absent otherwise;
+* ``gradaudit/headroom/<fmt>/flushed_fraction``, ``…/subnormal_fraction`` and
+  ``…/overflowed_fraction`` (of every gradient's non-zero values together), ``…/overflowed``
+  (how many values), ``…/scale_log2`` (the power of two that brings the most values into
+  range without overflow, NaN when every gradient is zero) and ``…/flagged_tensors`` (how
+  many gradients have a ``cast`` finding, not ignored): present when the monitor judges a format
+  (``precision="fp16"``: ``<fmt>`` is ``fp16``), absent otherwise;
 * ``gradaudit/stats_step``: the step the stats describe (the framework callbacks log a
   record only in the row of its own step, so there it equals the row's step);
 * ``gradaudit/norm/<parameter>`` per parameter, when ``per_layer`` is on (NaN / ``inf`` for
@@ -26,6 +32,8 @@ Everything here reads the host copy the monitor already made: no device access.
 """
 
 from __future__ import annotations
+
+import math
 
 from gradaudit.policy import FindingKind
 from gradaudit.training.monitor import MonitorRecord
@@ -63,6 +71,27 @@ def record_scalars(
         values[f"{prefix}/replicas/differing"] = float(
             0 if divergence is None else len(divergence.tensors)
         )
+    values.update(headroom_scalars(record, prefix=prefix))
     if per_layer:
         values.update({f"{prefix}/norm/{name}": norm for name, norm in record.norms.items()})
     return values
+
+
+def headroom_scalars(record: MonitorRecord, *, prefix: str = PREFIX) -> dict[str, float]:
+    """The ``headroom/<fmt>/…`` scalars of a record judged for a format (see the module
+    docstring); none without one."""
+    headroom = record.headroom
+    if headroom is None:
+        return {}
+    total = headroom.total
+    key = f"{prefix}/headroom/{headroom.precision.value}"
+    # The cast findings the record acts on: not those of an ignored tensor.
+    flagged = {f.tensor for f in record.findings if f.kind is FindingKind.CAST}
+    return {
+        f"{key}/flushed_fraction": total.flushed_fraction,
+        f"{key}/subnormal_fraction": total.subnormal_fraction,
+        f"{key}/overflowed_fraction": total.overflowed_fraction,
+        f"{key}/overflowed": float(total.overflowed),
+        f"{key}/scale_log2": math.nan if total.scale_log2 is None else float(total.scale_log2),
+        f"{key}/flagged_tensors": float(len(flagged)),
+    }

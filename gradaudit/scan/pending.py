@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gradaudit.engine.bulk import native_segments
@@ -44,7 +45,7 @@ from gradaudit.engine.stats import (
 from gradaudit.io.base import TensorRun
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram
+from gradaudit.precision import ExponentHistogram, layout
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected, Routing
@@ -167,6 +168,9 @@ class PendingStats(Collected):
         #: What :meth:`prefetch` started: how many blocks it covers, and per CUDA device
         #: the blocks' indices, their pinned host copy and the event after that copy.
         self._prefetched: tuple[int, dict[torch.device, _Prefetch]] | None = None
+        #: The same for the exponent histograms (``histograms``): how many entries it
+        #: covers, and per CUDA device the entries' indices, their pinned copy, its event.
+        self._histograms_prefetched: tuple[int, dict[torch.device, _Prefetch]] | None = None
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -505,7 +509,8 @@ class PendingStats(Collected):
         that materialises step N's stats during step N+1, that would be step
         N+1's backward pass. After ``prefetch`` the copy is queued right behind
         the collection instead, into pinned host memory, and ``materialize``
-        only waits for that copy (long finished by then).
+        only waits for that copy (long finished by then). The exponent histograms
+        (``histograms``) are copied the same way, for :meth:`histogram_counts`.
 
         One copy per CUDA device, queued on that device (not the current one)
         after the collector's settle events, so rows collected on a side stream
@@ -517,6 +522,7 @@ class PendingStats(Collected):
             # Every row is on the host already (a CPU training loop, every step): nothing
             # to copy ahead, and ``materialize`` reads them the usual way (issue 28 item 9).
             self._prefetched = None
+            self._histograms_prefetched = None
             return
         blocks = self._collector.flush()
         settled = self._collector.settled()
@@ -533,6 +539,27 @@ class PendingStats(Collected):
                 done.record(torch.cuda.current_stream(device))
             copies[device] = _Prefetch(indices, pinned, done)
         self._prefetched = (len(blocks), copies)
+        if self.histograms:
+            self._histograms_prefetched = (len(self._histograms), self._prefetch_histograms())
+
+    def _prefetch_histograms(self) -> dict[torch.device, _Prefetch]:
+        """:meth:`prefetch` of the exponent histograms on CUDA devices: a blocking copy
+        later would wait for every kernel queued meanwhile (the next step's backward)."""
+        settled = self._collector.settled()
+        copies: dict[torch.device, _Prefetch] = {}
+        by_device, histograms = self._histogram_sources()
+        for device, indices in by_device.items():
+            if device.type != "cuda":
+                continue
+            with torch.cuda.device(device):
+                wait_for(device, settled)
+                stacked = torch.stack([histograms[i] for i in indices])
+                pinned = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                pinned.copy_(stacked, non_blocking=True)
+                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                done.record(torch.cuda.current_stream(device))
+            copies[device] = _Prefetch(indices, pinned, done)
+        return copies
 
     def _read(self) -> list[torch.Tensor]:
         """The one host read: the host copy of every block (see ``StatsCollector.gather``)."""
@@ -555,14 +582,20 @@ class PendingStats(Collected):
         return host
 
     def materialize(
-        self, thresholds: Thresholds | None = None, *, layouts: LayoutCache | None = None
+        self,
+        thresholds: Thresholds | None = None,
+        *,
+        layouts: LayoutCache | None = None,
+        histograms: bool = True,
     ) -> Report:
         """Read every stats row back in one transfer and judge them by ``thresholds``.
 
         After the read, the rows are host data: :meth:`Collected.report` judges them
         (the same code judges the rows of the torch-free scan). ``layouts``: what the
         last report of the same tensors worked out from their facts alone, to take again
-        (:mod:`gradaudit.scan.layout`; a training loop's monitor).
+        (:mod:`gradaudit.scan.layout`; a training loop's monitor). ``histograms=False``
+        leaves the exponent histograms out of the report, for a caller that reads them as
+        one matrix (:meth:`histogram_counts`).
         """
         with ieee_mode():  # a host thread in flush-to-zero mode would read subnormals as 0
             host_blocks = self._read()
@@ -570,13 +603,13 @@ class PendingStats(Collected):
             # out; the merges (per file, global) then run on this host copy.
             host = self._collector.gather(self._tickets, host_blocks, fresh=False)
             self._resolve_counts(host_blocks)
-            histograms = self._read_histograms()
+            read = self._read_histograms() if histograms else ()
             return self.report(
                 host.numpy(),
                 thresholds,
                 device=self._device_label(),
                 engine=self._collector.engine_used,
-                histograms=histograms,
+                histograms=read,
                 layouts=layouts,
             )
 
@@ -595,21 +628,50 @@ class PendingStats(Collected):
         """The exponent histograms, read right after the stats rows (one copy per device)."""
         if not self.histograms:
             return ()
+        counts = self.histogram_counts().tolist()  # one conversion, not one per tensor
+        return tuple(
+            ExponentHistogram(tuple(row)) if wanted else None
+            for row, wanted in zip(counts, self._histograms, strict=True)
+        )
 
+    def histogram_counts(self) -> np.ndarray:
+        """Every entry's exponent histogram as one int64 matrix ``[entries, bins]`` (a row
+        of zeros for an entry without one: a row from elsewhere), read from the devices
+        (one copy per device) after the rows' kernels.
+
+        For a caller that judges the counts as columns
+        (:func:`gradaudit.precision.headroom_columns`: a monitor's every collected step)
+        rather than as one :class:`~gradaudit.precision.ExponentHistogram` per tensor.
+        """
+        if not self.histograms:
+            raise ValueError("collected without exponent histograms (histograms=True)")
+        out = np.zeros((len(self._histograms), layout().bins), dtype=np.int64)
+        prefetched = self._histograms_prefetched
+        copies = {}
+        if prefetched is not None and prefetched[0] == len(self._histograms):
+            copies = prefetched[1]
+        for copy in copies.values():
+            copy.done.synchronize()
+            out[copy.indices] = copy.pinned.numpy()
+        by_device, histograms = self._histogram_sources()
+        settled = self._collector.settled()
+        for device, device_indices in by_device.items():
+            if device in copies:
+                continue
+            wait_for(device, settled)  # collected on a side stream: read after its kernels
+            stacked = torch.stack([histograms[i] for i in device_indices])
+            out[device_indices] = stacked.to("cpu").numpy()
+        return out
+
+    def _histogram_sources(self) -> tuple[dict[torch.device, list[int]], dict[int, torch.Tensor]]:
+        """The entries with a histogram, by device, and each one's histogram (on its device)."""
         by_device: dict[torch.device, list[int]] = {}
         histograms: dict[int, torch.Tensor] = {}
         for index, wanted in enumerate(self._histograms):
             if wanted:
                 histogram = histograms[index] = self._collector.histogram(self._tickets[index])
                 by_device.setdefault(histogram.device, []).append(index)
-        out: list[ExponentHistogram | None] = [None] * len(self._histograms)
-        settled = self._collector.settled()
-        for device, device_indices in by_device.items():
-            wait_for(device, settled)  # collected on a side stream: read after its kernels
-            stacked = torch.stack([histograms[i] for i in device_indices])
-            for i, counts in zip(device_indices, stacked.to("cpu").tolist(), strict=True):
-                out[i] = ExponentHistogram(tuple(counts))
-        return tuple(out)
+        return by_device, histograms
 
     def _device_label(self) -> str:
         devices = dict.fromkeys(str(device) for device in self._devices)

@@ -258,12 +258,21 @@ def collect_columns(
     *,
     group: ProcessGroup | None = None,
     collector: StatsCollector | None = None,
+    histograms: bool = False,
 ) -> PendingStats:
     """:func:`collect_gradients` of ``names[i]: gradients[i]`` (a
-    :meth:`GradientLister.columns`)."""
+    :meth:`GradientLister.columns`); ``histograms`` also counts each gradient's exponent
+    histogram (:meth:`PendingStats.histogram_counts`; not across ranks)."""
     if group is not None or any_dtensor(gradients):
+        if histograms:
+            raise ValueError(
+                "exponent histograms (a monitor's precision=) are not collected across ranks "
+                "yet: DTensor gradients and group= have none"
+            )
         named = list(zip(names, gradients, strict=True))
         return collect_sharded(named, group=group, collector=collector)
-    pending = PendingStats(collector=None if collector is None else collector.fresh())
+    pending = PendingStats(
+        collector=None if collector is None else collector.fresh(), histograms=histograms
+    )
     pending.add_tensors(names, gradients)
     return pending

@@ -42,10 +42,18 @@ from gradaudit.errors import (
     ReplicaDivergenceWarning,
 )
 from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.precision import (
+    DEFAULT_MAX_UNDERFLOW,
+    Precision,
+    StepHeadroom,
+    cast_findings,
+    step_headroom,
+)
 from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.results.replicas import ReplicaCheck
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.scan.finding_table import FindingTable
+from gradaudit.scan.judge import with_findings
 from gradaudit.scan.layout import LayoutCache
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
@@ -125,6 +133,8 @@ class AdapterOptions(TypedDict, total=False):
     thresholds: Thresholds | None
     locate: LocateMode
     locate_every: int
+    precision: Precision | str | None
+    max_underflow: float
 
 
 class MonitorOptions(AdapterOptions, total=False):
@@ -153,6 +163,10 @@ class MonitorRecord:
     #: The cross-rank check of a DDP model's replicated gradients, or ``None`` when the
     #: step was not checked (not DDP, one rank, ``on_divergence="off"``, DTensor gradients).
     replicas: ReplicaCheck | None = None
+    #: With ``precision=``: the gradients' headroom in that format (every gradient together,
+    #: and the rows of those with a finding); its findings are ``cast`` findings of
+    #: :attr:`report`, so :attr:`findings` has them. ``None`` without ``precision=``.
+    headroom: StepHeadroom | None = None
 
     # The properties below are asked for several times per step (acting on the record,
     # logging it): cached, and worked out on the report's columns where it has them, so
@@ -267,6 +281,15 @@ class GradientMonitor:
     checks that the replicated gradients are bit-identical on every rank
     (``on_divergence``; :mod:`gradaudit.training.replicas`).
 
+    With ``precision="fp16"`` (or ``"bf16"``, ``"fp8_e4m3fn"``, ``"fp8_e5m2"``) every
+    collected step also judges the gradients' headroom in that format
+    (:mod:`gradaudit.precision`): ``record.headroom``, from the same collection (on the CPU
+    the native kernel counts the exponent histograms in the read that makes the stats;
+    elsewhere one more pass per gradient, on collecting steps only). A gradient with more
+    than ``max_underflow`` of its non-zero values flushing to zero, or any overflowing, is a
+    ``cast`` finding, acted on as ``on_finding`` says. See ``docs/precision.md``, "In a
+    training loop", for what a ``GradScaler``'s scaled gradients mean there.
+
     Dumps go to ``dump_dir/step_NNNNNNNN.safetensors`` (at most ``max_dumps``
     of them; ``dump_dir=None`` never writes one). With DTensor gradients rank 0
     writes the gathered gradients; other distributed runs write one file per
@@ -292,7 +315,19 @@ class GradientMonitor:
         replicated_by: torch.nn.Module | None = None,
         locate: LocateMode = "off",
         locate_every: int = 1,
+        precision: Precision | str | None = None,
+        max_underflow: float = DEFAULT_MAX_UNDERFLOW,
     ) -> None:
+        if precision is not None and precision not in tuple(Precision):
+            choices = ", ".join(repr(p.value) for p in Precision)
+            raise ValueError(f"precision must be None or one of {choices}; got {precision!r}")
+        if not 0 <= max_underflow <= 1:
+            raise ValueError(f"max_underflow must be in [0, 1]; got {max_underflow!r}")
+        if precision is not None and group is not None:
+            raise ValueError(
+                "precision= is not available with group= yet: exponent histograms are not "
+                "combined across ranks"
+            )
         if locate not in get_args(LocateMode):
             choices = ", ".join(repr(a) for a in get_args(LocateMode))
             raise ValueError(f"locate must be one of {choices}; got {locate!r}")
@@ -352,6 +387,9 @@ class GradientMonitor:
         self._next_step = 0
         self.locate: LocateMode = locate
         self.locate_every = locate_every
+        #: The format whose headroom each collected step judges, or ``None``.
+        self.precision = None if precision is None else Precision(precision)
+        self.max_underflow = max_underflow
         self._locator = (
             NanLocator(model) if locate != "off" and isinstance(model, torch.nn.Module) else None
         )
@@ -401,7 +439,13 @@ class GradientMonitor:
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
             names, gradients = self._gradients.columns()
-            pending = collect_columns(names, gradients, group=self.group, collector=self._collector)
+            pending = collect_columns(
+                names,
+                gradients,
+                group=self.group,
+                collector=self._collector,
+                histograms=self.precision is not None,
+            )
             digests = self._gather_digests(pending, gradients)
             if self.sync:
                 record = self._finish(current, pending, current, digests)
@@ -530,9 +574,13 @@ class GradientMonitor:
     ) -> MonitorRecord:
         """The one host read for step ``collected`` (the gathered digests are read right
         after it); a dump holds the gradients of ``now``."""
-        report = pending.materialize(self.thresholds, layouts=self._layouts)
+        report = pending.materialize(self.thresholds, layouts=self._layouts, histograms=False)
+        headroom = None
+        if self.precision is not None:
+            headroom = self._headroom(report, pending)
+            report = with_findings(report, cast_findings(headroom.findings, self.thresholds))
         replicas = None if digests is None else digests.read()
-        record = MonitorRecord(collected, report, replicas=replicas)
+        record = MonitorRecord(collected, report, replicas=replicas, headroom=headroom)
         divergence = None if replicas is None else replicas.divergence
         if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
             record = self._dump(record, now, _nonfinite_metadata(record))
@@ -542,6 +590,20 @@ class GradientMonitor:
             record = self._dump(record, now, _finding_metadata(record))
         self._history.append(record)
         return record
+
+    def _headroom(self, report: Report, pending: PendingStats) -> StepHeadroom:
+        """The headroom of the collected gradients, judged on the histogram counts as one
+        matrix (no object per healthy gradient)."""
+        assert self.precision is not None
+        counts = pending.histogram_counts()
+        tensors = report.tensors
+        if isinstance(tensors, StatsTable):
+            names: Sequence[str] = tensors.names
+            max_abs = tensors.max_abs
+        else:
+            names = [t.name for t in tensors]
+            max_abs = np.array([t.max_abs for t in tensors], dtype=np.float64)
+        return step_headroom(names, counts, max_abs, self.precision, self.max_underflow)
 
     def _act(self, record: MonitorRecord, now: int) -> None:
         """Warn or raise about NaN/Inf, then about the other findings, pointing at the

@@ -144,6 +144,38 @@ def test_prefetched_rows_are_read_without_a_sync(forced: Forced, sync_debug_erro
     forced.check()
 
 
+def test_prefetched_histograms_are_read_without_a_sync(
+    forced: Forced, sync_debug_error: None
+) -> None:
+    """``precision=`` in the default mode: the histograms are prefetched with the rows, and
+    the headroom is the one the CPU counts for the same gradients."""
+    from gradaudit import GradientMonitor
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32, device="cuda")
+    monitor = GradientMonitor(model, every=1, dump_dir=None, precision="fp16", on_finding="ignore")
+    records = []
+    grads = []
+    for _ in range(3):
+        model.zero_grad()
+        (model(torch.randn(8, 64, device="cuda")) * 1e-6).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})  # type: ignore[union-attr]
+        records.append(monitor.step())
+    torch.cuda.set_sync_debug_mode("default")
+    last = records[2]
+    assert last is not None
+    assert last.step == 1
+    on_cpu = torch.nn.Linear(64, 32)
+    for name, param in on_cpu.named_parameters():
+        param.grad = grads[1][name].cpu()
+    expected = GradientMonitor(
+        on_cpu, every=1, sync=True, dump_dir=None, precision="fp16", on_finding="ignore"
+    ).step()
+    assert expected is not None
+    assert last.headroom == expected.headroom
+    forced.check()
+
+
 def test_rows_added_after_a_prefetch_are_read_too(forced: Forced) -> None:
     pending = collect_async({"a": torch.ones(3, device="cuda")}, engine=forced.engine)
     pending.prefetch()

@@ -114,6 +114,31 @@ def test_healthy_run_logs_the_monitor_scalars_next_to_the_trainers(tmp_path: Pat
     assert not (tmp_path / "dumps").exists()
 
 
+def test_precision_logs_the_headroom_of_each_step(tmp_path: Path) -> None:
+    """``precision="fp16"`` reaches the monitor, and each row carries the headroom of the
+    gradients of its own step, as the monitor recorded it."""
+    from gradaudit.integrations.hf import GradauditTrainerCallback
+
+    callback = GradauditTrainerCallback(
+        every=1, dump_dir=None, precision="fp16", on_finding="ignore"
+    )
+    trainer = _trainer(tmp_path, callback, max_grad_norm=1e9)
+    trainer.train()
+    rows = _train_logs(trainer)
+    assert callback.monitor is not None
+    records = {r.step: r for r in callback.monitor.history}
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        headroom = records[row["step"]].headroom
+        assert headroom is not None
+        total = headroom.total
+        assert total.nonzero > 0
+        assert row["gradaudit/headroom/fp16/flushed_fraction"] == total.flushed_fraction
+        assert row["gradaudit/headroom/fp16/overflowed"] == total.overflowed == 0
+        assert row["gradaudit/headroom/fp16/scale_log2"] == total.scale_log2
+        assert row["gradaudit/headroom/fp16/flagged_tensors"] == len(headroom.flagged)
+
+
 def test_stats_are_of_the_gradients_before_the_trainers_clipping(tmp_path: Path) -> None:
     from gradaudit.integrations.hf import GradauditTrainerCallback
 

@@ -25,6 +25,7 @@ from gradaudit.precision import (
     layout,
     scale_log2,
 )
+from tests.reference import reference_rounding
 from tests.torch_features import requires_saturating_fp8
 
 TORCH_DTYPES = {
@@ -32,13 +33,6 @@ TORCH_DTYPES = {
     Precision.BF16: torch.bfloat16,
     Precision.FP8_E4M3FN: torch.float8_e4m3fn,
     Precision.FP8_E5M2: torch.float8_e5m2,
-}
-# (mantissa bits, smallest normal exponent, largest finite) of each format, from its definition.
-DEFINITIONS = {
-    Precision.FP16: (10, -14, 65504.0),
-    Precision.BF16: (7, -126, float((2 - 2**-7) * 2.0**127)),
-    Precision.FP8_E4M3FN: (3, -6, 448.0),
-    Precision.FP8_E5M2: (2, -14, 57344.0),
 }
 
 
@@ -48,19 +42,6 @@ def _histogram(values: torch.Tensor, chunk: int = 1 << 22) -> ExponentHistogram:
 
 def _every(dtype: torch.dtype) -> torch.Tensor:
     return torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
-
-
-def _reference_rounding(values: np.ndarray, precision: Precision) -> tuple[int, int, int]:
-    """(flushed, subnormal, overflowed) among finite non-zero ``values``, by exact RNE."""
-    mantissa, emin, largest = DEFINITIONS[precision]
-    v = np.abs(values[np.isfinite(values) & (values != 0)]).astype(np.float64)
-    exponent = np.maximum(np.frexp(v)[1] - 1, emin)
-    quantum = np.ldexp(1.0, exponent - mantissa)
-    rounded = np.rint(v / quantum) * quantum  # exact division; rint ties to even
-    flushed = int((rounded == 0).sum())
-    subnormal = int(((rounded > 0) & (rounded < 2.0**emin)).sum())
-    overflowed = int((rounded > largest).sum())
-    return flushed, subnormal, overflowed
 
 
 def _torch_rounding(values: torch.Tensor, precision: Precision) -> tuple[int, int, int]:
@@ -98,7 +79,7 @@ def _check(values: torch.Tensor) -> None:
     for precision in Precision:
         row = headroom("t", histogram, precision)
         got = (row.flushed, row.subnormal, row.overflowed)
-        assert got == _reference_rounding(as64, precision), precision
+        assert got == reference_rounding(as64, precision), precision
         assert got == _torch_rounding(values, precision), precision
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from pathlib import Path
@@ -19,7 +20,7 @@ from gradaudit import (
     named_gradients,
 )
 from gradaudit.io.safetensors_header import read_header
-from gradaudit.training.monitor import MonitorRecord
+from gradaudit.training.monitor import MonitorOptions, MonitorRecord
 
 
 class Loop:
@@ -413,3 +414,15 @@ def test_a_reused_monitor_reports_what_a_fresh_one_does_as_its_parameters_change
     assert _report_facts(reused.step()) == _report_facts(check_thresholds.step())
     assert reused.last is not None
     assert reused.last.report.summary.exploding_tensors > 0
+
+
+def test_every_option_an_adapter_may_pass_is_declared_for_the_adapters() -> None:
+    """``AdapterOptions`` is how a new monitor option reaches every framework callback: one
+    left out there would be refused by the callbacks' type hints (``precision`` was added to
+    both at once). ``prefix``, ``group`` and ``replicated_by`` are the adapters' to decide."""
+    keywords = {
+        name
+        for name, parameter in inspect.signature(GradientMonitor).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert keywords - {"prefix", "group", "replicated_by"} == set(MonitorOptions.__annotations__)
