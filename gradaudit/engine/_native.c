@@ -1670,6 +1670,15 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
             continue;
         }
         out[0] += zeros;
+        if (w.lo == 0) {
+            /* The part's first block (or the first after blocks of nothing but zeros,
+             * subnormals, NaN and Inf): a window around its largest before it is counted.
+             * Counted with no window, the block was all outside and paused the next
+             * WINDOW_PAUSE blocks: a tensor of up to 16 blocks (64 Ki elements, most of a
+             * model's gradients) never reached the window. */
+            int first_top = window_top(dtype, piece, len);
+            if (first_top != 0) window_choose(&w, first_top);
+        }
         size_t counted = w.lo == 0          ? 0
                          : dtype == DT_F32 ? window_block(dtype, piece, len, &w, &s)
                                            : window_block_16(dtype, piece, len, &w, &s, &upper);
