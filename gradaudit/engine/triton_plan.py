@@ -12,7 +12,7 @@ So a :class:`TritonPlan` keeps everything of a flush that follows from the list'
 dtypes and element counts: the dtype groups, every table column but the offsets (first
 program, length, span), the program -> row map, each tensor's row, and the shapes for the
 results. Each step reads four facts of every tensor in C loops (``map`` over torch's own
-accessors: dtype, element count, contiguity, device) and compares them with the plan's,
+accessors: dtype, shape, device, contiguity) and compares them with the plan's,
 gathers the addresses in one more, writes the offsets into a copy of the cached table
 (numpy, a few operations per dtype group) and launches. A list that differs in any fact
 makes a new plan; one whose addresses cannot be addressed from its group's first tensor
@@ -52,6 +52,7 @@ from gradaudit.engine.triton_kernel import (
 #: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
 PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 _NUMEL = torch.Tensor.numel
 _CONTIGUOUS = torch.Tensor.is_contiguous
 _DEVICE_INDEX = torch.Tensor.get_device
@@ -81,9 +82,10 @@ class TritonPlan:
         first = tensors[0]
         self.device = first.device
         self.dtypes: list[torch.dtype] = list(map(_DTYPE, tensors))
+        self.shapes: list[torch.Size] = list(map(_SHAPE, tensors))
         self.numels: list[int] = list(map(_NUMEL, tensors))
         self.device_indices: list[int] = list(map(_DEVICE_INDEX, tensors))
-        shapes = [tuple(tensor.shape) for tensor in tensors]
+        shapes = self.shapes
         #: The shapes as a collection keeps them: each rank, then every dimension.
         self.ranks = array.array("q", map(len, shapes))
         self.dims = array.array("q", [size for shape in shapes for size in shape])
@@ -127,12 +129,12 @@ class TritonPlan:
         return len(self.dtypes)
 
     def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether ``tensors`` have this plan's facts: dtypes, element counts and device, and
-        are contiguous (each fact read in one C loop over the list)."""
+        """Whether ``tensors`` have this plan's facts: dtypes, shapes and device, and are
+        contiguous (each fact read in one C loop over the list)."""
         return (
             len(tensors) == len(self.dtypes)
             and list(map(_DTYPE, tensors)) == self.dtypes
-            and list(map(_NUMEL, tensors)) == self.numels
+            and list(map(_SHAPE, tensors)) == self.shapes
             and list(map(_DEVICE_INDEX, tensors)) == self.device_indices
             and all(map(_CONTIGUOUS, tensors))
         )
