@@ -633,8 +633,8 @@ class StatsCollector:
                     return None
         except RuntimeError:  # a layout without contiguity or an address (sparse)
             return None
-        for dtype in dict.fromkeys(plan.dtypes):
-            if not self._takes_triton(tensors[plan.dtypes.index(dtype)]):
+        for first in plan.firsts:
+            if not self._takes_triton(tensors[first]):  # decided per dtype group
                 return None
         host = plan.table(triton_plan.pointers(tensors))
         if host is None:
@@ -645,7 +645,7 @@ class StatsCollector:
         except Exception as error:  # noqa: BLE001 (a compile or launch failure, as in settle)
             self._triton_failed(error)
             return None
-        triton_plan.hold(device, list(tensors))
+        triton_plan.hold(device, tensors)
         self._blocks.append(out)
         tickets = self._layout.new_placed(plan.rows_of, plan.rows)
         if device.type == "cuda":

@@ -124,6 +124,10 @@ class TritonPlan:
             [np.full(len(group.indices), group.itemsize, dtype=np.int64) for group in self._groups]
         )
         self._firsts = np.cumsum([0] + [len(group.indices) for group in self._groups])[:-1]
+        self._counts = [len(group.indices) for group in self._groups]
+        self._in_order = bool((self._order == np.arange(len(self._order))).all())
+        #: The index of each group's first tensor in the list (its base).
+        self.firsts = [int(group.indices[0]) for group in self._groups]
 
     def __len__(self) -> int:
         return len(self.dtypes)
@@ -143,11 +147,11 @@ class TritonPlan:
         """The flush's host buffer for tensors at ``pointers`` (int64, in list order), or
         ``None`` when one cannot be addressed from its group's first tensor: that first
         tensor off a 16-byte boundary, or another at an odd byte offset from it."""
-        ordered = pointers[self._order]
+        ordered = pointers if self._in_order else pointers[self._order]
         bases = ordered[self._firsts]
         if (bases % VECTOR_BYTES).any():
             return None
-        deltas = ordered - np.repeat(bases, [len(group.indices) for group in self._groups])
+        deltas = ordered - (bases[0] if len(bases) == 1 else np.repeat(bases, self._counts))
         offsets, odd = np.divmod(deltas, self._itemsizes)
         if odd.any():
             return None
@@ -161,13 +165,13 @@ class TritonPlan:
         rows ``[rows, 7]``, tensor ``i``'s at :attr:`rows_of` ``[i]``."""
         groups = [
             GroupLaunch(
-                tensors[int(group.indices[0])],
+                tensors[first],
                 group.itemsize,
                 group.programs,
                 group.first_program,
                 group.first_row,
             )
-            for group in self._groups
+            for first, group in zip(self.firsts, self._groups, strict=True)
         ]
         return launch_flush(
             self.device, host, groups, self.rows, self.programs, self._fp32_accumulate
@@ -194,9 +198,10 @@ def pointers(tensors: Sequence[torch.Tensor]) -> np.ndarray:
 _held: list[tuple[torch.cuda.Event, object]] = []
 
 
-def hold(device: torch.device, tensors: object) -> None:
-    """Keep ``tensors`` until the kernels just queued on ``device``'s current stream have
-    run, when that is not the device's default stream (see the module doc)."""
+def hold(device: torch.device, tensors: Sequence[torch.Tensor]) -> None:
+    """Keep (a copy of the list of) ``tensors`` until the kernels just queued on ``device``'s
+    current stream have run, when that is not the device's default stream (see the module
+    doc)."""
     if device.type != "cuda":
         return
     stream = torch.cuda.current_stream(device)
@@ -204,7 +209,7 @@ def hold(device: torch.device, tensors: object) -> None:
         return
     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
     event.record(stream)
-    _held.append((event, tensors))
+    _held.append((event, list(tensors)))
 
 
 def release_finished() -> None:
