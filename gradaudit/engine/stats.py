@@ -625,18 +625,21 @@ class StatsCollector:
         device = tensors[0].device
         if device.type not in self._triton_devices:
             return None
-        plan = self._plans.get(device)
+        known = self._plans.get(device)
         try:
-            if plan is None or not plan.matches(tensors):
+            addresses = None if known is None else known.pointers(tensors)
+            plan = known
+            if addresses is None or plan is None:
                 plan = self._plan(tensors)
                 if plan is None:
                     return None
+                addresses = triton_plan.pointers(tensors)
         except RuntimeError:  # a layout without contiguity or an address (sparse)
             return None
         for first in plan.firsts:
             if not self._takes_triton(tensors[first]):  # decided per dtype group
                 return None
-        host = plan.table(triton_plan.pointers(tensors))
+        host = plan.table(addresses)
         if host is None:
             return None
         triton_plan.release_finished()

@@ -11,9 +11,10 @@ allocates new ones).
 So a :class:`TritonPlan` keeps everything of a flush that follows from the list's
 dtypes and element counts: the dtype groups, every table column but the offsets (first
 program, length, span), the program -> row map, each tensor's row, and the shapes for the
-results. Each step reads four facts of every tensor in C loops (``map`` over torch's own
-accessors: dtype, shape, device, contiguity) and compares them with the plan's,
-gathers the addresses in one more, writes the offsets into a copy of the cached table
+results. Each step reads four facts of every tensor (torch's own accessors: dtype, shape,
+device, contiguity), compares them with the plan's and gathers the addresses, in one pass
+in C (:func:`~gradaudit.engine.native.planned_pointers`; without the native build, one
+``map`` per fact), writes the offsets into a copy of the cached table
 (numpy, a few operations per dtype group) and launches. A list that differs in any fact
 makes a new plan; one whose addresses cannot be addressed from its group's first tensor
 (a view at an odd byte offset, a first tensor off a 16-byte boundary) goes the
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradaudit.engine import triton_kernel
+from gradaudit.engine import native, triton_kernel
 from gradaudit.engine.dtypes import dtype_name
 from gradaudit.engine.triton_kernel import (
     KINDS,
@@ -51,6 +52,7 @@ from gradaudit.engine.triton_kernel import (
 
 #: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
 PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_PLAIN = tuple(PLAIN)
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _NUMEL = torch.Tensor.numel
@@ -142,6 +144,18 @@ class TritonPlan:
             and list(map(_DEVICE_INDEX, tensors)) == self.device_indices
             and all(map(_CONTIGUOUS, tensors))
         )
+
+    def pointers(self, tensors: list[torch.Tensor]) -> np.ndarray | None:
+        """The addresses of ``tensors`` (int64, in list order) when they have this plan's
+        facts (:meth:`matches`), else ``None``: in one pass in C where the native extension
+        is built (each tensor's objects are fetched from memory once, not once per fact),
+        else a pass per fact."""
+        if native.available():
+            found = native.planned_pointers(
+                tensors, _PLAIN, self.dtypes, self.shapes, self.device_indices
+            )
+            return None if found is None else np.frombuffer(found, dtype=np.int64)
+        return pointers(tensors) if self.matches(tensors) else None
 
     def table(self, pointers: np.ndarray) -> torch.Tensor | None:
         """The flush's host buffer for tensors at ``pointers`` (int64, in list order), or

@@ -434,7 +434,7 @@ class PendingStats(Collected):
         (:meth:`StatsCollector.submit_planned`: a training loop's gradients on a GPU), the
         facts appended a column at a time from the plan; ``False`` when the list is not
         for it (nothing was queued then)."""
-        taken = self._collector.submit_planned(tensors)
+        taken = self._collector.submit_planned(tensors if type(tensors) is list else list(tensors))
         if taken is None:
             return False
         tickets, plan = taken

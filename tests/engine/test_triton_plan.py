@@ -19,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from gradaudit.engine import triton_kernel, triton_plan
+from gradaudit.engine import native, triton_kernel, triton_plan
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.results import TensorStats
 from gradaudit.scan.pending import PendingStats
@@ -32,6 +32,17 @@ pytestmark = [
 ]
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True, params=["in C", "a pass per fact"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each step's facts and addresses read both ways: one pass in the native extension,
+    and one ``map`` per fact where it is not built."""
+    if request.param == "a pass per fact":
+        monkeypatch.setattr(triton_plan.native, "available", lambda: False)
+    elif not native.available():
+        pytest.skip("the native extension is not built")
+    return str(request.param)
 
 
 @pytest.fixture
