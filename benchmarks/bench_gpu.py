@@ -37,6 +37,13 @@ nothing: what is left is exactly the Python and torch work of the path,
 minus what only CUDA does (the launch itself inside Triton's launcher, the
 pinned table copy and one ``record_stream`` per tensor), which the table
 leaves out and ``docs/gpu.md`` estimates.
+
+Both paths to the flush are measured, alternately: ``per-tensor`` (one
+``PendingStats.queue`` per tensor: a scan, ``audit``) and ``planned`` (a training
+loop's columns through ``PendingStats.add_tensors`` with the same collector every
+step, as ``GradientMonitor`` does: the flush planned once, :mod:`gradaudit.engine.
+triton_plan`); for it ``queue`` is everything before its launch, and ``planning
+step`` the step that makes the plan (the collector's second list).
 """
 
 from __future__ import annotations
@@ -175,7 +182,9 @@ def host_cost_rows(
             collector = StatsCollector(engine="triton")  # the plan is kept between steps
             best = {path: (math.inf, math.inf) for path in PATHS}
             first = math.inf
-            for repeat in range(repeats + 1):  # the first one compiles on a GPU, and plans
+            # The first step compiles on a GPU; on the planned path it goes the per-tensor way
+            # (a collector's first list is not planned) and the second one plans.
+            for repeat in range(repeats + 2):
                 for path in PATHS:
                     synchronize(device)
                     marks.clear()
@@ -189,10 +198,12 @@ def host_cost_rows(
                     else:
                         pending = PendingStats(collector=collector.fresh())
                         pending.add_tensors(names, tensors)
+                        if not repeat:
+                            continue
                         assert len(marks) == 1, "the planned path did not take the list"
                         queued = marks[0]
                     done = time.perf_counter()
-                    if repeat == 0 and path == "planned":
+                    if repeat == 1 and path == "planned":
                         first = done - start
                     elif repeat:
                         queue, launch = best[path]
@@ -212,7 +223,7 @@ def host_cost_rows(
                         "H100 HBM read ms": hbm * 1e3,
                         "launch × HBM": launch / hbm,
                         "queue+launch × HBM": (queue + launch) / hbm,
-                        "first step ms": (first if path == "planned" else queue + launch) * 1e3,
+                        "planning step ms": (first if path == "planned" else math.nan) * 1e3,
                     }
                 )
     finally:

@@ -16,7 +16,9 @@ element offset, length, span) rows, and one
 :func:`~gradaudit.engine._triton_rows.merge_partials` launch merges every tensor's
 partial rows into its stats row (the multi-tensor-apply pattern of
 ``torch._foreach_*``). The host work per tensor is a few integer
-operations and appends; ``benchmarks/bench_gpu.py`` measures it.
+operations and appends; a training loop's list of tensors, the same every
+step, is planned once instead (:mod:`gradaudit.engine.triton_plan`: the table
+kept, the addresses written); ``benchmarks/bench_gpu.py`` measures both.
 
 It takes float32, float16 and bfloat16. Float64 needs the scaled sum of
 squares and fp8 conversions differ between GPU generations: those stay with

@@ -123,7 +123,9 @@ def check(
 
 def test_a_fixed_list_is_planned_once_and_matches_the_per_tensor_path(plans: list[Any]) -> None:
     collector = StatsCollector(engine="triton")
-    check(collector, gradients(0), plans, made=1)
+    # The first list goes the per-tensor way (a one-off audit never comes back to a plan).
+    check(collector, gradients(0), plans, made=0, took=False)
+    check(collector, gradients(7), plans, made=1)
     # The next steps: new tensors (new addresses), the same facts: the plan is reused.
     check(collector, gradients(1), plans, made=0)
     check(collector, gradients(2), plans, made=0)
@@ -133,7 +135,8 @@ def test_a_fixed_list_is_planned_once_and_matches_the_per_tensor_path(plans: lis
 
 def test_the_plan_is_made_again_when_the_list_changes(plans: list[Any]) -> None:
     collector = StatsCollector(engine="triton")
-    check(collector, gradients(0), plans, made=1)
+    check(collector, gradients(0), plans, made=0, took=False)
+    check(collector, gradients(7), plans, made=1)
     # A parameter added.
     added = {**gradients(1), "extra.weight": torch.randn(300).to(DEVICE)}
     check(collector, added, plans, made=1)
@@ -156,7 +159,8 @@ def test_the_plan_is_made_again_when_the_list_changes(plans: list[Any]) -> None:
 
 def test_views_at_odd_offsets_are_read_right_or_go_the_per_tensor_way(plans: list[Any]) -> None:
     collector = StatsCollector(engine="triton")
-    check(collector, gradients(0), plans, made=1)
+    check(collector, gradients(0), plans, made=0, took=False)
+    check(collector, gradients(7), plans, made=1)
     # A view 3 elements into a buffer, not its group's first tensor: addressed from the
     # group's base at an element offset, its head taken by the kernel's masked head.
     views = gradients(1)
@@ -178,6 +182,7 @@ def test_views_at_odd_offsets_are_read_right_or_go_the_per_tensor_way(plans: lis
 
 def test_lists_the_plan_does_not_take_go_the_per_tensor_way(plans: list[Any]) -> None:
     collector = StatsCollector(engine="triton")
+    check(collector, gradients(7), plans, made=0, took=False)
     strided = gradients(0)
     strided["layer0.weight"] = torch.randn(50, 100).to(DEVICE).t()
     check(collector, strided, plans, made=0, took=False)
@@ -195,6 +200,7 @@ def test_tensors_dropped_right_after_queuing_are_read_correctly() -> None:
     rows are still theirs. (On the CPU the interpreter has read them by then; on a GPU the
     default stream's order or a held list keeps their memory: ``tests/engine/test_cuda.py``.)"""
     collector = StatsCollector(engine="triton")
+    planned(collector, gradients(7))  # the first list, not planned
     tensors = gradients(0)
     # The reference values, copied before the originals go.
     expected = [(tensor.cpu().clone(), name) for name, tensor in tensors.items()]
