@@ -620,8 +620,7 @@ class StatsCollector:
         tensor the Triton kernel would not take as it is (another device or dtype,
         strided, empty, a subclass), a route the collector would not send to Triton now
         (``auto`` waiting to compile), histograms asked for, or addresses the plan cannot
-        use this step.
-        The caller then submits the tensors one by one.
+        use this step. The caller then submits the tensors one by one.
         """
         if not (self._triton and tensors) or self.histograms or not triton_plan.plain(tensors):
             return None
@@ -630,8 +629,9 @@ class StatsCollector:
             return None
         if device not in self._plans:
             # The first list of this collector (and its fresh ones) on this device: planning
-            # costs more than the per-tensor way (1.1 against 1.0 ms for 420 tensors, 50
-            # against 28 ms for 10,000), and a one-off audit never comes back to use it.
+            # costs about the per-tensor flush for 420 tensors (0.86-0.90 against 0.95 ms)
+            # and more for 10,000 (39 against 27 ms), and a one-off audit never comes back
+            # to use the plan (bench_gpu --host-cost-only, load 3.3).
             self._plans[device] = None
             return None
         known = self._plans.get(device)
