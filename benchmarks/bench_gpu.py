@@ -37,6 +37,13 @@ nothing: what is left is exactly the Python and torch work of the path,
 minus what only CUDA does (the launch itself inside Triton's launcher, the
 pinned table copy and one ``record_stream`` per tensor), which the table
 leaves out and ``docs/gpu.md`` estimates.
+
+Both paths to the flush are measured, alternately: ``per-tensor`` (one
+``PendingStats.queue`` per tensor: a scan, ``audit``) and ``planned`` (a training
+loop's columns through ``PendingStats.add_tensors`` with the same collector every
+step, as ``GradientMonitor`` does: the flush planned once, :mod:`gradaudit.engine.
+triton_plan`); for it ``queue`` is everything before its launch, and ``planning
+step`` the step that makes the plan (the collector's second list).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -56,6 +64,8 @@ import gradaudit
 from benchmarks.bench_scan import best_of as cpu_best_of
 from benchmarks.bench_scan import many_tiny, table, transformer_layout, transformer_like
 from gradaudit.engine import native, triton_kernel
+from gradaudit.engine.stats import StatsCollector
+from gradaudit.engine.triton_plan import TritonPlan
 from gradaudit.scan.pending import PendingStats
 
 GB = 1e9
@@ -122,6 +132,11 @@ def engine_rows(
 H100_HBM = 3.35e12
 
 
+#: The two ways a list of tensors reaches the Triton flush: one ``PendingStats.queue`` per
+#: tensor (a scan, ``audit``), and a training loop's columns (``add_tensors``, planned once).
+PATHS = ("per-tensor", "planned")
+
+
 class _NoopKernel:
     """A Triton kernel whose launches do nothing: the host side of the path, alone."""
 
@@ -132,7 +147,8 @@ class _NoopKernel:
 def host_cost_rows(
     device: torch.device, gib: float, tiny: int, repeats: int
 ) -> list[dict[str, object]]:
-    """Host time per flush of the Triton path (see the module doc for the CPU method)."""
+    """Host time per flush of the Triton path, both ways a list of tensors reaches it
+    (see the module doc for the CPU method), measured alternately in one run."""
     real = device.type == "cuda"
     workloads = [
         (
@@ -146,46 +162,77 @@ def host_cost_rows(
     ]
     sizes = torch.randint(1000, 10_000, (tiny,), generator=torch.Generator().manual_seed(1))
     workloads.append((f"{tiny}-tiny", [torch.empty(int(n), device=device) for n in sizes]))
-    saved = (os.environ.get("TRITON_INTERPRET"), triton_kernel._kernels)
+    saved = (os.environ.get("TRITON_INTERPRET"), triton_kernel._kernels, TritonPlan.launch)
     if not real:
         os.environ["TRITON_INTERPRET"] = "1"
         triton_kernel._kernels = lambda: (_NoopKernel(), _NoopKernel())  # type: ignore[assignment]
+    # When the planned path's launch starts: what comes before it is its queue.
+    marks: list[float] = []
+
+    def marked(plan: TritonPlan, *args: Any) -> torch.Tensor:
+        marks.append(time.perf_counter())
+        return saved[2](plan, *args)
+
+    TritonPlan.launch = marked  # type: ignore[method-assign]
     rows: list[dict[str, object]] = []
     try:
         for label, tensors in workloads:
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            named = [(str(i), t) for i, t in enumerate(tensors)]
-            queue = launch = math.inf
-            for _ in range(repeats + 1):  # the first one compiles on a GPU
-                synchronize(device)
-                start = time.perf_counter()
-                pending = PendingStats(engine="triton")
-                for name, tensor in named:
-                    pending.queue(name, tensor)
-                queued = time.perf_counter()
-                pending.settle()
-                done = time.perf_counter()
-                queue, launch = min(queue, queued - start), min(launch, done - queued)
+            names = [str(i) for i in range(len(tensors))]
+            collector = StatsCollector(engine="triton")  # the plan is kept between steps
+            best = {path: (math.inf, math.inf) for path in PATHS}
+            first = math.inf
+            # The first step compiles on a GPU; on the planned path it goes the per-tensor way
+            # (a collector's first list is not planned) and the second one plans.
+            for repeat in range(repeats + 2):
+                for path in PATHS:
+                    synchronize(device)
+                    marks.clear()
+                    start = time.perf_counter()
+                    if path == "per-tensor":
+                        pending = PendingStats(engine="triton")
+                        for name, tensor in zip(names, tensors, strict=True):
+                            pending.queue(name, tensor)
+                        queued = time.perf_counter()
+                        pending.settle()
+                    else:
+                        pending = PendingStats(collector=collector.fresh())
+                        pending.add_tensors(names, tensors)
+                        if not repeat:
+                            continue
+                        assert len(marks) == 1, "the planned path did not take the list"
+                        queued = marks[0]
+                    done = time.perf_counter()
+                    if repeat == 1 and path == "planned":
+                        first = done - start
+                    elif repeat:
+                        queue, launch = best[path]
+                        best[path] = (min(queue, queued - start), min(launch, done - queued))
             hbm = nbytes / H100_HBM
-            rows.append(
-                {
-                    "workload": label,
-                    "tensors": len(tensors),
-                    "MiB": nbytes / MIB,
-                    "kernels": "real" if real else "no-op",
-                    "queue ms": queue * 1e3,
-                    "launch ms": launch * 1e3,
-                    "H100 HBM read ms": hbm * 1e3,
-                    "launch × HBM": launch / hbm,
-                    "queue+launch × HBM": (queue + launch) / hbm,
-                }
-            )
+            for path in PATHS:
+                queue, launch = best[path]
+                rows.append(
+                    {
+                        "workload": label,
+                        "tensors": len(tensors),
+                        "MiB": nbytes / MIB,
+                        "kernels": "real" if real else "no-op",
+                        "path": path,
+                        "queue ms": queue * 1e3,
+                        "launch ms": launch * 1e3,
+                        "H100 HBM read ms": hbm * 1e3,
+                        "launch × HBM": launch / hbm,
+                        "queue+launch × HBM": (queue + launch) / hbm,
+                        "planning step ms": (first if path == "planned" else math.nan) * 1e3,
+                    }
+                )
     finally:
         if saved[0] is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = saved[0]
         triton_kernel._kernels = saved[1]  # type: ignore[assignment]
+        TritonPlan.launch = saved[2]  # type: ignore[method-assign]
     return rows
 
 

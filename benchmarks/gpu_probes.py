@@ -502,7 +502,8 @@ def bandwidth(probe: Probe) -> int:
 
 
 def host_cost(probe: Probe) -> int:
-    """Host µs per tensor of one flush with real launches: 420 and 10,000 tensors."""
+    """Host µs per tensor of one flush with real launches: 420 and 10,000 tensors, per-tensor
+    and planned (a training loop's columns)."""
     gib, tiny, repeats = (0.002, 100, 2) if probe.dry else (2.0, 10_000, 10)
     rows = host_cost_rows(probe.device, gib, tiny, repeats)
     for row in rows:
@@ -510,7 +511,8 @@ def host_cost(probe: Probe) -> int:
         row["µs/tensor"] = 1e3 * total_ms / int(str(row["tensors"]))
     print(table(rows, digits=3))
     parts = [
-        f"{row['tensors']} {row['workload']}: {float(str(row['µs/tensor'])):.2f}" for row in rows
+        f"{row['tensors']} {row['workload']} {row['path']}: {float(str(row['µs/tensor'])):.2f}"
+        for row in rows
     ]
     print(f"figure: host µs per tensor ({rows[0]['kernels']} kernels): {'; '.join(parts)}")
     return 0

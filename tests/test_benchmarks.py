@@ -38,14 +38,26 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) 
     assert all(float(row[5]) >= 0 for row in rows)
     # The host cost per flush of the Triton path, with no-op kernels on the CPU.
     lines = host_cost.splitlines()
-    assert lines[0].split(" | ")[:5] == ["workload", "tensors", "MiB", "kernels", "queue ms"]
-    costs = [line.split(" | ") for line in lines[2:]]
-    assert [(row[0], row[1], row[3]) for row in costs] == [
-        ("transformer-float32", "10", "no-op"),
-        ("transformer-bfloat16", "10", "no-op"),
-        ("20-tiny", "20", "no-op"),
+    assert lines[0].split(" | ")[:7] == [
+        "workload",
+        "tensors",
+        "MiB",
+        "kernels",
+        "path",
+        "queue ms",
+        "launch ms",
     ]
-    assert all(float(row[5]) > 0 for row in costs)
+    costs = [line.split(" | ") for line in lines[2:]]
+    assert [(row[0], row[1], row[3], row[4]) for row in costs] == [
+        (workload, count, "no-op", path)
+        for workload, count in [
+            ("transformer-float32", "10"),
+            ("transformer-bfloat16", "10"),
+            ("20-tiny", "20"),
+        ]
+        for path in ("per-tensor", "planned")
+    ]
+    assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in costs)
 
 
 def test_gpu_benchmark_refuses_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

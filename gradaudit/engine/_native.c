@@ -2526,6 +2526,115 @@ done:
     return result;
 }
 
+/* ---- a planned list's facts checked, its addresses read, in one pass -------------------
+ *
+ * A training loop's Triton flush is planned once per list of tensors (triton_plan.py);
+ * each step must check that every tensor still has the plan's dtype, shape, device index
+ * and contiguity, then read its address. Five passes of `map` over torch's accessors
+ * touch every tensor's Python object, TensorImpl and storage five times: with 10,000
+ * gradients that is more than the caches hold, and each pass paid the misses again. This
+ * loop asks each tensor the same questions through the same accessors (passed in: no torch
+ * headers) once, with the next tensor's object prefetched, and stops at the first
+ * difference. */
+
+PyDoc_STRVAR(planned_pointers_doc,
+    "planned_pointers(tensors, plain, dtypes, shapes, devices, get_device, is_contiguous,\n"
+    "                 data_ptr) -> bytes | None\n\n"
+    "The address of every tensor (int64, native order) when each is of an exact type in\n"
+    "plain, has dtypes[i] (the same object), shapes[i] (equal), devices[i] (equal) and is\n"
+    "contiguous; None at the first tensor that differs (or whose layout has no contiguity\n"
+    "or address: RuntimeError).");
+
+static PyObject *py_planned_pointers(PyObject *self, PyObject *args) {
+    PyObject *tensors, *plain, *dtypes, *shapes, *devices, *get_device, *is_contiguous, *data_ptr;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOO", &PyList_Type, &tensors, &PyTuple_Type, &plain,
+                          &PyList_Type, &dtypes, &PyList_Type, &shapes, &PyList_Type, &devices,
+                          &get_device, &is_contiguous, &data_ptr)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(tensors);
+    if (PyList_GET_SIZE(dtypes) != n || PyList_GET_SIZE(shapes) != n ||
+        PyList_GET_SIZE(devices) != n) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (out == NULL) return NULL;
+    int64_t *pointers = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(tensors)) { /* an accessor's Python code shortened it */
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_RuntimeError, "the list of tensors changed while read");
+            return NULL;
+        }
+#if defined(__GNUC__)
+        if (i + 2 < PyList_GET_SIZE(tensors)) __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2));
+#endif
+        PyObject *t = PyList_GET_ITEM(tensors, i);
+        Py_INCREF(t);
+        int same = 0, failed = 0;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
+            if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) same = 1;
+        }
+        PyObject *value = NULL;
+        if (same) {
+            value = PyObject_GetAttr(t, s_dtype);
+            if (value == NULL) failed = 1;
+            else same = value == PyList_GET_ITEM(dtypes, i);
+            Py_XDECREF(value);
+        }
+        if (same && !failed) {
+            value = PyObject_GetAttr(t, s_shape);
+            if (value == NULL) failed = 1;
+            else {
+                same = PyObject_RichCompareBool(value, PyList_GET_ITEM(shapes, i), Py_EQ);
+                if (same < 0) failed = 1;
+                Py_DECREF(value);
+            }
+        }
+        if (same && !failed) {
+            value = PyObject_Vectorcall(get_device, &t, 1, NULL);
+            if (value == NULL) failed = 1;
+            else {
+                same = PyObject_RichCompareBool(value, PyList_GET_ITEM(devices, i), Py_EQ);
+                if (same < 0) failed = 1;
+                Py_DECREF(value);
+            }
+        }
+        if (same && !failed) {
+            value = PyObject_Vectorcall(is_contiguous, &t, 1, NULL);
+            int raised = runtime_error(value);
+            if (raised < 0) failed = 1;
+            else if (raised) same = 0;
+            else {
+                same = value == Py_True;
+                Py_DECREF(value);
+            }
+        }
+        if (same && !failed) {
+            value = PyObject_Vectorcall(data_ptr, &t, 1, NULL);
+            int raised = runtime_error(value);
+            if (raised < 0) failed = 1;
+            else if (raised) same = 0;
+            else {
+                pointers[i] = (int64_t)PyLong_AsLongLong(value);
+                Py_DECREF(value);
+                if (pointers[i] == -1 && PyErr_Occurred()) failed = 1;
+            }
+        }
+        Py_DECREF(t);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (!same) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"set_path", py_set_path, METH_O, set_path_doc},
     {"set_layout", py_set_layout, METH_O, set_layout_doc},
@@ -2535,6 +2644,7 @@ static PyMethodDef methods[] = {
     {"stats_batch", py_stats_batch, METH_VARARGS, stats_batch_doc},
     {"header_columns", py_header_columns, METH_VARARGS, header_columns_doc},
     {"tensor_facts", py_tensor_facts, METH_VARARGS, tensor_facts_doc},
+    {"planned_pointers", py_planned_pointers, METH_VARARGS, planned_pointers_doc},
     {NULL, NULL, 0, NULL},
 };
 

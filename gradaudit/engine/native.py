@@ -111,6 +111,32 @@ def tensor_facts(
     return facts
 
 
+def planned_pointers(
+    tensors: list[torch.Tensor],
+    plain: tuple[type, ...],
+    dtypes: list[torch.dtype],
+    shapes: list[torch.Size],
+    devices: list[int],
+) -> bytes | None:
+    """Every tensor's address (int64, native order), when each is of an exact type in
+    ``plain`` and has ``dtypes[i]``, ``shapes[i]``, device index ``devices[i]`` and is
+    contiguous; ``None`` at the first that differs. One pass over the list, through torch's
+    own accessors (see :mod:`gradaudit.engine.triton_plan`)."""
+    if _module is None:
+        raise ValueError("the native kernel is not built")
+    found: bytes | None = _module.planned_pointers(
+        tensors,
+        plain,
+        dtypes,
+        shapes,
+        devices,
+        torch.Tensor.get_device,
+        torch.Tensor.is_contiguous,
+        torch.Tensor.data_ptr,
+    )
+    return found
+
+
 #: The extension's code paths, narrowest first (see :func:`paths`).
 PATHS = ("portable", "avx2", "avx512")
 

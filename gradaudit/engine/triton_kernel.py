@@ -16,7 +16,9 @@ element offset, length, span) rows, and one
 :func:`~gradaudit.engine._triton_rows.merge_partials` launch merges every tensor's
 partial rows into its stats row (the multi-tensor-apply pattern of
 ``torch._foreach_*``). The host work per tensor is a few integer
-operations and appends; ``benchmarks/bench_gpu.py`` measures it.
+operations and appends; a training loop's list of tensors, the same every
+step, is planned once instead (:mod:`gradaudit.engine.triton_plan`: the table
+kept, the addresses written); ``benchmarks/bench_gpu.py`` measures both.
 
 It takes float32, float16 and bfloat16. Float64 needs the scaled sum of
 squares and fp8 conversions differ between GPU generations: those stay with
@@ -269,7 +271,7 @@ def _slow_fp64(device: torch.device) -> bool:
     return capability in SLOW_FP64 or capability[0] in (11, 12)
 
 
-def _sms(device: torch.device) -> int:
+def sms_of(device: torch.device) -> int:
     """SMs of a CUDA device (looked up once per device); ``DEFAULT_SMS`` elsewhere."""
     return _cuda_sms(device) if device.type == "cuda" else DEFAULT_SMS
 
@@ -326,7 +328,7 @@ class TritonBatch:
         """``sms``: the SMs spans are sized for (default: the device's own, ``DEFAULT_SMS``
         off CUDA); fewer make longer spans on any device (the tests' longest span)."""
         self.device = device
-        self._sms = _sms(device) if sms is None else sms
+        self._sms = sms_of(device) if sms is None else sms
         self._fp32_accumulate = fp32_accumulate(device)
         self._groups: dict[torch.dtype, _Group] = {}
 
@@ -372,84 +374,131 @@ class TritonBatch:
         is recorded on it, so memory freed meanwhile (``zero_grad``) is not
         given to another stream before the kernels read it.
         """
-        table_rows, merge_partials = _kernels()
         groups = [group for group in self._groups.values() if group.tensors]
         tables: list[torch.Tensor] = []
         maps: list[torch.Tensor] = []
         tickets: list[int] = []
-        bases: list[tuple[int, int]] = []  # (first program, first table row) per group
+        launches: list[GroupLaunch] = []
         programs = rows = 0
         for group in groups:
             # One sentinel row per group: its first program ends the last tensor's range.
             group.table.extend((0, 0, 0, 0))
             table = torch.frombuffer(group.table, dtype=torch.int64).view(-1, TABLE_WIDTH)
-            # One span for the group; each tensor's programs, first programs counted
-            # across the groups (host arithmetic on the table, a few ops per group).
-            span = span_for(group.elements, self._sms)
-            counts = (table[:, 2] + (span - 1)) // span
-            ends = torch.cumsum(counts, 0)
-            table[:, 0] = ends - counts + programs
-            table[:, 3] = span
-            group.programs = int(ends[-1])
+            group.programs = plan_group(table, group.elements, programs, self._sms, maps)
             tables.append(table)
-            # Each program's row in its group's table (the kernel's map: one load, no search):
-            # a 1 where each later row's programs start, summed up (``repeat_interleave``
-            # would be one op, but it wakes the intra-op threads: milliseconds on a busy CPU).
-            starts = torch.zeros(group.programs + 1, dtype=torch.int64)
-            firsts = (ends - counts)[1:]
-            starts.index_add_(0, firsts, torch.ones_like(firsts))
-            maps.append(torch.cumsum(starts, 0)[: group.programs])
             tickets += group.tickets
             tickets.append(-1)
-            bases.append((programs, rows))
+            launches.append(GroupLaunch(group.base, group.itemsize, group.programs, programs, rows))
             programs += group.programs
             rows += table.shape[0]
-        # A last row whose first program ends the last sentinel's (empty) range.
-        tables.append(torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64))
-        # The tables, then the map: one buffer, one copy.
-        host = torch.cat([table.flatten() for table in tables] + maps)
-        width = (rows + 1) * TABLE_WIDTH
-        cuda = self.device.type == "cuda"
-        # Everything on the tensors' device, whichever device is current (no
-        # context is made on another GPU).
-        context = torch.cuda.device(self.device) if cuda else _NoContext()
-        with context:
-            # Pinned, so the copy is queued rather than waited for; the caching host
-            # allocator keeps the pinned block until the copy has run.
-            flat = host.pin_memory().to(self.device, non_blocking=True) if cuda else host
-            table = flat[:width].view(-1, TABLE_WIDTH)
-            program_rows = flat[width:]
-            partial = torch.empty((programs, 7), dtype=torch.float64, device=self.device)
-            out = torch.empty((rows, 7), dtype=torch.float64, device=self.device)
-            stream = torch.cuda.current_stream(self.device) if cuda else None
-            for group, (first_program, first_row) in zip(groups, bases, strict=True):
-                kind = KINDS[group.base.dtype]
-                base = group.base.view(torch.int16) if kind == 1 else group.base
-                table_rows[(group.programs,)](
-                    base,
-                    table[first_row:],
-                    program_rows,
-                    partial,
-                    first_program,
-                    BLOCK=BLOCK,
-                    LANES=BLOCK // 2 if kind == 1 else BLOCK,
-                    VEC=VECTOR_BYTES // group.itemsize,
-                    KIND=kind,
-                    FP32_ACC=self._fp32_accumulate,
-                    # float32 through float32 sums keeps six per element and lane: with
-                    # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
-                    num_warps=8 if kind == 0 and self._fp32_accumulate else 4,
-                    **LAUNCH_OPTIONS,
-                )
-                if stream is not None:
-                    for tensor in group.tensors:
-                        tensor.record_stream(stream)
-            # One warp per stats row: most rows merge a handful of partial rows.
-            merge_partials[(rows,)](
-                partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
-            )
+        host = flush_table(tables, maps, programs)
+        out = launch_flush(self.device, host, launches, rows, programs, self._fp32_accumulate)
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            for group in groups:
+                for tensor in group.tensors:
+                    tensor.record_stream(stream)
         self._groups = {}
         return out, tickets
+
+
+@dataclass(frozen=True)
+class GroupLaunch:
+    """One dtype group of a flush: the tensor its table's offsets count from, and where its
+    programs and table rows start in the flush."""
+
+    base: torch.Tensor
+    itemsize: int
+    programs: int
+    first_program: int
+    first_row: int
+
+
+def plan_group(
+    table: torch.Tensor, elements: int, first_program: int, sms: int, maps: list[torch.Tensor]
+) -> int:
+    """Fill a group's first-program and span columns (its lengths, ``elements`` in all, and a
+    sentinel row are in ``table``), append its program -> row map to ``maps``; returns its programs.
+
+    One span for the group; each tensor's programs, first programs counted across the
+    groups (host arithmetic on the table, a few ops per group). The map: a 1 where each
+    later row's programs start, summed up (``repeat_interleave`` would be one op, but it
+    wakes the intra-op threads: milliseconds on a busy CPU).
+    """
+    span = span_for(elements, sms)
+    counts = (table[:, 2] + (span - 1)) // span
+    ends = torch.cumsum(counts, 0)
+    table[:, 0] = ends - counts + first_program
+    table[:, 3] = span
+    programs = int(ends[-1])
+    starts = torch.zeros(programs + 1, dtype=torch.int64)
+    firsts = (ends - counts)[1:]
+    starts.index_add_(0, firsts, torch.ones_like(firsts))
+    maps.append(torch.cumsum(starts, 0)[:programs])
+    return programs
+
+
+def flush_table(
+    tables: list[torch.Tensor], maps: list[torch.Tensor], programs: int
+) -> torch.Tensor:
+    """The host buffer of a flush: every group's table, a last row whose first program ends
+    the last sentinel's (empty) range, then the maps: one buffer, one copy."""
+    last = torch.tensor([[programs, 0, 0, 0]], dtype=torch.int64)
+    return torch.cat([table.flatten() for table in [*tables, last]] + maps)
+
+
+def launch_flush(
+    device: torch.device,
+    host: torch.Tensor,
+    groups: Sequence[GroupLaunch],
+    rows: int,
+    programs: int,
+    fp32_accumulate: bool,
+) -> torch.Tensor:
+    """Copy a flush's table to ``device`` and queue one ``table_rows`` launch per group and
+    one ``merge_partials``; returns the stats rows ``[rows, 7]`` (sentinel rows included).
+
+    The tensors' lifetimes are the caller's (``record_stream``, or holding them until the
+    settle event: :mod:`gradaudit.engine.triton_plan`).
+    """
+    table_rows, merge_partials = _kernels()
+    width = (rows + 1) * TABLE_WIDTH
+    cuda = device.type == "cuda"
+    # Everything on the tensors' device, whichever device is current (no
+    # context is made on another GPU).
+    context = torch.cuda.device(device) if cuda else _NoContext()
+    with context:
+        # Pinned, so the copy is queued rather than waited for; the caching host allocator
+        # keeps the pinned block until the copy has run (so the host buffer may change).
+        flat = host.pin_memory().to(device, non_blocking=True) if cuda else host
+        table = flat[:width].view(-1, TABLE_WIDTH)
+        program_rows = flat[width:]
+        partial = torch.empty((programs, 7), dtype=torch.float64, device=device)
+        out = torch.empty((rows, 7), dtype=torch.float64, device=device)
+        for group in groups:
+            kind = KINDS[group.base.dtype]
+            base = group.base.view(torch.int16) if kind == 1 else group.base
+            table_rows[(group.programs,)](
+                base,
+                table[group.first_row :],
+                program_rows,
+                partial,
+                group.first_program,
+                BLOCK=BLOCK,
+                LANES=BLOCK // 2 if kind == 1 else BLOCK,
+                VEC=VECTOR_BYTES // group.itemsize,
+                KIND=kind,
+                FP32_ACC=fp32_accumulate,
+                # float32 through float32 sums keeps six per element and lane: with
+                # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
+                num_warps=8 if kind == 0 and fp32_accumulate else 4,
+                **LAUNCH_OPTIONS,
+            )
+        # One warp per stats row: most rows merge a handful of partial rows.
+        merge_partials[(rows,)](
+            partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
+        )
+    return out
 
 
 class _NoContext:

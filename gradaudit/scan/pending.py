@@ -42,6 +42,7 @@ from gradaudit.engine.stats import (
     read_blocks,
     wait_for,
 )
+from gradaudit.engine.triton_plan import release_finished
 from gradaudit.io.base import TensorRun
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
@@ -413,10 +414,14 @@ class PendingStats(Collected):
     ) -> None:
         """:meth:`add_all` of ``names[i]: tensors[i]``, for a caller that holds its tensors as
         columns already (a monitor's gradients, every step: no pairs to build and split)."""
+        if len(names) != len(tensors):
+            raise ValueError(f"{len(names)} names for {len(tensors)} tensors")
         try:
             # Nothing built here forms a cycle, and a collection set off meanwhile
             # would walk every tensor of the caller's model (gradaudit.no_gc).
             with paused_gc():
+                if self.device is None and self._add_planned(names, tensors, source):
+                    return
                 if self.device is None or self.device.type == "cpu":
                     self._add_columns(names, tensors, source)
                 else:
@@ -424,6 +429,28 @@ class PendingStats(Collected):
                         self.queue(name, tensor, source)
         finally:
             self.settle()
+
+    def _add_planned(
+        self, names: list[str], tensors: list[torch.Tensor], source: str | None
+    ) -> bool:
+        """:meth:`add_tensors` as one Triton flush planned once per list
+        (:meth:`StatsCollector.submit_planned`: a training loop's gradients on a GPU), the
+        facts appended a column at a time from the plan; ``False`` when the list is not
+        for it (nothing was queued then)."""
+        taken = self._collector.submit_planned(tensors if type(tensors) is list else list(tensors))
+        if taken is None:
+            return False
+        tickets, plan = taken
+        count = len(tickets)
+        self._names += names
+        self._ranks += plan.ranks
+        self._dims += plan.dims
+        self._dtypes += plan.dtype_names
+        self._sources += [source] * count
+        self._tickets.frombytes(np.arange(tickets.start, tickets.stop, dtype=np.int64).tobytes())
+        self._hints += [None] * count
+        self._devices[plan.device] = None
+        return True
 
     def _add_columns(
         self, names: list[str], values: list[torch.Tensor], source: str | None
@@ -599,6 +626,7 @@ class PendingStats(Collected):
         """
         with ieee_mode():  # a host thread in flush-to-zero mode would read subnormals as 0
             host_blocks = self._read()
+            release_finished()  # lists held off the default stream whose kernels have run
             # Rows in submission order, with the zeros that bucket padding added taken
             # out; the merges (per file, global) then run on this host copy.
             host = self._collector.gather(self._tickets, host_blocks, fresh=False)

@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 
 import gradaudit
 from gradaudit import audit, collect_async
-from gradaudit.engine import staging, triton_kernel, warmup
+from gradaudit.engine import staging, triton_kernel, triton_plan, warmup
 from gradaudit.engine.dtypes import AUDITED_DTYPES
+from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.paths import scan_paths
 from gradaudit.scan.pending import PendingStats
 from tests.conftest import requires_cuda
@@ -398,6 +399,46 @@ def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values(
     assert stats.nan == 0
     assert stats.norm == pytest.approx(reference_stats(host).norm, rel=1e-9)
     forced.check()
+
+
+@pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed")
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_the_planned_flush_keeps_freed_gradients_until_its_kernels_read_them(
+    side_stream: bool,
+) -> None:
+    """The planned path (a training loop's second list on, no ``record_stream``): gradients
+    freed right after the collection (``zero_grad(set_to_none=True)``) and their memory
+    asked for again, while the kernels wait behind a sleep. On the default stream the new
+    allocation's writes queue after the kernels; on a side stream the list is held until an
+    event after them has completed (``triton_plan.hold``)."""
+    gen = torch.Generator().manual_seed(2)
+    hosts = [torch.randn(1 << 22, generator=gen) for _ in range(2)]
+    collector = StatsCollector(engine="triton")
+    names = ["a", "b"]
+    first = PendingStats(collector=collector.fresh())
+    first.add_tensors(names, [host.cuda() for host in hosts])  # the first list: not planned
+    first.materialize()
+    grads = [host.cuda() for host in hosts]
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    triton_plan.release_finished()  # nothing left from earlier tests
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: the kernels run long after this returns
+        pending = PendingStats(collector=collector.fresh())
+        pending.add_tensors(names, grads)
+    assert collector._plans[grads[0].device] is not None  # planned
+    assert triton_plan.held() == int(side_stream)  # and held only off the default stream
+    del grads  # freed while the kernels have not read them
+    reuse = [torch.full((1 << 22,), math.nan, device="cuda") for _ in range(2)]
+    stats = pending.materialize().tensors
+    assert all(bool(each.isnan().all()) for each in reuse)
+    for each, host in zip(stats, hosts, strict=True):
+        assert each.nan == 0
+        assert each.norm == pytest.approx(reference_stats(host).norm, rel=1e-9)
+    torch.cuda.synchronize()
+    triton_plan.release_finished()
+    assert triton_plan.held() == 0
 
 
 @pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed")

@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from gradaudit import GradientMonitor
-from gradaudit.engine import triton_kernel, warmup
+from gradaudit.engine import triton_kernel, triton_plan, warmup
 from gradaudit.engine.stats import ROW_WIDTH, SCALE, StatsCollector
 from gradaudit.scan.pending import PendingEntry, PendingStats
+from gradaudit.training.gradients import GradientLister, collect_columns
 
 
 class _NoopLaunch:
@@ -94,6 +95,46 @@ def test_the_monitors_collecting_step_never_reads_the_device(triton_on_meta: lis
     monitor = GradientMonitor(model, every=1, dump_dir=None)
     assert monitor.step() is None
     assert triton_on_meta  # the Triton path ran
+
+
+def test_the_monitors_collection_plans_its_flush_once(
+    triton_on_meta: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each collecting step of the monitor (its lister's columns into ``collect_columns`` with
+    its collector, as ``GradientMonitor.step`` does) is one planned flush, one launch per
+    dtype and a merge; the plan is made on the first step and taken again while the
+    gradients keep their facts, made again when one changes (``model.to(dtype)``); nothing
+    is read (the read of each step is the next monitor step's, not run here: ``meta``)."""
+    plans: list[triton_plan.TritonPlan] = []
+    real = triton_plan.TritonPlan.__init__
+
+    def init(self: triton_plan.TritonPlan, *args: Any) -> None:
+        real(self, *args)
+        plans.append(self)
+
+    monkeypatch.setattr(triton_plan.TritonPlan, "__init__", init)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32, device="meta"), torch.nn.Linear(32, 8, device="meta")
+    )
+    lister = GradientLister(model)
+    collector = StatsCollector()
+    for step in range(4):
+        for param in model.parameters():
+            param.grad = torch.empty_like(param)  # new gradients every step (set_to_none)
+        pending = collect_columns(*lister.columns(), collector=collector)
+        assert len(pending) == 4
+        # The first step goes the per-tensor way (a one-off collection plans nothing).
+        assert len(plans) == min(step, 1)
+        # One float32 group of 4 tensors: a launch over its programs, a merge of 4 + 1 rows.
+        assert triton_on_meta[-1] == 5
+    assert len(triton_on_meta) == 8
+    assert triton_on_meta[-2] == plans[0].programs
+    model.to(torch.bfloat16)
+    for param in model.parameters():
+        param.grad = torch.empty_like(param)
+    collect_columns(*lister.columns(), collector=collector)
+    assert len(plans) == 2
+    assert plans[1].dtypes == [torch.bfloat16] * 4
 
 
 def test_an_element_count_on_the_device_is_read_with_the_rows() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -451,3 +452,34 @@ def test_every_path_agrees_across_blocks(dtype: torch.dtype) -> None:
             for numel in (4095, 4096, 4097, 4096 + 33, 2 * 4096 + 63, 5 * 4096):
                 tensor = source[start : start + numel]
                 assert_paths_agree(tensor, rows_on_every_path(tensor))
+
+
+def test_planned_pointers_reads_every_address_or_stops_at_the_first_difference() -> None:
+    """The planned flush's per-step pass (``gradaudit.engine.triton_plan``): the addresses
+    when every fact is the plan's, ``None`` when any one differs."""
+    base = torch.zeros(64, 3)
+    tensors = [base, torch.ones(5, dtype=torch.bfloat16), torch.nn.Parameter(torch.ones(2, 2))]
+    facts = (
+        [t.dtype for t in tensors],
+        [t.shape for t in tensors],
+        [t.get_device() for t in tensors],
+    )
+    plain = (torch.Tensor, torch.nn.Parameter)
+    found = native.planned_pointers(tensors, plain, *facts)
+    assert found is not None
+    assert array.array("q", found).tolist() == [t.data_ptr() for t in tensors]
+
+    class Sub(torch.Tensor):
+        pass
+
+    for changed in (
+        torch.zeros(64, 3, dtype=torch.float16),  # dtype
+        torch.zeros(3, 64),  # shape, the same element count
+        torch.zeros(3, 64).t(),  # not contiguous
+        torch.zeros(64, 3).as_subclass(Sub),  # not a plain tensor
+        torch.zeros(64, 3).to_sparse(),  # no contiguity: RuntimeError, taken as a difference
+    ):
+        assert native.planned_pointers([changed, *tensors[1:]], plain, *facts) is None
+    assert native.planned_pointers(tensors, plain, facts[0], facts[1], [0, -1, -1]) is None
+    assert native.planned_pointers(tensors[:2], plain, *facts) is None  # another length
+    assert native.planned_pointers([], plain, [], [], []) == b""

@@ -1,0 +1,237 @@
+"""A training loop's Triton flush, planned once per list of tensors and refilled every step.
+
+:class:`~gradaudit.engine.triton_kernel.TritonBatch` builds a flush's table from each
+tensor as it comes: a Python call, a dozen attribute reads and four appends per tensor,
+about 2 µs each, then a table, a program -> row map and a placement per flush. A
+training loop hands the same list every step: the same gradients of the same
+parameters, of the same dtypes and sizes, on the same device. Only where each gradient
+lives may change (``zero_grad(set_to_none=True)`` frees them, the next backward pass
+allocates new ones).
+
+So a :class:`TritonPlan` keeps everything of a flush that follows from the list's
+dtypes and element counts: the dtype groups, every table column but the offsets (first
+program, length, span), the program -> row map, each tensor's row, and the shapes for the
+results. Each step reads four facts of every tensor (torch's own accessors: dtype, shape,
+device, contiguity), compares them with the plan's and gathers the addresses, in one pass
+in C (:func:`~gradaudit.engine.native.planned_pointers`; without the native build, one
+``map`` per fact), writes the offsets into a copy of the cached table
+(numpy, a few operations per dtype group) and launches. A list that differs in any fact
+makes a new plan; one whose addresses cannot be addressed from its group's first tensor
+(a view at an odd byte offset, a first tensor off a 16-byte boundary) goes the
+per-tensor way for that step.
+
+Lifetimes. The per-tensor path ``record_stream``-s every tensor on the kernels' stream
+(~1-2 µs each on a GPU's host). Here nothing per tensor: on a device's default stream
+the memory of a gradient freed meanwhile goes back to that stream's pool and is only
+handed to work queued after the kernels, which is what ``record_stream`` would ensure;
+on any other stream the step's list is held (:func:`hold`) until an event after the
+kernels has completed, and let go by a later flush or read (:func:`release_finished`).
+"""
+
+from __future__ import annotations
+
+import array
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gradaudit.engine import native, triton_kernel
+from gradaudit.engine.dtypes import dtype_name
+from gradaudit.engine.triton_kernel import (
+    KINDS,
+    TABLE_WIDTH,
+    VECTOR_BYTES,
+    GroupLaunch,
+    flush_table,
+    launch_flush,
+    plan_group,
+)
+
+#: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
+PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_PLAIN = tuple(PLAIN)
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+_NUMEL = torch.Tensor.numel
+_CONTIGUOUS = torch.Tensor.is_contiguous
+_DEVICE_INDEX = torch.Tensor.get_device
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+@dataclass(frozen=True)
+class _PlanGroup:
+    """One dtype group of a plan: its tensors' indices in the list, in order."""
+
+    dtype: torch.dtype
+    indices: np.ndarray
+    itemsize: int
+    programs: int
+    first_program: int
+    first_row: int
+
+
+class TritonPlan:
+    """The flush of one list of tensors, all but their addresses (see the module doc).
+
+    Built from a list's facts; :meth:`matches` tells whether another list has the same
+    facts, :meth:`launch` queues the flush of a matching list.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], sms: int) -> None:
+        first = tensors[0]
+        self.device = first.device
+        self.dtypes: list[torch.dtype] = list(map(_DTYPE, tensors))
+        self.shapes: list[torch.Size] = list(map(_SHAPE, tensors))
+        self.numels: list[int] = list(map(_NUMEL, tensors))
+        self.device_indices: list[int] = list(map(_DEVICE_INDEX, tensors))
+        shapes = self.shapes
+        #: The shapes as a collection keeps them: each rank, then every dimension.
+        self.ranks = array.array("q", map(len, shapes))
+        self.dims = array.array("q", [size for shape in shapes for size in shape])
+        self.dtype_names = [dtype_name(dtype) for dtype in self.dtypes]
+        self._fp32_accumulate = triton_kernel.fp32_accumulate(self.device)
+        order = list(dict.fromkeys(self.dtypes))
+        codes = np.array([order.index(dtype) for dtype in self.dtypes], dtype=np.int64)
+        numels = np.array(self.numels, dtype=np.int64)
+        tables: list[torch.Tensor] = []
+        maps: list[torch.Tensor] = []
+        self._groups: list[_PlanGroup] = []
+        #: The row of each tensor in the flush's stats rows (its group's rows, then a sentinel).
+        self.rows_of = np.empty(len(tensors), dtype=np.int64)
+        programs = rows = 0
+        for code, dtype in enumerate(order):
+            indices = np.flatnonzero(codes == code)
+            table = torch.zeros((len(indices) + 1, TABLE_WIDTH), dtype=torch.int64)
+            table[:-1, 2] = torch.from_numpy(numels[indices])
+            elements = int(numels[indices].sum())
+            count = plan_group(table, elements, programs, sms, maps)
+            tables.append(table)
+            self.rows_of[indices] = rows + np.arange(len(indices))
+            itemsize = dtype.itemsize
+            self._groups.append(_PlanGroup(dtype, indices, itemsize, count, programs, rows))
+            programs += count
+            rows += len(indices) + 1
+        self.rows = rows
+        self.programs = programs
+        #: The flush's host buffer with every offset 0; each launch fills a copy.
+        self._template = flush_table(tables, maps, programs).numpy()
+        # Where each group's offsets go in that buffer (column 1 of its rows), in the order
+        # of its indices, and the itemsize each offset is counted in.
+        self._order = np.concatenate([group.indices for group in self._groups])
+        self._slots = self.rows_of[self._order] * TABLE_WIDTH + 1
+        self._itemsizes = np.concatenate(
+            [np.full(len(group.indices), group.itemsize, dtype=np.int64) for group in self._groups]
+        )
+        self._firsts = np.cumsum([0] + [len(group.indices) for group in self._groups])[:-1]
+        self._counts = [len(group.indices) for group in self._groups]
+        self._in_order = bool((self._order == np.arange(len(self._order))).all())
+        #: The index of each group's first tensor in the list (its base).
+        self.firsts = [int(group.indices[0]) for group in self._groups]
+
+    def __len__(self) -> int:
+        return len(self.dtypes)
+
+    def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` have this plan's facts: dtypes, shapes and device, and are
+        contiguous (each fact read in one C loop over the list)."""
+        return (
+            len(tensors) == len(self.dtypes)
+            and list(map(_DTYPE, tensors)) == self.dtypes
+            and list(map(_SHAPE, tensors)) == self.shapes
+            and list(map(_DEVICE_INDEX, tensors)) == self.device_indices
+            and all(map(_CONTIGUOUS, tensors))
+        )
+
+    def pointers(self, tensors: list[torch.Tensor]) -> np.ndarray | None:
+        """The addresses of ``tensors`` (int64, in list order) when they have this plan's
+        facts (:meth:`matches`), else ``None``: in one pass in C where the native extension
+        is built (each tensor's objects are fetched from memory once, not once per fact),
+        else a pass per fact."""
+        if native.available():
+            found = native.planned_pointers(
+                tensors, _PLAIN, self.dtypes, self.shapes, self.device_indices
+            )
+            return None if found is None else np.frombuffer(found, dtype=np.int64)
+        return pointers(tensors) if self.matches(tensors) else None
+
+    def table(self, pointers: np.ndarray) -> torch.Tensor | None:
+        """The flush's host buffer for tensors at ``pointers`` (int64, in list order), or
+        ``None`` when one cannot be addressed from its group's first tensor: that first
+        tensor off a 16-byte boundary, or another at an odd byte offset from it."""
+        ordered = pointers if self._in_order else pointers[self._order]
+        bases = ordered[self._firsts]
+        if (bases % VECTOR_BYTES).any():
+            return None
+        deltas = ordered - (bases[0] if len(bases) == 1 else np.repeat(bases, self._counts))
+        offsets, odd = np.divmod(deltas, self._itemsizes)
+        if odd.any():
+            return None
+        # In place: the launch copies it (into pinned memory) before the next step can change
+        # it, and the interpreter reads it during the launch.
+        self._template[self._slots] = offsets
+        return torch.from_numpy(self._template)
+
+    def launch(self, tensors: Sequence[torch.Tensor], host: torch.Tensor) -> torch.Tensor:
+        """Queue the flush of ``tensors`` (matching, with :meth:`table`'s buffer): the stats
+        rows ``[rows, 7]``, tensor ``i``'s at :attr:`rows_of` ``[i]``."""
+        groups = [
+            GroupLaunch(
+                tensors[first],
+                group.itemsize,
+                group.programs,
+                group.first_program,
+                group.first_row,
+            )
+            for first, group in zip(self.firsts, self._groups, strict=True)
+        ]
+        return launch_flush(
+            self.device, host, groups, self.rows, self.programs, self._fp32_accumulate
+        )
+
+
+def plain(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every tensor is of an exact plain type (one C loop)."""
+    return set(map(type, tensors)) <= PLAIN
+
+
+def takes_dtypes(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether the kernel takes every tensor's dtype."""
+    return set(map(_DTYPE, tensors)) <= KINDS.keys()
+
+
+def pointers(tensors: Sequence[torch.Tensor]) -> np.ndarray:
+    """The address of every tensor, in one C loop, as int64."""
+    return np.fromiter(map(_DATA_PTR, tensors), dtype=np.int64, count=len(tensors))
+
+
+# -- lifetimes off the default stream ---------------------------------------------------
+
+_held: list[tuple[torch.cuda.Event, object]] = []
+
+
+def hold(device: torch.device, tensors: Sequence[torch.Tensor]) -> None:
+    """Keep (a copy of the list of) ``tensors`` until the kernels just queued on ``device``'s
+    current stream have run, when that is not the device's default stream (see the module
+    doc)."""
+    if device.type != "cuda":
+        return
+    stream = torch.cuda.current_stream(device)
+    if stream == torch.cuda.default_stream(device):
+        return
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record(stream)
+    _held.append((event, list(tensors)))
+
+
+def release_finished() -> None:
+    """Let go of the held lists whose kernels have run (a query per list, no wait)."""
+    if _held:
+        _held[:] = [(event, tensors) for event, tensors in _held if not event.query()]  # type: ignore[no-untyped-call]
+
+
+def held() -> int:
+    """Lists held now (tests)."""
+    return len(_held)
