@@ -103,6 +103,26 @@ class _Prefetch:
     done: torch.cuda.Event
 
 
+def _copy_ahead(
+    device: torch.device,
+    settled: Mapping[torch.device, list[torch.cuda.Event]],
+    indices: list[int],
+    combine: Callable[[list[torch.Tensor]], torch.Tensor],
+    parts: list[torch.Tensor],
+) -> _Prefetch:
+    """Copy ``combine(parts)`` (``torch.cat`` or ``torch.stack``, made on ``device`` once its
+    kernels have ``settled``) into pinned host memory without blocking; the copy's event
+    says when it has arrived."""
+    with torch.cuda.device(device):
+        wait_for(device, settled)
+        source = combine(parts)
+        pinned = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+        pinned.copy_(source, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(torch.cuda.current_stream(device))
+    return _Prefetch(indices, pinned, done)
+
+
 @dataclass(frozen=True)
 class PendingEntry:
     """The host-side facts of one collected tensor; its stats row stays on the device.
@@ -557,14 +577,9 @@ class PendingStats(Collected):
         for device, indices in blocks_by_device(blocks).items():
             if device.type != "cuda":
                 continue
-            with torch.cuda.device(device):
-                wait_for(device, settled)
-                stacked = torch.cat([blocks[i] for i in indices])
-                pinned = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                pinned.copy_(stacked, non_blocking=True)
-                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                done.record(torch.cuda.current_stream(device))
-            copies[device] = _Prefetch(indices, pinned, done)
+            copies[device] = _copy_ahead(
+                device, settled, indices, torch.cat, [blocks[i] for i in indices]
+            )
         self._prefetched = (len(blocks), copies)
         if self.histograms:
             self._histograms_prefetched = (len(self._histograms), self._prefetch_histograms())
@@ -578,14 +593,9 @@ class PendingStats(Collected):
         for device, indices in by_device.items():
             if device.type != "cuda":
                 continue
-            with torch.cuda.device(device):
-                wait_for(device, settled)
-                stacked = torch.stack([histograms[i] for i in indices])
-                pinned = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                pinned.copy_(stacked, non_blocking=True)
-                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                done.record(torch.cuda.current_stream(device))
-            copies[device] = _Prefetch(indices, pinned, done)
+            copies[device] = _copy_ahead(
+                device, settled, indices, torch.stack, [histograms[i] for i in indices]
+            )
         return copies
 
     def _read(self) -> list[torch.Tensor]:
