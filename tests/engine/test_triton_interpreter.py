@@ -1,0 +1,25 @@
+"""The interpreter shortcut of ``tests/triton_interpreter.py`` is on where it was checked.
+
+That it is harmless is what every interpreter test shows: each compares the kernels, run
+with the shortcut, against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gradaudit.engine import triton_kernel
+from tests.triton_interpreter import CHECKED_TRITON, skip_repatching_in_device_calls, triton_release
+
+
+@pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed")
+def test_the_installed_triton_is_one_the_shortcut_was_checked_against() -> None:
+    """A Triton upgrade fails here, so that the shortcut's reading of the interpreter's
+    private structure is redone (meanwhile the interpreter tests take Triton's own path)."""
+    import triton.runtime.interpreter  # noqa: F401  (what the shortcut patches)
+
+    assert triton_release() in CHECKED_TRITON
+    assert skip_repatching_in_device_calls()
+    assert "triton.runtime.interpreter" in sys.modules
