@@ -102,6 +102,7 @@ def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
         "torch ×sum",
         "audit ×sum",
         "scan ×sum",
+        "scan faults",
     ]
     rows = {line.split(" | ")[0]: line.split(" | ") for line in lines[2:]}
     assert set(rows) == {
@@ -114,11 +115,32 @@ def test_peers_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     }
     for row in rows.values():
         assert all(float(row[column]) >= 0 for column in (4, 6, 7))  # numbers, not "-"
+        assert int(row[8]) >= 0  # page faults per scan: a count
     assert float(rows["transformer-float32"][5]) >= 0  # torch's built-ins take float32
     timed = {line.split(" | ")[0]: line.split(" | ") for line in startup.splitlines()[2:]}
     assert "gradaudit --version" in timed
     assert "gradaudit scan, torch path (same dump)" in timed
     assert all(float(row[1]) >= 0 for row in timed.values())
+
+
+def test_peers_benchmark_runs_only_the_workloads_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import bench_peers
+
+    bench_peers.main(
+        ["--smoke", "--repeats", "1", "--no-startup", "--workloads", "moe-like", "50-tiny"]
+    )
+    out = capsys.readouterr().out
+    peers = next(block for block in out.split("\n\n") if block.startswith("workload"))
+    # In the table's order, not the order named; no fp32 row, so no fp32 budget line.
+    assert [line.split(" | ")[0] for line in peers.splitlines()[2:]] == ["50-tiny", "moe-like"]
+    assert "fp32 in-memory audit" not in out
+    assert "targets: in memory" in out
+    with pytest.raises(SystemExit, match="no such workload nope"):
+        bench_peers.main(["--smoke", "--workloads", "nope"])
+    with pytest.raises(SystemExit, match="--check judges transformer-float32"):
+        bench_peers.main(["--smoke", "--check", "--workloads", "moe-like"])
 
 
 def test_peers_benchmark_names_the_machine_and_the_forced_path(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ from safetensors import safe_open
 from gradaudit import ExitCode, save_gradients, scan_paths
 from gradaudit.cli import app
 from gradaudit.io.safetensors_header import read_header
-from gradaudit.io.safetensors_writer import _blocks, write_safetensors
+from gradaudit.io.safetensors_writer import (
+    WRITE_ALIGNMENT,
+    _blocks,
+    build_header,
+    layout_order,
+    write_safetensors,
+)
 from tests.conftest import runner
 
 
@@ -111,6 +118,42 @@ def test_chunked_writes_are_identical(tmp_path: Path) -> None:
     small = write_safetensors(tmp_path / "a.safetensors", tensors, chunk_bytes=3)
     large = write_safetensors(tmp_path / "b.safetensors", tensors)
     assert small.read_bytes() == large.read_bytes()
+
+
+@pytest.mark.parametrize("chunk_bytes", [3, 1 << 20, 64 << 20])
+def test_writes_end_at_multiples_of_the_alignment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+) -> None:
+    """Every write but the last ends at a multiple of 2 MiB of the file (so the page cache
+    holds it in huge folios), small pieces and large ones alike; the bytes are the format's."""
+    gen = torch.Generator().manual_seed(5)
+    tensors = [
+        ("small", torch.randn(3, generator=gen)),
+        ("large", torch.randn(1_300_000, generator=gen)),  # 5.2 MB: spans several blocks
+        ("many", torch.randn(700, 5, generator=gen).t()),  # non-contiguous
+        ("half", torch.randn(600_001, generator=gen).half()),
+        ("f64", torch.randn(2, generator=gen, dtype=torch.float64)),
+    ]
+    writes: list[int] = []
+    real_write = os.write
+
+    def record(fd: int, data: bytes) -> int:
+        count = real_write(fd, data)
+        writes.append(count)
+        return count
+
+    monkeypatch.setattr(os, "write", record)
+    path = write_safetensors(tmp_path / "g.safetensors", tensors, chunk_bytes=chunk_bytes)
+    monkeypatch.undo()
+    ordered = layout_order(tensors)
+    header = build_header(ordered, None)
+    expected = struct.pack("<Q", len(header)) + header
+    expected += b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for _, t in ordered)
+    assert path.read_bytes() == expected
+    assert len(expected) > 3 * WRITE_ALIGNMENT
+    ends = [sum(writes[: i + 1]) for i in range(len(writes))]
+    assert ends[-1] == len(expected)
+    assert all(end % WRITE_ALIGNMENT == 0 for end in ends[:-1])
 
 
 @pytest.mark.parametrize("step", [1, 4, 7, 1000])

@@ -410,6 +410,24 @@ def test_a_name_template_is_read_as_its_name(names: list[str]) -> None:
         assert role_from_name(template) == role_from_name(name), (name, template)
 
 
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(st.lists(NAMES, max_size=12), st.integers(0, 3))
+def test_a_file_holding_a_module_buffer_is_found_by_reading_each_name(
+    names: list[str], gradients: int
+) -> None:
+    """stats_evidence's buffer search equals reading every name with role_from_name, also
+    where most names hold ``grad`` (each name a candidate for the other roles' words)."""
+    names = [f"params.{i}.grad" for i in range(gradients * len(names))] + names
+    stats = [TensorStats(n, (4,), "float32", 4, 0, 0, 0, 0, 1.0, 2.0, 1.0, "f") for n in names]
+    buffers = [n for n in names if (found := role_from_name(n)) and found[0] is Role.BUFFER]
+    evidence = stats_evidence(stats)
+    if buffers:
+        assert (evidence.role, evidence.thin) == (Role.WEIGHT, False)
+        assert f"holds module buffers ({buffers[0]})" in evidence.evidence
+    else:
+        assert "module buffers" not in evidence.evidence
+
+
 def test_names_differing_in_their_numbers_share_a_template() -> None:
     assert name_templates(["params.7.grad", "params.8.grad", "p.18", "a\n1"]) == [
         "params.0.grad",
