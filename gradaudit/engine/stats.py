@@ -2,10 +2,10 @@
 
 Nothing here reads a device value back to the host. Every statistic of a
 tensor is a slot of a float64 *stats row* that stays on the tensor's device;
-rows are read back once by :func:`read_blocks` (the only host read of a whole
-scan). That is what lets a training loop collect between ``backward()`` and
-``optimizer.step()`` without stalling the stream, and it is proved by a test
-that collects on ``device="meta"``, where every host read raises.
+rows are read back once by :func:`~gradaudit.engine.host_read.read_blocks` (the
+only host read of a whole scan). That is what lets a training loop collect
+between ``backward()`` and ``optimizer.step()`` without stalling the stream, and
+it is proved by a test that collects on ``device="meta"``, where every host read raises.
 
 The stats row
 -------------
@@ -52,14 +52,12 @@ How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 from __future__ import annotations
 
 import array
-import functools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from gradaudit.engine import native, triton_kernel, triton_plan
+from gradaudit.engine.buckets import Bucket, RowLayout, bucket_length
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
 from gradaudit.engine.histogram import exponent_histogram
@@ -79,7 +77,6 @@ from gradaudit.results.row import SCALE as SCALE
 from gradaudit.results.row import SSQ as SSQ
 from gradaudit.results.row import ZEROS as ZEROS
 from gradaudit.results.row import merge_rows as merge_rows
-from gradaudit.results.row import row_norm as row_norm
 
 #: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
 #: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
@@ -101,108 +98,6 @@ def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     # (seen on an H200, docs/gpu.md): the collector must never sync a training step.
     row.narrow(0, SCALE, 1).fill_(1.0)
     return row
-
-
-@functools.lru_cache(maxsize=4096)
-def bucket_length(numel: int) -> int:
-    """The padded row length of a bucket for a tensor of ``numel`` elements.
-
-    Lengths step by a factor of 2**(1/4), rounded up to 64 elements, so
-    padding wastes at most about 19% of a bucket.
-    """
-    length = 64
-    while length < numel:
-        length = -(-int(length * 1.1892) // 64) * 64
-    return length
-
-
-@dataclass
-class _Bucket:
-    """Zero-padded rows of small tensors waiting to be reduced together."""
-
-    buffer: torch.Tensor
-    #: (ticket, numel) of each filled row, in row order.
-    tickets: list[tuple[int, int]] = field(default_factory=list)
-
-
-class _Layout:
-    """Where each ticket's row is: its index in the concatenation of the blocks.
-
-    Arrays of ints, not an object per tensor: with 100,000 tiny tensors
-    the bookkeeping per ticket is a visible part of the audit. The common
-    case (every row placed in ticket order, as one native batch after another
-    does) needs no gather at all.
-    """
-
-    def __init__(self) -> None:
-        #: Row of each ticket in the concatenated blocks; -1 while it waits in a batch or bucket.
-        #: int64, not a list: a list holds an int object (~36 bytes) per tensor.
-        self.rows: array.array[int] = array.array("q")
-        #: Zeros that bucket padding added to a ticket's row (bucketed tickets only).
-        self.padding: dict[int, int] = {}
-        #: Rows in the blocks so far, and tickets given a row.
-        self.placed = 0
-        self.tickets_placed = 0
-        self.in_order = True
-
-    def new_ticket(self) -> int:
-        self.rows.append(-1)
-        return len(self.rows) - 1
-
-    def place(
-        self, tickets: list[int], padding: list[int] | None, *, unused_rows: bool = False
-    ) -> None:
-        """The next block's rows belong to ``tickets``, in order (-1: a row of no ticket,
-        allowed with ``unused_rows``)."""
-        start, count = self.placed, len(tickets)
-        first = tickets[0] if count else 0
-        if unused_rows:
-            for offset, ticket in enumerate(tickets):
-                if ticket >= 0:
-                    self.rows[ticket] = start + offset
-                    self.tickets_placed += 1
-            self.in_order = False
-        elif count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
-            self.rows[first : first + count] = array.array("q", range(start, start + count))
-            self.in_order = self.in_order and first == start
-            self.tickets_placed += count
-        else:
-            for offset, ticket in enumerate(tickets):
-                self.rows[ticket] = start + offset
-            self.in_order = False
-            self.tickets_placed += count
-        if padding is not None:
-            for ticket, zeros in zip(tickets, padding, strict=True):
-                if zeros:
-                    self.padding[ticket] = zeros
-        self.placed += count
-
-    def new_placed(self, rows_of: np.ndarray, rows: int) -> range:
-        """New tickets for a block of ``rows`` rows: ticket ``i``'s row is ``rows_of[i]`` (the
-        block's other rows belong to no ticket), placed at once (one numpy operation)."""
-        first, count = len(self.rows), len(rows_of)
-        self.rows.frombytes((rows_of + self.placed).astype(np.int64).tobytes())
-        self.tickets_placed += count
-        self.in_order = False
-        self.placed += rows
-        return range(first, first + count)
-
-    def check_placed(self) -> None:
-        assert self.tickets_placed == len(self.rows), "a ticket was never placed"
-
-    def index(self, tickets: Sequence[int]) -> tuple[list[int] | None, list[int] | None]:
-        """Rows to gather for ``tickets`` (``None``: the blocks as they are) and their padding."""
-        rows = self.rows
-        in_order = self.in_order and len(tickets) == self.placed
-        if in_order and array.array("q", tickets) == rows:
-            index = None  # rows[t] == t for every ticket, and tickets are 0..n-1 in order
-        else:
-            index = [rows[ticket] for ticket in tickets]
-        padding = None
-        if self.padding:
-            get = self.padding.get
-            padding = [get(ticket, 0) for ticket in tickets]
-        return index, padding
 
 
 class EngineUnavailable(UsageError):
@@ -307,9 +202,9 @@ class StatsCollector:
         self._ran: dict[str, None] = {}
         self._new_batch()
         self._upcast: dict[tuple[torch.device, int], torch.Tensor] = {}
-        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], _Bucket] = {}
+        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], Bucket] = {}
         self._blocks: list[torch.Tensor] = []
-        self._layout = _Layout()
+        self._layout = RowLayout()
         #: The planned flush of the last list of tensors :meth:`submit_planned` took, per
         #: device (``None``: one list came, not planned); shared with every :meth:`fresh`
         #: collector (a training loop's next step).
@@ -540,7 +435,7 @@ class StatsCollector:
             while self._buckets and self._bucket_bytes + nbytes > self.bucket_budget:
                 self._evict_oldest_bucket()
             buffer = torch.zeros((rows, length), dtype=key[1], device=tensor.device)
-            bucket = self._buckets[key] = _Bucket(buffer)
+            bucket = self._buckets[key] = Bucket(buffer)
             self._bucket_bytes += nbytes
             self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._bucket_bytes)
         target = bucket.buffer[len(bucket.tickets), :numel]
@@ -688,10 +583,10 @@ class StatsCollector:
 
         Callers whose tensors may change (gradients about to be zeroed or
         stepped) settle before handing control back; a file's data need not.
-        Readers of the rows (:func:`read_blocks`, ``PendingStats.prefetch``)
-        make their stream wait for the events, so rows collected on a side
-        stream are read after the kernels that wrote them, whatever stream
-        is current when they are read.
+        Readers of the rows (:func:`~gradaudit.engine.host_read.read_blocks`,
+        ``PendingStats.prefetch``) make their stream wait for the events, so rows
+        collected on a side stream are read after the kernels that wrote them,
+        whatever stream is current when they are read.
         """
         if self._batch:
             self._reduce_batch()
@@ -767,7 +662,7 @@ class StatsCollector:
         other._buckets = {}
         other._bucket_bytes = 0
         other._blocks = []
-        other._layout = _Layout()
+        other._layout = RowLayout()
         other._histogram_of = {}
         other._new_batch()
         other._new_streams()
@@ -849,7 +744,7 @@ class StatsCollector:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
         self._batch = NativeBatch()
 
-    def _reduce_bucket(self, bucket: _Bucket) -> None:
+    def _reduce_bucket(self, bucket: Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
         length = used.shape[1]
         self._add_block(
@@ -911,81 +806,3 @@ def _triton_unavailable(cause: str | None) -> EngineUnavailable:
 def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
     for start in range(0, flat.numel(), step):
         yield flat[start : start + step]
-
-
-@dataclass(frozen=True)
-class HostRow:
-    """One stats row after the host read, with the derived norm."""
-
-    nan: int
-    pos_inf: int
-    neg_inf: int
-    zeros: int
-    max_abs: float
-    norm: float
-
-    @classmethod
-    def from_values(cls, values: list[float]) -> HostRow:
-        return cls(
-            nan=int(values[NAN]),
-            pos_inf=int(values[POS_INF]),
-            neg_inf=int(values[NEG_INF]),
-            zeros=int(values[ZEROS]),
-            max_abs=values[MAX_ABS],
-            norm=row_norm(values),
-        )
-
-
-def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:
-    """The indices of ``blocks`` on each device, in first-seen order."""
-    by_device: dict[torch.device, list[int]] = {}
-    for index, block in enumerate(blocks):
-        by_device.setdefault(block.device, []).append(index)
-    return by_device
-
-
-def wait_for(device: torch.device, events: Mapping[torch.device, list[torch.cuda.Event]]) -> None:
-    """Make ``device``'s current stream wait (on the device) for its settle events."""
-    if device.type != "cuda":
-        return
-    stream = torch.cuda.current_stream(device)
-    for event in events.get(device, ()):
-        stream.wait_event(event)
-
-
-def read_blocks(
-    blocks: list[torch.Tensor],
-    settled: Mapping[torch.device, list[torch.cuda.Event]] | None = None,
-) -> list[torch.Tensor]:
-    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
-
-    Blocks normally share one device; blocks spread over several devices cost
-    one read for each, each queued on its own device after the ``settled``
-    events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
-    in the order given; blocks already on the CPU come back as they are.
-    """
-    host: list[torch.Tensor | None] = [None] * len(blocks)
-    for device, indices in blocks_by_device(blocks).items():
-        if device.type == "cpu":  # already on the host: no copy
-            for i in indices:
-                host[i] = blocks[i]
-            continue
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                wait_for(device, settled or {})
-                stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
-        else:
-            stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
-        offset = 0
-        for i in indices:
-            rows = blocks[i].shape[0]
-            host[i] = stacked[offset : offset + rows]
-            offset += rows
-    return [block for block in host if block is not None]
-
-
-def read_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack single device rows ``[7]`` and read them in one transfer: ``[len(rows), 7]``."""
-    if not rows:
-        return torch.empty((0, ROW_WIDTH), dtype=torch.float64)
-    return torch.cat(read_blocks([row.unsqueeze(0) for row in rows]))

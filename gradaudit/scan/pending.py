@@ -29,6 +29,7 @@ from gradaudit.engine.dtypes import (
     not_audited_reason,
 )
 from gradaudit.engine.fpmode import ieee_mode
+from gradaudit.engine.host_read import blocks_by_device, read_blocks, wait_for
 from gradaudit.engine.kernels import Engine
 from gradaudit.engine.options import IN_MEMORY, EngineOptions, choose
 from gradaudit.engine.staging import CudaChannel, HostToDevice
@@ -36,11 +37,8 @@ from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     StatsCollector,
-    blocks_by_device,
     empty_row,
     merge_rows,
-    read_blocks,
-    wait_for,
 )
 from gradaudit.engine.triton_plan import release_finished
 from gradaudit.io.base import TensorRun

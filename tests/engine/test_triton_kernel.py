@@ -27,7 +27,8 @@ if not torch.cuda.is_available():
 from gradaudit import audit
 from gradaudit.engine import triton_kernel
 from gradaudit.engine.kernels import Engine
-from gradaudit.engine.stats import SCALE, SSQ, HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit.engine.stats import SCALE, SSQ, StatsCollector, uses_triton
+from gradaudit.results.row import HostRow
 from gradaudit.scan.pending import PendingStats
 from tests.engine.test_native import flat_tensors
 from tests.engine.test_stats import assert_matches_reference
@@ -128,7 +129,7 @@ def test_collector_sends_what_triton_takes_and_the_rest_to_eager() -> None:
     }
     collector = StatsCollector(engine="triton")
     rows = [collector.row(t.to(DEVICE)) for t in tensors.values()]
-    for tensor, values in zip(tensors.values(), read_rows(rows).tolist(), strict=True):
+    for tensor, values in zip(tensors.values(), torch.stack(rows).cpu().tolist(), strict=True):
         assert_matches_reference(tensor, HostRow.from_values(values))
     assert collector.engine_used == "triton+eager"
 
@@ -219,7 +220,9 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
         pending = PendingStats(collector=collector)
         pending.add_all({name: piece.to(DEVICE) for name, piece in pieces.items()})
         rows = [collector.row(tensor.to(DEVICE)), *pending.rows]
-        for got, values in zip((tensor, *pieces.values()), read_rows(rows).tolist(), strict=True):
+        for got, values in zip(
+            (tensor, *pieces.values()), torch.stack(rows).cpu().tolist(), strict=True
+        ):
             assert_matches_reference(got, HostRow.from_values(values))
         assert collector.engine_used == "eager"
     assert len(tries) == 1
@@ -329,7 +332,7 @@ def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.Monkey
     rows = pending.rows
     assert counting.launches == ["rows", "rows", "rows", "merge"]
     assert pending._collector.engine_used == "triton"
-    for tensor, values in zip(tensors, read_rows(list(rows)).tolist(), strict=True):
+    for tensor, values in zip(tensors, torch.stack(list(rows)).cpu().tolist(), strict=True):
         assert_matches_reference(tensor, HostRow.from_values(values))
 
 
