@@ -67,7 +67,7 @@ from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTE
 from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
 from gradaudit.engine.native_rows import NativeBatch, native_threads
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
-from gradaudit.errors import UsageError
+from gradaudit.engine.routes import TritonRoutes, resolve_engine
 from gradaudit.results.row import MAX_ABS as MAX_ABS
 from gradaudit.results.row import NAN as NAN
 from gradaudit.results.row import NEG_INF as NEG_INF
@@ -100,38 +100,6 @@ def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     return row
 
 
-class EngineUnavailable(UsageError):
-    """``--engine native`` or ``triton`` was asked for, but it is not built or installed."""
-
-
-def resolve_engine(engine: Engine | str) -> Engine:
-    """The engine for CPU tensors: ``auto`` -> native when built, else eager.
-
-    ``native`` must be built and ``triton`` installed. Which kernel reduces
-    CUDA tensors under ``auto`` is :func:`uses_triton`'s answer.
-    """
-    engine = Engine(engine)
-    if engine is Engine.AUTO:
-        return Engine.NATIVE if native.available() else Engine.EAGER
-    if engine is Engine.NATIVE and not native.available():
-        raise EngineUnavailable(
-            "the native kernel is not built (reinstall gradaudit with a C compiler "
-            "present); use --engine eager or auto"
-        )
-    if engine is Engine.TRITON and not triton_kernel.installed():
-        raise EngineUnavailable(
-            "Triton is not installed (PyTorch's CUDA builds bring it; or pip install "
-            "triton); use --engine eager or auto"
-        )
-    return engine
-
-
-def uses_triton(engine: Engine | str) -> bool:
-    """Whether the Triton kernel reduces the blocks it takes: asked for, or ``auto`` with Triton."""
-    engine = Engine(engine)
-    return engine is Engine.TRITON or (engine is Engine.AUTO and triton_kernel.installed())
-
-
 class StatsCollector:
     """Turns tensors into stats rows on their device; never reads a value back.
 
@@ -159,15 +127,8 @@ class StatsCollector:
         self.histograms = histograms
         #: Ticket -> its histogram (on the tensor's device), once computed.
         self._histogram_of: dict[int, torch.Tensor] = {}
-        # Blocks the Triton kernel takes go to it: on CUDA (under auto too), and
-        # on the CPU through its interpreter when it was asked for by name.
-        self._triton = uses_triton(engine)
-        self._triton_asked = Engine(engine) is Engine.TRITON
-        if self._triton_asked and triton_kernel.failure() is not None:
-            raise _triton_unavailable(triton_kernel.failure())
-        self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
-        #: Whether tensors off CUDA may be Triton's (the CPU, through the interpreter).
-        self._triton_off_cuda = self._triton_asked
+        #: What the Triton kernel takes, its waiting batches and plans.
+        self._routes = TritonRoutes(engine)
         # Half the budget for the kernel's scratch (chunks and buckets share it)...
         fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
         #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
@@ -191,7 +152,6 @@ class StatsCollector:
         self._bucket_bytes = 0
         self.peak_bucket_bytes = 0
         self._kernel: RowKernel = make_kernel(self.engine)
-        self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
         self._native_codes = native.codes() if self._native else {}
         self._threads = native_threads()
@@ -205,18 +165,10 @@ class StatsCollector:
         self._buckets: dict[tuple[torch.device, torch.dtype, int, int], Bucket] = {}
         self._blocks: list[torch.Tensor] = []
         self._layout = RowLayout()
-        #: The planned flush of the last list of tensors :meth:`submit_planned` took, per
-        #: device (``None``: one list came, not planned); shared with every :meth:`fresh`
-        #: collector (a training loop's next step).
-        self._plans: dict[torch.device, triton_plan.TritonPlan | None] = {}
         self._new_streams()
 
     def _new_streams(self) -> None:
-        """No Triton batch waiting, no CUDA device touched, no settle event yet."""
-        #: Tensors waiting for one Triton launch per dtype, per device.
-        self._triton_batches: dict[torch.device, triton_kernel.TritonBatch] = {}
-        #: (device, dtype) -> the batch its tensors join, or None (not Triton's).
-        self._triton_routes: dict[tuple[torch.device, torch.dtype], object] = {}
+        """No CUDA device touched, no settle event yet."""
         #: CUDA devices with work queued since the last settle.
         self._touched: dict[torch.device, None] = {}
         #: One event per (device, stream) the kernels ran on, recorded at each settle.
@@ -233,7 +185,7 @@ class StatsCollector:
         if tensor.is_cuda:
             self._queued_on_cuda(tensor)
         if (self._native and native.handles(tensor)) or (
-            tensor.is_contiguous() and self._takes_triton(tensor)
+            tensor.is_contiguous() and self._routes.takes(tensor)
         ):
             return self._chunk_row(tensor)[0]  # whole: single-pass kernels need no chunks
         if tensor.is_complex():  # a chunk at a time: the moduli are a float64 copy
@@ -267,81 +219,13 @@ class StatsCollector:
         tensor.record_stream(torch.cuda.current_stream(tensor.device))
         self._touched[tensor.device] = None
 
-    def _triton_batch(self, tensor: torch.Tensor) -> triton_kernel.TritonBatch | None:
-        """The batch a contiguous tensor joins, or ``None`` when Triton does not take it.
-
-        Decided once per (device, dtype) for each settle: this runs for every
-        tensor, and with hundreds of them per step its cost is the host's.
-        """
-        key = (tensor.device, tensor.dtype)
-        batch = self._triton_routes.get(key, _UNDECIDED)
-        if batch is _UNDECIDED:
-            batch = self._route(key, tensor)
-        if batch is _COLD:
-            if not triton_kernel.defer(tensor.numel() * tensor.element_size()):
-                return None
-            # This tensor reached COMPILE_AFTER_BYTES: decided again, it and the later ones
-            # join the batch. A kept cold route sent each of them through row() alone (two
-            # launches, a table copy and two allocations per tensor).
-            batch = self._route(key, tensor)
-            if batch is _COLD:
-                return None
-        return batch  # type: ignore[return-value]
-
-    def _route(self, key: tuple[torch.device, torch.dtype], tensor: torch.Tensor) -> object:
-        """Decide (and remember until the next settle) where ``key``'s tensors go: a
-        Triton batch, ``_COLD`` (eager while ``auto`` waits to compile) or ``None``."""
-        route: object = None
-        if self._takes_triton(tensor):
-            route = self._triton_batches.get(key[0])
-            if route is None:
-                route = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
-        elif self._cold(tensor):
-            route = _COLD
-        self._triton_routes[key] = route
-        return route
-
-    def _cold(self, tensor: torch.Tensor) -> bool:
-        """Whether Triton would take ``tensor`` but ``auto`` waits before compiling for it."""
-        return (
-            not self._triton_asked
-            and triton_kernel.takes(tensor)
-            and not triton_kernel.compile_worth(tensor.device)
-        )
-
-    def _takes_triton(self, block: torch.Tensor) -> bool:
-        if not (self._triton and block.device.type in self._triton_devices):
-            return False
-        if self._triton_asked and triton_kernel.failure() is not None:
-            raise _triton_unavailable(triton_kernel.failure())
-        if not self._triton_asked and not triton_kernel.compile_worth(block.device):
-            return False  # auto, cold: eager until the data is worth a compile
-        return triton_kernel.takes(block)
-
-    def _triton_failed(self, error: Exception) -> None:
-        """Triton compiles on first use and needs a C compiler and a supported GPU.
-
-        Whatever stops it is remembered for the whole process
-        (:func:`~gradaudit.engine.triton_kernel.failure`): ``auto`` goes on with the
-        eager kernel and never tries again, ``triton`` asked for by name is a
-        usage error.
-        """
-        cause = triton_kernel.record_failure(error)
-        if self._triton_asked:
-            raise _triton_unavailable(cause) from None
-
     def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
-        if self._takes_triton(block):
-            try:
-                rows = self._triton_kernel(block)
-            except Exception as error:  # noqa: BLE001
-                self._triton_failed(error)
-            else:
-                triton_kernel.mark_warm(block.device)
-                self._ran["triton"] = None
-                return rows
-        return self._fallback_rows(block)
+        rows = self._routes.rows(block)
+        if rows is None:
+            return self._fallback_rows(block)
+        self._ran["triton"] = None
+        return rows
 
     def _fallback_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows by the engine's own kernel, a chunk at a time.
@@ -362,7 +246,7 @@ class StatsCollector:
         """dtype -> native code, for the CPU tensors this collector hands to the native
         kernel as they are (:meth:`submit_native`); empty when it hands it none (another
         engine, or Triton asked for by name, which takes CPU tensors too)."""
-        return {} if self._triton_off_cuda else self._native_codes
+        return {} if self._routes.off_cuda else self._native_codes
 
     @property
     def engine_used(self) -> str:
@@ -397,12 +281,12 @@ class StatsCollector:
             tensor = complex_magnitudes(tensor)  # small: its float64 moduli, reduced as such
         # Under auto only CUDA tensors can be Triton's: CPU tensors skip the lookup.
         if (
-            self._triton
-            and (tensor.is_cuda or self._triton_off_cuda)
+            self._routes.enabled
+            and (tensor.is_cuda or self._routes.off_cuda)
             and numel
             and tensor.is_contiguous()
         ):
-            batch = self._triton_batch(tensor)
+            batch = self._routes.batch_for(tensor)
             if batch is not None and batch.add(tensor, ticket):
                 return ticket
         if tensor.is_cuda:
@@ -517,65 +401,18 @@ class StatsCollector:
         (``auto`` waiting to compile), histograms asked for, or addresses the plan cannot
         use this step. The caller then submits the tensors one by one.
         """
-        if not (self._triton and tensors) or self.histograms or not triton_plan.plain(tensors):
+        if self.histograms:
             return None
-        device = tensors[0].device
-        if device.type not in self._triton_devices:
+        launched = self._routes.launch_planned(tensors)
+        if launched is None:
             return None
-        if device not in self._plans:
-            # The first list of this collector (and its fresh ones) on this device: planning
-            # costs about the per-tensor flush for 420 tensors (0.86-0.90 against 0.95 ms)
-            # and more for 10,000 (39 against 27 ms), and a one-off audit never comes back
-            # to use the plan (bench_gpu --host-cost-only, load 3.3).
-            self._plans[device] = None
-            return None
-        known = self._plans.get(device)
-        try:
-            addresses = None if known is None else known.pointers(tensors)
-            plan = known
-            if addresses is None or plan is None:
-                plan = self._plan(tensors)
-                if plan is None:
-                    return None
-                addresses = triton_plan.pointers(tensors)
-        except RuntimeError:  # a layout without contiguity or an address (sparse)
-            return None
-        for first in plan.firsts:
-            if not self._takes_triton(tensors[first]):  # decided per dtype group
-                return None
-        host = plan.table(addresses)
-        if host is None:
-            return None
-        triton_plan.release_finished()
-        try:
-            out = plan.launch(tensors, host)
-        except Exception as error:  # noqa: BLE001 (a compile or launch failure, as in settle)
-            self._triton_failed(error)
-            return None
-        triton_plan.hold(device, tensors)
+        out, plan = launched
         self._blocks.append(out)
         tickets = self._layout.new_placed(plan.rows_of, plan.rows)
-        if device.type == "cuda":
-            self._touched[device] = None
-            triton_kernel.mark_warm(device)
+        if tensors[0].is_cuda:
+            self._touched[tensors[0].device] = None
         self._ran["triton"] = None
         return tickets, plan
-
-    def _plan(self, tensors: list[torch.Tensor]) -> triton_plan.TritonPlan | None:
-        """A new plan for ``tensors`` (kept for the next list), or ``None`` when the Triton
-        kernel would not take each of them as it is."""
-        if not triton_plan.takes_dtypes(tensors) or not all(
-            map(torch.Tensor.is_contiguous, tensors)
-        ):
-            return None
-        if 0 in map(torch.Tensor.numel, tensors):
-            return None
-        if len(set(map(torch.Tensor.get_device, tensors))) != 1:
-            return None
-        device = tensors[0].device
-        plan = triton_plan.TritonPlan(tensors, triton_kernel.sms_of(device))
-        self._plans[device] = plan
-        return plan
 
     def settle(self) -> None:
         """Reduce the native batch and launch the Triton batches now: until then their
@@ -590,10 +427,9 @@ class StatsCollector:
         """
         if self._batch:
             self._reduce_batch()
-        if self._triton_batches:
+        if self._routes.batches:
             self._launch_triton()
-        # Routes are decided once per settle: a cold one must not outlive it either.
-        self._triton_routes = {}
+        self._routes.forget_routes()
         if self._touched:
             for device in self._touched:
                 stream = torch.cuda.current_stream(device)
@@ -613,23 +449,15 @@ class StatsCollector:
 
     def _launch_triton(self) -> None:
         """One launch per dtype and device for every tensor in the Triton batches."""
-        batches, self._triton_batches = self._triton_batches, {}
-        self._triton_routes = {}
-        for device, batch in batches.items():
+        for device, batch in self._routes.take_batches().items():
             if not len(batch):
                 continue
-            try:
-                if triton_kernel.failure() is not None:  # failed since these were queued
-                    raise _triton_unavailable(triton_kernel.failure())
-                out, tickets = batch.launch()
-            except Exception as error:
-                if not isinstance(error, EngineUnavailable):
-                    self._triton_failed(error)
-                elif self._triton_asked:
-                    raise
+            launched = self._routes.launch(batch)
+            if launched is None:
                 for tensor, ticket in batch.entries():  # auto: the eager kernel takes them
                     self._add_block(self._fallback_whole(tensor), [ticket])
                 continue
+            out, tickets = launched
             if device.type == "cuda":
                 self._touched[device] = None
                 triton_kernel.mark_warm(device)
@@ -666,6 +494,7 @@ class StatsCollector:
         other._histogram_of = {}
         other._new_batch()
         other._new_streams()
+        other._routes = self._routes.fresh()
         other._ran = {}
         return other
 
@@ -790,17 +619,6 @@ class StatsCollector:
         rows_per_block = max(1, step // row_elements)
         for start in range(0, tensor.shape[0], rows_per_block):
             yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
-
-
-_UNDECIDED = object()
-#: The route of tensors Triton would take while ``auto`` waits before compiling.
-_COLD = object()
-
-
-def _triton_unavailable(cause: str | None) -> EngineUnavailable:
-    return EngineUnavailable(
-        f"the Triton kernel could not run ({cause}); use --engine eager or auto"
-    )
 
 
 def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:

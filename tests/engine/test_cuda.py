@@ -427,7 +427,7 @@ def test_the_planned_flush_keeps_freed_gradients_until_its_kernels_read_them(
         torch.cuda._sleep(200_000_000)  # ~0.1 s: the kernels run long after this returns
         pending = PendingStats(collector=collector.fresh())
         pending.add_tensors(names, grads)
-    assert collector._plans[grads[0].device] is not None  # planned
+    assert collector._routes.plans[grads[0].device] is not None  # planned
     assert triton_plan.held() == int(side_stream)  # and held only off the default stream
     del grads  # freed while the kernels have not read them
     reuse = [torch.full((1 << 22,), math.nan, device="cuda") for _ in range(2)]
