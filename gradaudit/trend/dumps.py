@@ -19,6 +19,7 @@ from gradaudit.io.discover import BadInput, FileInput, expand_inputs, input_kind
 from gradaudit.io.files import check_regular_file
 from gradaudit.io.safetensors_map import MappedSafetensors
 from gradaudit.results import InputProblem
+from gradaudit.results.trend import NONFINITE_STEP_KEY
 from gradaudit.scan import torch_free
 
 #: ``__metadata__`` keys read as the dump's step, in order of preference.
@@ -26,11 +27,6 @@ STEP_METADATA_KEYS = ("step", "global_step")
 
 _INTEGER = re.compile(r"\s*[+-]?\d+\s*")
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
-
-#: ``__metadata__`` key of a monitor's dump: the step whose stats showed NaN/Inf, when that
-#: is not the step of the gradients the dump holds (``GradientMonitor`` without ``sync``
-#: learns of a NaN one call late and dumps the gradients of the call that learned it).
-NONFINITE_STEP_KEY = "nonfinite_step"
 
 
 @dataclass(frozen=True)
