@@ -112,7 +112,7 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     model = grafted_model()
     on_cpu = compare(model.host, model.seed)
     model.cuda()
-    engine = importlib.import_module("gradaudit.scan.pending")
+    engine = importlib.import_module("gradaudit.scan.readback")
     calls: list[int] = []
     real = engine.read_blocks
 
@@ -340,8 +340,8 @@ def test_prefetch_of_a_model_on_a_non_current_gpu(forced: Forced) -> None:
         torch.cuda._sleep(50_000_000)  # a busy cuda:0 must not matter
         pending = collect_async(tensors, engine=forced.engine)
         pending.prefetch()
-        assert pending._prefetched is not None
-        assert set(pending._prefetched[1]) == {torch.device("cuda", 1)}
+        assert pending._readback.prefetched is not None
+        assert set(pending._readback.prefetched[1]) == {torch.device("cuda", 1)}
         _assert_matches_host(pending.materialize(), tensors)
     forced.check()
 
@@ -359,8 +359,11 @@ def test_prefetch_with_rows_on_two_gpus(forced: Forced) -> None:
         pending.prefetch()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert pending._prefetched is not None
-    assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    assert pending._readback.prefetched is not None
+    assert set(pending._readback.prefetched[1]) == {
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    }
     _assert_matches_host(pending.materialize(), {**on_0, **on_1})
     forced.check()
 
