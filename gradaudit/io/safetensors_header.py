@@ -49,12 +49,12 @@ from gradaudit.io.safetensors_table import (
     fast_table,
     from_columns,
 )
+from gradaudit.io.sniff import SAFETENSORS_LENGTH_BYTES, classify_head
 from gradaudit.no_gc import paused_gc
 
 __all__ = [
     "MAX_HEADER_BYTES",
     "SafetensorsHeader",
-    "classify_head",
     "read_header",
     "read_header_open",
 ]
@@ -65,7 +65,6 @@ __all__ = [
 #: fail, which is exactly what this module exists to prevent.
 MAX_HEADER_BYTES = 100_000_000
 
-_LENGTH_BYTES = 8
 #: Shape dimensions must fit a signed 64-bit int: PyTorch refuses larger sizes even when
 #: another dimension is 0, and the library refuses running products above 2**64 - 1.
 _MAX_DIM = 2**63 - 1
@@ -92,26 +91,6 @@ class SafetensorsHeader:
     tensors: TensorTable = field(hash=False)
     #: The file the header was read from, when it was read (``None`` if unknown).
     identity: FileIdentity | None = field(default=None, compare=False)
-
-
-def classify_head(head: bytes, file_size: int) -> str | None:
-    """Say what the first bytes of a file look like (:func:`gradaudit.io.sniff.sniff` names it).
-
-    A plausible safetensors prefix wins over the other signatures: a valid header length
-    such as 640 starts with ``0x80 0x02``, which is also the start of a protocol-2 pickle.
-    """
-    if len(head) >= _LENGTH_BYTES:
-        (length,) = struct.unpack("<Q", head[:_LENGTH_BYTES])
-        rest = head[_LENGTH_BYTES:].lstrip(b" \t\r\n")
-        if 0 < length <= file_size - _LENGTH_BYTES and rest.startswith(b"{"):
-            return "safetensors-ish"
-    if head.startswith(b"PK\x03\x04"):
-        return "zip"
-    if head.startswith(b"version https://git-lfs"):
-        return "git-lfs"
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return "pickle"
-    return None
 
 
 def _is_count(value: Any, limit: int) -> bool:
@@ -313,10 +292,10 @@ def _read_exactly(handle: BinaryIO, count: int) -> bytes:
 
 def _read_content(path: str, handle: BinaryIO, size: int) -> SafetensorsHeader:
     """Read and validate the length prefix and the header that follows it."""
-    if size < _LENGTH_BYTES:
+    if size < SAFETENSORS_LENGTH_BYTES:
         raise Refused(f"too short to be a safetensors file ({size} bytes, need at least 8)")
-    (length,) = struct.unpack("<Q", _read_exactly(handle, _LENGTH_BYTES))
-    if length > size - _LENGTH_BYTES:
+    (length,) = struct.unpack("<Q", _read_exactly(handle, SAFETENSORS_LENGTH_BYTES))
+    if length > size - SAFETENSORS_LENGTH_BYTES:
         raise Refused(
             f"not a safetensors file: header length {length} is larger than the file ({size} bytes)"
         )
@@ -327,7 +306,7 @@ def _read_content(path: str, handle: BinaryIO, size: int) -> SafetensorsHeader:
         )
     if length == 0:
         raise Refused("not a safetensors file: header length is 0")
-    data_length = size - _LENGTH_BYTES - length
+    data_length = size - SAFETENSORS_LENGTH_BYTES - length
     metadata, tensors = _parse_header(_read_exactly(handle, length), data_length)
     return SafetensorsHeader(
         path=path,
