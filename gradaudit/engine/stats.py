@@ -38,7 +38,8 @@ How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
   through chunks and buckets (below), also reduced by Triton. The rest of
   this list is the eager kernel's (float64 and fp8 on CUDA, other devices,
   or ``--engine eager``).
-* A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
+* A large tensor is reduced in chunks of ``chunk_elements``
+  (:mod:`gradaudit.engine.chunks`); on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
   kernel hit the cache instead of memory. On other devices chunks are as
   large as the memory budget allows (``device_chunk_elements``), since each
@@ -52,16 +53,17 @@ How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 from __future__ import annotations
 
 import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from gradaudit.engine import native, triton_kernel, triton_plan
 from gradaudit.engine.buckets import Bucket, RowLayout, bucket_length
+from gradaudit.engine.chunks import ChunkedKernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
 from gradaudit.engine.histogram import exponent_histogram
-from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.kernels import Engine, complex_magnitudes
 from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS as BUCKET_MAX_ELEMENTS
 from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
 from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
@@ -78,16 +80,8 @@ from gradaudit.results.row import SSQ as SSQ
 from gradaudit.results.row import ZEROS as ZEROS
 from gradaudit.results.row import merge_rows as merge_rows
 
-#: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
-#: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
-DEFAULT_CHUNK_ELEMENTS = 1 << 18
-#: The compiled kernel makes a single pass, so it takes larger chunks to amortise its call cost.
-COMPILED_CHUNK_ELEMENTS = 1 << 22
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
-#: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
-#: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
-_SCRATCH_BYTES_PER_ELEMENT = 20
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -129,39 +123,19 @@ class StatsCollector:
         self._histogram_of: dict[int, torch.Tensor] = {}
         #: What the Triton kernel takes, its waiting batches and plans.
         self._routes = TritonRoutes(engine)
-        # Half the budget for the kernel's scratch (chunks and buckets share it)...
-        fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
-        #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
-        #: eager kernel a dozen launches, so they are as large as the budget allows.
-        self.device_chunk_elements = max(4096, min(COMPILED_CHUNK_ELEMENTS, fits))
-        if chunk_elements is None:
-            chunk_elements = (
-                COMPILED_CHUNK_ELEMENTS
-                if self.engine is Engine.COMPILED
-                else DEFAULT_CHUNK_ELEMENTS
-            )
-            chunk_elements = max(4096, min(chunk_elements, fits))
-        else:
-            self.device_chunk_elements = chunk_elements
-        if chunk_elements < 1:
-            raise ValueError("chunk_elements must be >= 1")
-        self.chunk_elements = chunk_elements
-        self.bucket_elements = min(BUCKET_ELEMENTS, chunk_elements)
+        #: The engine's own kernel, a chunk at a time (half the memory budget)...
+        self._eager = ChunkedKernel(self.engine, chunk_elements, memory_budget)
+        self.bucket_elements = min(BUCKET_ELEMENTS, self._eager.chunk_elements)
         # ...and the other half for buckets waiting to be filled.
         self.bucket_budget = max(memory_budget // 2, 8 * self.bucket_elements)
         self._bucket_bytes = 0
         self.peak_bucket_bytes = 0
-        self._kernel: RowKernel = make_kernel(self.engine)
         self._native = self.engine is Engine.NATIVE
         self._native_codes = native.codes() if self._native else {}
         self._threads = native_threads()
-        self._fallback = (
-            Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
-        )
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
         self._new_batch()
-        self._upcast: dict[tuple[torch.device, int], torch.Tensor] = {}
         self._buckets: dict[tuple[torch.device, torch.dtype, int, int], Bucket] = {}
         self._blocks: list[torch.Tensor] = []
         self._layout = RowLayout()
@@ -189,9 +163,9 @@ class StatsCollector:
         ):
             return self._chunk_row(tensor)[0]  # whole: single-pass kernels need no chunks
         if tensor.is_complex():  # a chunk at a time: the moduli are a float64 copy
-            rows = [self._chunk_row(complex_magnitudes(c)) for c in self._chunks(tensor)]
+            rows = [self._chunk_row(complex_magnitudes(c)) for c in self._eager.chunks(tensor)]
         else:
-            rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
+            rows = [self._chunk_row(chunk) for chunk in self._eager.chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
@@ -228,18 +202,20 @@ class StatsCollector:
         return rows
 
     def _fallback_rows(self, block: torch.Tensor) -> torch.Tensor:
-        """Rows by the engine's own kernel, a chunk at a time.
+        """Rows by the engine's own kernel, a chunk at a time (:class:`ChunkedKernel`)."""
+        rows = self._eager.rows(block)
+        self._ran[self._eager.engine.value] = None
+        return rows
 
-        A whole tensor comes here when the Triton kernel failed on it: chunks keep
-        the eager kernel's scratch within the memory budget.
-        """
-        step = self._step(block.device)
-        if block.shape[0] == 1 and block.shape[1] > step:
-            pieces = _pieces(block.view(-1), step)
-            rows = torch.cat([self._fallback_rows(piece.view(1, -1)) for piece in pieces])
-            return merge_rows(rows).unsqueeze(0)
-        self._ran[self._fallback.value] = None
-        return self._kernel(self._upcast_for_eager(block))
+    @property
+    def chunk_elements(self) -> int:
+        """Elements per chunk of a CPU tensor the engine's own kernel reduces."""
+        return self._eager.chunk_elements
+
+    @property
+    def device_chunk_elements(self) -> int:
+        """Elements per chunk of a tensor on another device (as large as the budget allows)."""
+        return self._eager.device_chunk_elements
 
     @property
     def cpu_native_codes(self) -> Mapping[torch.dtype, int]:
@@ -468,7 +444,7 @@ class StatsCollector:
         """The row ``[1, 7]`` of a whole tensor by the engine's own kernel, in chunks."""
         if tensor.is_cuda:
             self._queued_on_cuda(tensor)
-        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._chunks(tensor)]
+        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._eager.chunks(tensor)]
         return rows[0] if len(rows) == 1 else merge_rows(torch.cat(rows)).unsqueeze(0)
 
     def adopt(self, row: torch.Tensor) -> int:
@@ -583,44 +559,3 @@ class StatsCollector:
         )
         used.zero_()  # padding must read as zero next time; stream-ordered on CUDA
         bucket.tickets.clear()
-
-    # -- helpers ----------------------------------------------------------------
-
-    def _upcast_for_eager(self, block: torch.Tensor) -> torch.Tensor:
-        """A half or fp8 block copied to float32 (the eager kernel's input), in a reused buffer."""
-        if self._fallback is not Engine.EAGER or block.dtype == work_dtype(block.dtype):
-            return block
-        key = (block.device, stream_key(block.device))
-        buffer = self._upcast.get(key)
-        if buffer is None or buffer.numel() < block.numel():
-            buffer = torch.empty(
-                max(block.numel(), self._step(block.device)),
-                dtype=torch.float32,
-                device=block.device,
-            )
-            self._upcast[key] = buffer
-        return buffer[: block.numel()].view(block.shape).copy_(block)
-
-    def _step(self, device: torch.device) -> int:
-        """Elements per chunk on ``device``: cache-sized on the CPU, budget-sized elsewhere."""
-        return self.chunk_elements if device.type == "cpu" else self.device_chunk_elements
-
-    def _chunks(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
-        """1-D pieces of at most ``chunk_elements`` elements, never a copy of the whole tensor.
-
-        A non-contiguous tensor is cut along dim 0 first, so only one block of
-        rows is ever made contiguous.
-        """
-        step = self._step(tensor.device)
-        if tensor.is_contiguous():
-            yield from _pieces(tensor.reshape(-1), step)
-            return
-        row_elements = tensor.numel() // tensor.shape[0]
-        rows_per_block = max(1, step // row_elements)
-        for start in range(0, tensor.shape[0], rows_per_block):
-            yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
-
-
-def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
-    for start in range(0, flat.numel(), step):
-        yield flat[start : start + step]

@@ -353,7 +353,7 @@ def test_chunks_are_cache_sized_on_the_cpu_and_budget_sized_elsewhere(
         return torch.zeros((block.shape[0], 7), dtype=torch.float64, device=block.device)
 
     collector = StatsCollector(engine="eager")
-    monkeypatch.setattr(collector, "_kernel", counting)
+    monkeypatch.setattr(collector._eager, "_kernel", counting)
     numel = 1 << 23
     collector.row(torch.empty(numel, device="meta"))
     collector.row(torch.zeros(numel))
