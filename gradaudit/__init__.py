@@ -90,9 +90,9 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time names resolve on first 
         FindingAction,
         GradientMonitor,
         LocateMode,
-        MonitorRecord,
         NonFiniteAction,
     )
+    from gradaudit.training.record import MonitorRecord
     from gradaudit.trend.builder import TrendBuilder, trend_paths
 
 #: Public name -> the module that defines it. Importing one resolves it (PEP 562):
@@ -139,7 +139,7 @@ _LAZY: dict[str, str] = {
     "named_gradients": "gradaudit.training.gradients",
     "GradientMonitor": "gradaudit.training.monitor",
     "LocateMode": "gradaudit.training.monitor",
-    "MonitorRecord": "gradaudit.training.monitor",
+    "MonitorRecord": "gradaudit.training.record",
     "NonFiniteAction": "gradaudit.training.monitor",
     "FindingAction": "gradaudit.training.monitor",
     "DivergenceAction": "gradaudit.training.monitor",

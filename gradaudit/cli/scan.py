@@ -48,7 +48,7 @@ from gradaudit.report.precision_table import render_precision
 from gradaudit.report.text import plural
 from gradaudit.results import Report
 from gradaudit.results.verdict import exit_code
-from gradaudit.scan.torchrun import launched_as_rank, parent_command, torchrun_env
+from gradaudit.scan.torchrun import TorchrunEnv, launched_as_rank, parent_command, torchrun_env
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -187,19 +187,7 @@ def scan(
         total = input_bytes(paths, recursive=recursive)
         # Only the human table gets a bar by default; machine formats never do.
         machine = (settings.format or OutputFormat.TABLE) is not OutputFormat.TABLE
-        job = None if distributed is False else torchrun_env()
-        if job is not None and distributed is None and not launched_as_rank(parent_command()):
-            # RANK/WORLD_SIZE inherited from a training job's rank (a subprocess of it):
-            # joining would wait forever for ranks that never come.
-            say(
-                f"note: RANK={job.rank} and WORLD_SIZE={job.world_size} are set, but this "
-                "process was not started by torchrun: scanning alone (--distributed joins)"
-            )
-            job = None
-        if distributed and job is None:
-            raise UsageError(
-                "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
-            )
+        job = _torchrun_job(distributed)
         engine_options = EngineOptions(
             device=settings.device or "auto",
             chunk_elements=chunk_elements,
@@ -215,34 +203,8 @@ def scan(
         }
         if precision is not None:
             options["histograms"] = True
-        show_progress = wants_progress(progress, machine, total)
-        # The scan core imports torch (~1.2 s): only here, so that --help, --version and
-        # shell completion start in a fraction of that; and not at all for the commonest
-        # scan, safetensors files on the CPU with the native kernel.
-        if job is not None:
-            from gradaudit.scan.distributed import scan_under_torchrun  # torch: see above
-
-            report = scan_under_torchrun(paths, job, **options)
-            if job.rank != 0:  # every rank has the report; rank 0 alone prints it
-                raise typer.Exit(int(exit_code(report)))
-        elif (
-            torch_free := _scan_without_torch(
-                paths,
-                engine_options,
-                precision=precision,
-                thresholds=thresholds,
-                include=include or (),
-                exclude=exclude or (),
-                recursive=recursive,
-                bar=(total, show_progress),
-            )
-        ) is not None:
-            report = torch_free
-        else:
-            from gradaudit.scan.paths import scan_paths  # torch: see above
-
-            with progress_bar(total, show_progress) as advance:
-                report = scan_paths(paths, progress=advance, **options)
+        bar = (total, wants_progress(progress, machine, total))
+        report = _scan_report(paths, job, options, precision=precision, bar=bar)
         headroom = None
         if precision is not None and report.tensors:
             # Judged before anything is printed: its findings are the report's, so the
@@ -260,6 +222,63 @@ def scan(
             table = (settings.format or OutputFormat.TABLE) is OutputFormat.TABLE
             _emit_precision(headroom, precision, visuals, table=table, show_all=show_all, top=top)
         raise typer.Exit(int(verdict))
+
+
+def _torchrun_job(distributed: bool | None) -> TorchrunEnv | None:
+    """The torchrun job this scan joins (``--distributed``; by default when run by
+    torchrun), or ``None`` to scan alone."""
+    job = None if distributed is False else torchrun_env()
+    if job is not None and distributed is None and not launched_as_rank(parent_command()):
+        # RANK/WORLD_SIZE inherited from a training job's rank (a subprocess of it):
+        # joining would wait forever for ranks that never come.
+        say(
+            f"note: RANK={job.rank} and WORLD_SIZE={job.world_size} are set, but this "
+            "process was not started by torchrun: scanning alone (--distributed joins)"
+        )
+        job = None
+    if distributed and job is None:
+        raise UsageError(
+            "--distributed: not started by torchrun (RANK and WORLD_SIZE > 1 are not set)"
+        )
+    return job
+
+
+def _scan_report(
+    paths: list[Path],
+    job: TorchrunEnv | None,
+    options: dict[str, Any],
+    *,
+    precision: Precision | None,
+    bar: tuple[int, bool],
+) -> Report:
+    """The report of one of the three scans: across torchrun's ranks, without torch when
+    it applies, else with torch (``options``: :func:`~gradaudit.scan.paths.scan_paths`')."""
+    # The scan core imports torch (~1.2 s): only here, so that --help, --version and
+    # shell completion start in a fraction of that; and not at all for the commonest
+    # scan, safetensors files on the CPU with the native kernel.
+    if job is not None:
+        from gradaudit.scan.distributed import scan_under_torchrun  # torch: see above
+
+        report = scan_under_torchrun(paths, job, **options)
+        if job.rank != 0:  # every rank has the report; rank 0 alone prints it
+            raise typer.Exit(int(exit_code(report)))
+        return report
+    torch_free = _scan_without_torch(
+        paths,
+        options["options"],
+        precision=precision,
+        thresholds=options["thresholds"],
+        include=options["include"],
+        exclude=options["exclude"],
+        recursive=options["recursive"],
+        bar=bar,
+    )
+    if torch_free is not None:
+        return torch_free
+    from gradaudit.scan.paths import scan_paths  # torch: see above
+
+    with progress_bar(*bar) as advance:
+        return scan_paths(paths, progress=advance, **options)
 
 
 def _scan_without_torch(

@@ -2,10 +2,10 @@
 
 Nothing here reads a device value back to the host. Every statistic of a
 tensor is a slot of a float64 *stats row* that stays on the tensor's device;
-rows are read back once by :func:`read_blocks` (the only host read of a whole
-scan). That is what lets a training loop collect between ``backward()`` and
-``optimizer.step()`` without stalling the stream, and it is proved by a test
-that collects on ``device="meta"``, where every host read raises.
+rows are read back once by :func:`~gradaudit.engine.host_read.read_blocks` (the
+only host read of a whole scan). That is what lets a training loop collect
+between ``backward()`` and ``optimizer.step()`` without stalling the stream, and
+it is proved by a test that collects on ``device="meta"``, where every host read raises.
 
 The stats row
 -------------
@@ -38,7 +38,8 @@ How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
   through chunks and buckets (below), also reduced by Triton. The rest of
   this list is the eager kernel's (float64 and fp8 on CUDA, other devices,
   or ``--engine eager``).
-* A large tensor is reduced in chunks of ``chunk_elements``; on the CPU a
+* A large tensor is reduced in chunks of ``chunk_elements``
+  (:mod:`gradaudit.engine.chunks`); on the CPU a
   chunk small enough to stay in cache lets the several passes of the eager
   kernel hit the cache instead of memory. On other devices chunks are as
   large as the memory budget allows (``device_chunk_elements``), since each
@@ -52,24 +53,23 @@ How the work is cut (the kernels live in :mod:`gradaudit.engine.kernels`)
 from __future__ import annotations
 
 import array
-import functools
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 
 from gradaudit.engine import native, triton_kernel, triton_plan
+from gradaudit.engine.buckets import Bucket, RowLayout, bucket_length
+from gradaudit.engine.chunks import ChunkedKernel
 from gradaudit.engine.devices import stream_key
 from gradaudit.engine.dtypes import AUDITED_DTYPES, dtype_name, work_dtype
 from gradaudit.engine.histogram import exponent_histogram
-from gradaudit.engine.kernels import Engine, RowKernel, complex_magnitudes, make_kernel
+from gradaudit.engine.kernels import Engine, complex_magnitudes
 from gradaudit.engine.native_rows import BUCKET_MAX_ELEMENTS as BUCKET_MAX_ELEMENTS
 from gradaudit.engine.native_rows import NATIVE_BATCH_BYTES as NATIVE_BATCH_BYTES
 from gradaudit.engine.native_rows import NATIVE_BATCH_TENSORS as NATIVE_BATCH_TENSORS
 from gradaudit.engine.native_rows import NativeBatch, native_threads
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET
-from gradaudit.errors import UsageError
+from gradaudit.engine.routes import TritonRoutes, resolve_engine
 from gradaudit.results.row import MAX_ABS as MAX_ABS
 from gradaudit.results.row import NAN as NAN
 from gradaudit.results.row import NEG_INF as NEG_INF
@@ -79,18 +79,9 @@ from gradaudit.results.row import SCALE as SCALE
 from gradaudit.results.row import SSQ as SSQ
 from gradaudit.results.row import ZEROS as ZEROS
 from gradaudit.results.row import merge_rows as merge_rows
-from gradaudit.results.row import row_norm as row_norm
 
-#: Elements of a large tensor reduced at once by the eager kernel. 2**18 float32
-#: elements (1 MiB) stay in the CPU's cache across the kernel's passes.
-DEFAULT_CHUNK_ELEMENTS = 1 << 18
-#: The compiled kernel makes a single pass, so it takes larger chunks to amortise its call cost.
-COMPILED_CHUNK_ELEMENTS = 1 << 22
 #: Elements in one bucket (all its rows, padding included).
 BUCKET_ELEMENTS = 1 << 18
-#: Scratch bytes per chunk element of the eager kernel: a float32 mask, a float32
-#: finite copy, a float64 copy for the sum of squares and a float32 upcast buffer.
-_SCRATCH_BYTES_PER_ELEMENT = 20
 
 
 def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -101,140 +92,6 @@ def empty_row(device: torch.device | str = "cpu") -> torch.Tensor:
     # (seen on an H200, docs/gpu.md): the collector must never sync a training step.
     row.narrow(0, SCALE, 1).fill_(1.0)
     return row
-
-
-@functools.lru_cache(maxsize=4096)
-def bucket_length(numel: int) -> int:
-    """The padded row length of a bucket for a tensor of ``numel`` elements.
-
-    Lengths step by a factor of 2**(1/4), rounded up to 64 elements, so
-    padding wastes at most about 19% of a bucket.
-    """
-    length = 64
-    while length < numel:
-        length = -(-int(length * 1.1892) // 64) * 64
-    return length
-
-
-@dataclass
-class _Bucket:
-    """Zero-padded rows of small tensors waiting to be reduced together."""
-
-    buffer: torch.Tensor
-    #: (ticket, numel) of each filled row, in row order.
-    tickets: list[tuple[int, int]] = field(default_factory=list)
-
-
-class _Layout:
-    """Where each ticket's row is: its index in the concatenation of the blocks.
-
-    Arrays of ints, not an object per tensor: with 100,000 tiny tensors
-    the bookkeeping per ticket is a visible part of the audit. The common
-    case (every row placed in ticket order, as one native batch after another
-    does) needs no gather at all.
-    """
-
-    def __init__(self) -> None:
-        #: Row of each ticket in the concatenated blocks; -1 while it waits in a batch or bucket.
-        #: int64, not a list: a list holds an int object (~36 bytes) per tensor.
-        self.rows: array.array[int] = array.array("q")
-        #: Zeros that bucket padding added to a ticket's row (bucketed tickets only).
-        self.padding: dict[int, int] = {}
-        #: Rows in the blocks so far, and tickets given a row.
-        self.placed = 0
-        self.tickets_placed = 0
-        self.in_order = True
-
-    def new_ticket(self) -> int:
-        self.rows.append(-1)
-        return len(self.rows) - 1
-
-    def place(
-        self, tickets: list[int], padding: list[int] | None, *, unused_rows: bool = False
-    ) -> None:
-        """The next block's rows belong to ``tickets``, in order (-1: a row of no ticket,
-        allowed with ``unused_rows``)."""
-        start, count = self.placed, len(tickets)
-        first = tickets[0] if count else 0
-        if unused_rows:
-            for offset, ticket in enumerate(tickets):
-                if ticket >= 0:
-                    self.rows[ticket] = start + offset
-                    self.tickets_placed += 1
-            self.in_order = False
-        elif count and tickets[-1] - first == count - 1:  # consecutive (tickets only grow)
-            self.rows[first : first + count] = array.array("q", range(start, start + count))
-            self.in_order = self.in_order and first == start
-            self.tickets_placed += count
-        else:
-            for offset, ticket in enumerate(tickets):
-                self.rows[ticket] = start + offset
-            self.in_order = False
-            self.tickets_placed += count
-        if padding is not None:
-            for ticket, zeros in zip(tickets, padding, strict=True):
-                if zeros:
-                    self.padding[ticket] = zeros
-        self.placed += count
-
-    def new_placed(self, rows_of: np.ndarray, rows: int) -> range:
-        """New tickets for a block of ``rows`` rows: ticket ``i``'s row is ``rows_of[i]`` (the
-        block's other rows belong to no ticket), placed at once (one numpy operation)."""
-        first, count = len(self.rows), len(rows_of)
-        self.rows.frombytes((rows_of + self.placed).astype(np.int64).tobytes())
-        self.tickets_placed += count
-        self.in_order = False
-        self.placed += rows
-        return range(first, first + count)
-
-    def check_placed(self) -> None:
-        assert self.tickets_placed == len(self.rows), "a ticket was never placed"
-
-    def index(self, tickets: Sequence[int]) -> tuple[list[int] | None, list[int] | None]:
-        """Rows to gather for ``tickets`` (``None``: the blocks as they are) and their padding."""
-        rows = self.rows
-        in_order = self.in_order and len(tickets) == self.placed
-        if in_order and array.array("q", tickets) == rows:
-            index = None  # rows[t] == t for every ticket, and tickets are 0..n-1 in order
-        else:
-            index = [rows[ticket] for ticket in tickets]
-        padding = None
-        if self.padding:
-            get = self.padding.get
-            padding = [get(ticket, 0) for ticket in tickets]
-        return index, padding
-
-
-class EngineUnavailable(UsageError):
-    """``--engine native`` or ``triton`` was asked for, but it is not built or installed."""
-
-
-def resolve_engine(engine: Engine | str) -> Engine:
-    """The engine for CPU tensors: ``auto`` -> native when built, else eager.
-
-    ``native`` must be built and ``triton`` installed. Which kernel reduces
-    CUDA tensors under ``auto`` is :func:`uses_triton`'s answer.
-    """
-    engine = Engine(engine)
-    if engine is Engine.AUTO:
-        return Engine.NATIVE if native.available() else Engine.EAGER
-    if engine is Engine.NATIVE and not native.available():
-        raise EngineUnavailable(
-            "the native kernel is not built (reinstall gradaudit with a C compiler "
-            "present); use --engine eager or auto"
-        )
-    if engine is Engine.TRITON and not triton_kernel.installed():
-        raise EngineUnavailable(
-            "Triton is not installed (PyTorch's CUDA builds bring it; or pip install "
-            "triton); use --engine eager or auto"
-        )
-    return engine
-
-
-def uses_triton(engine: Engine | str) -> bool:
-    """Whether the Triton kernel reduces the blocks it takes: asked for, or ``auto`` with Triton."""
-    engine = Engine(engine)
-    return engine is Engine.TRITON or (engine is Engine.AUTO and triton_kernel.installed())
 
 
 class StatsCollector:
@@ -264,64 +121,28 @@ class StatsCollector:
         self.histograms = histograms
         #: Ticket -> its histogram (on the tensor's device), once computed.
         self._histogram_of: dict[int, torch.Tensor] = {}
-        # Blocks the Triton kernel takes go to it: on CUDA (under auto too), and
-        # on the CPU through its interpreter when it was asked for by name.
-        self._triton = uses_triton(engine)
-        self._triton_asked = Engine(engine) is Engine.TRITON
-        if self._triton_asked and triton_kernel.failure() is not None:
-            raise _triton_unavailable(triton_kernel.failure())
-        self._triton_devices = frozenset({"cuda", "cpu"} if self._triton_asked else {"cuda"})
-        #: Whether tensors off CUDA may be Triton's (the CPU, through the interpreter).
-        self._triton_off_cuda = self._triton_asked
-        # Half the budget for the kernel's scratch (chunks and buckets share it)...
-        fits = 1 << max((memory_budget // (2 * _SCRATCH_BYTES_PER_ELEMENT)).bit_length() - 1, 0)
-        #: Chunks of tensors on accelerators: no cache to fit, and each chunk costs the
-        #: eager kernel a dozen launches, so they are as large as the budget allows.
-        self.device_chunk_elements = max(4096, min(COMPILED_CHUNK_ELEMENTS, fits))
-        if chunk_elements is None:
-            chunk_elements = (
-                COMPILED_CHUNK_ELEMENTS
-                if self.engine is Engine.COMPILED
-                else DEFAULT_CHUNK_ELEMENTS
-            )
-            chunk_elements = max(4096, min(chunk_elements, fits))
-        else:
-            self.device_chunk_elements = chunk_elements
-        if chunk_elements < 1:
-            raise ValueError("chunk_elements must be >= 1")
-        self.chunk_elements = chunk_elements
-        self.bucket_elements = min(BUCKET_ELEMENTS, chunk_elements)
+        #: What the Triton kernel takes, its waiting batches and plans.
+        self._routes = TritonRoutes(engine)
+        #: The engine's own kernel, a chunk at a time (half the memory budget)...
+        self._eager = ChunkedKernel(self.engine, chunk_elements, memory_budget)
+        self.bucket_elements = min(BUCKET_ELEMENTS, self._eager.chunk_elements)
         # ...and the other half for buckets waiting to be filled.
         self.bucket_budget = max(memory_budget // 2, 8 * self.bucket_elements)
         self._bucket_bytes = 0
         self.peak_bucket_bytes = 0
-        self._kernel: RowKernel = make_kernel(self.engine)
-        self._triton_kernel = triton_kernel.TritonKernel()
         self._native = self.engine is Engine.NATIVE
         self._native_codes = native.codes() if self._native else {}
         self._threads = native_threads()
-        self._fallback = (
-            Engine.EAGER if self.engine in (Engine.NATIVE, Engine.TRITON) else self.engine
-        )
         #: Names of the kernels that produced rows, in order of first use.
         self._ran: dict[str, None] = {}
         self._new_batch()
-        self._upcast: dict[tuple[torch.device, int], torch.Tensor] = {}
-        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], _Bucket] = {}
+        self._buckets: dict[tuple[torch.device, torch.dtype, int, int], Bucket] = {}
         self._blocks: list[torch.Tensor] = []
-        self._layout = _Layout()
-        #: The planned flush of the last list of tensors :meth:`submit_planned` took, per
-        #: device (``None``: one list came, not planned); shared with every :meth:`fresh`
-        #: collector (a training loop's next step).
-        self._plans: dict[torch.device, triton_plan.TritonPlan | None] = {}
+        self._layout = RowLayout()
         self._new_streams()
 
     def _new_streams(self) -> None:
-        """No Triton batch waiting, no CUDA device touched, no settle event yet."""
-        #: Tensors waiting for one Triton launch per dtype, per device.
-        self._triton_batches: dict[torch.device, triton_kernel.TritonBatch] = {}
-        #: (device, dtype) -> the batch its tensors join, or None (not Triton's).
-        self._triton_routes: dict[tuple[torch.device, torch.dtype], object] = {}
+        """No CUDA device touched, no settle event yet."""
         #: CUDA devices with work queued since the last settle.
         self._touched: dict[torch.device, None] = {}
         #: One event per (device, stream) the kernels ran on, recorded at each settle.
@@ -338,13 +159,13 @@ class StatsCollector:
         if tensor.is_cuda:
             self._queued_on_cuda(tensor)
         if (self._native and native.handles(tensor)) or (
-            tensor.is_contiguous() and self._takes_triton(tensor)
+            tensor.is_contiguous() and self._routes.takes(tensor)
         ):
             return self._chunk_row(tensor)[0]  # whole: single-pass kernels need no chunks
         if tensor.is_complex():  # a chunk at a time: the moduli are a float64 copy
-            rows = [self._chunk_row(complex_magnitudes(c)) for c in self._chunks(tensor)]
+            rows = [self._chunk_row(complex_magnitudes(c)) for c in self._eager.chunks(tensor)]
         else:
-            rows = [self._chunk_row(chunk) for chunk in self._chunks(tensor)]
+            rows = [self._chunk_row(chunk) for chunk in self._eager.chunks(tensor)]
         if len(rows) == 1:
             return rows[0][0]
         return merge_rows(torch.cat(rows))
@@ -372,102 +193,36 @@ class StatsCollector:
         tensor.record_stream(torch.cuda.current_stream(tensor.device))
         self._touched[tensor.device] = None
 
-    def _triton_batch(self, tensor: torch.Tensor) -> triton_kernel.TritonBatch | None:
-        """The batch a contiguous tensor joins, or ``None`` when Triton does not take it.
-
-        Decided once per (device, dtype) for each settle: this runs for every
-        tensor, and with hundreds of them per step its cost is the host's.
-        """
-        key = (tensor.device, tensor.dtype)
-        batch = self._triton_routes.get(key, _UNDECIDED)
-        if batch is _UNDECIDED:
-            batch = self._route(key, tensor)
-        if batch is _COLD:
-            if not triton_kernel.defer(tensor.numel() * tensor.element_size()):
-                return None
-            # This tensor reached COMPILE_AFTER_BYTES: decided again, it and the later ones
-            # join the batch. A kept cold route sent each of them through row() alone (two
-            # launches, a table copy and two allocations per tensor).
-            batch = self._route(key, tensor)
-            if batch is _COLD:
-                return None
-        return batch  # type: ignore[return-value]
-
-    def _route(self, key: tuple[torch.device, torch.dtype], tensor: torch.Tensor) -> object:
-        """Decide (and remember until the next settle) where ``key``'s tensors go: a
-        Triton batch, ``_COLD`` (eager while ``auto`` waits to compile) or ``None``."""
-        route: object = None
-        if self._takes_triton(tensor):
-            route = self._triton_batches.get(key[0])
-            if route is None:
-                route = self._triton_batches[key[0]] = triton_kernel.TritonBatch(key[0])
-        elif self._cold(tensor):
-            route = _COLD
-        self._triton_routes[key] = route
-        return route
-
-    def _cold(self, tensor: torch.Tensor) -> bool:
-        """Whether Triton would take ``tensor`` but ``auto`` waits before compiling for it."""
-        return (
-            not self._triton_asked
-            and triton_kernel.takes(tensor)
-            and not triton_kernel.compile_worth(tensor.device)
-        )
-
-    def _takes_triton(self, block: torch.Tensor) -> bool:
-        if not (self._triton and block.device.type in self._triton_devices):
-            return False
-        if self._triton_asked and triton_kernel.failure() is not None:
-            raise _triton_unavailable(triton_kernel.failure())
-        if not self._triton_asked and not triton_kernel.compile_worth(block.device):
-            return False  # auto, cold: eager until the data is worth a compile
-        return triton_kernel.takes(block)
-
-    def _triton_failed(self, error: Exception) -> None:
-        """Triton compiles on first use and needs a C compiler and a supported GPU.
-
-        Whatever stops it is remembered for the whole process
-        (:func:`~gradaudit.engine.triton_kernel.failure`): ``auto`` goes on with the
-        eager kernel and never tries again, ``triton`` asked for by name is a
-        usage error.
-        """
-        cause = triton_kernel.record_failure(error)
-        if self._triton_asked:
-            raise _triton_unavailable(cause) from None
-
     def _block_rows(self, block: torch.Tensor) -> torch.Tensor:
         """Rows of a block by the kernel that takes it: Triton's, else the engine's own."""
-        if self._takes_triton(block):
-            try:
-                rows = self._triton_kernel(block)
-            except Exception as error:  # noqa: BLE001
-                self._triton_failed(error)
-            else:
-                triton_kernel.mark_warm(block.device)
-                self._ran["triton"] = None
-                return rows
-        return self._fallback_rows(block)
+        rows = self._routes.rows(block)
+        if rows is None:
+            return self._fallback_rows(block)
+        self._ran["triton"] = None
+        return rows
 
     def _fallback_rows(self, block: torch.Tensor) -> torch.Tensor:
-        """Rows by the engine's own kernel, a chunk at a time.
+        """Rows by the engine's own kernel, a chunk at a time (:class:`ChunkedKernel`)."""
+        rows = self._eager.rows(block)
+        self._ran[self._eager.engine.value] = None
+        return rows
 
-        A whole tensor comes here when the Triton kernel failed on it: chunks keep
-        the eager kernel's scratch within the memory budget.
-        """
-        step = self._step(block.device)
-        if block.shape[0] == 1 and block.shape[1] > step:
-            pieces = _pieces(block.view(-1), step)
-            rows = torch.cat([self._fallback_rows(piece.view(1, -1)) for piece in pieces])
-            return merge_rows(rows).unsqueeze(0)
-        self._ran[self._fallback.value] = None
-        return self._kernel(self._upcast_for_eager(block))
+    @property
+    def chunk_elements(self) -> int:
+        """Elements per chunk of a CPU tensor the engine's own kernel reduces."""
+        return self._eager.chunk_elements
+
+    @property
+    def device_chunk_elements(self) -> int:
+        """Elements per chunk of a tensor on another device (as large as the budget allows)."""
+        return self._eager.device_chunk_elements
 
     @property
     def cpu_native_codes(self) -> Mapping[torch.dtype, int]:
         """dtype -> native code, for the CPU tensors this collector hands to the native
         kernel as they are (:meth:`submit_native`); empty when it hands it none (another
         engine, or Triton asked for by name, which takes CPU tensors too)."""
-        return {} if self._triton_off_cuda else self._native_codes
+        return {} if self._routes.off_cuda else self._native_codes
 
     @property
     def engine_used(self) -> str:
@@ -502,12 +257,12 @@ class StatsCollector:
             tensor = complex_magnitudes(tensor)  # small: its float64 moduli, reduced as such
         # Under auto only CUDA tensors can be Triton's: CPU tensors skip the lookup.
         if (
-            self._triton
-            and (tensor.is_cuda or self._triton_off_cuda)
+            self._routes.enabled
+            and (tensor.is_cuda or self._routes.off_cuda)
             and numel
             and tensor.is_contiguous()
         ):
-            batch = self._triton_batch(tensor)
+            batch = self._routes.batch_for(tensor)
             if batch is not None and batch.add(tensor, ticket):
                 return ticket
         if tensor.is_cuda:
@@ -540,7 +295,7 @@ class StatsCollector:
             while self._buckets and self._bucket_bytes + nbytes > self.bucket_budget:
                 self._evict_oldest_bucket()
             buffer = torch.zeros((rows, length), dtype=key[1], device=tensor.device)
-            bucket = self._buckets[key] = _Bucket(buffer)
+            bucket = self._buckets[key] = Bucket(buffer)
             self._bucket_bytes += nbytes
             self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._bucket_bytes)
         target = bucket.buffer[len(bucket.tickets), :numel]
@@ -622,65 +377,18 @@ class StatsCollector:
         (``auto`` waiting to compile), histograms asked for, or addresses the plan cannot
         use this step. The caller then submits the tensors one by one.
         """
-        if not (self._triton and tensors) or self.histograms or not triton_plan.plain(tensors):
+        if self.histograms:
             return None
-        device = tensors[0].device
-        if device.type not in self._triton_devices:
+        launched = self._routes.launch_planned(tensors)
+        if launched is None:
             return None
-        if device not in self._plans:
-            # The first list of this collector (and its fresh ones) on this device: planning
-            # costs about the per-tensor flush for 420 tensors (0.86-0.90 against 0.95 ms)
-            # and more for 10,000 (39 against 27 ms), and a one-off audit never comes back
-            # to use the plan (bench_gpu --host-cost-only, load 3.3).
-            self._plans[device] = None
-            return None
-        known = self._plans.get(device)
-        try:
-            addresses = None if known is None else known.pointers(tensors)
-            plan = known
-            if addresses is None or plan is None:
-                plan = self._plan(tensors)
-                if plan is None:
-                    return None
-                addresses = triton_plan.pointers(tensors)
-        except RuntimeError:  # a layout without contiguity or an address (sparse)
-            return None
-        for first in plan.firsts:
-            if not self._takes_triton(tensors[first]):  # decided per dtype group
-                return None
-        host = plan.table(addresses)
-        if host is None:
-            return None
-        triton_plan.release_finished()
-        try:
-            out = plan.launch(tensors, host)
-        except Exception as error:  # noqa: BLE001 (a compile or launch failure, as in settle)
-            self._triton_failed(error)
-            return None
-        triton_plan.hold(device, tensors)
+        out, plan = launched
         self._blocks.append(out)
         tickets = self._layout.new_placed(plan.rows_of, plan.rows)
-        if device.type == "cuda":
-            self._touched[device] = None
-            triton_kernel.mark_warm(device)
+        if tensors[0].is_cuda:
+            self._touched[tensors[0].device] = None
         self._ran["triton"] = None
         return tickets, plan
-
-    def _plan(self, tensors: list[torch.Tensor]) -> triton_plan.TritonPlan | None:
-        """A new plan for ``tensors`` (kept for the next list), or ``None`` when the Triton
-        kernel would not take each of them as it is."""
-        if not triton_plan.takes_dtypes(tensors) or not all(
-            map(torch.Tensor.is_contiguous, tensors)
-        ):
-            return None
-        if 0 in map(torch.Tensor.numel, tensors):
-            return None
-        if len(set(map(torch.Tensor.get_device, tensors))) != 1:
-            return None
-        device = tensors[0].device
-        plan = triton_plan.TritonPlan(tensors, triton_kernel.sms_of(device))
-        self._plans[device] = plan
-        return plan
 
     def settle(self) -> None:
         """Reduce the native batch and launch the Triton batches now: until then their
@@ -688,17 +396,16 @@ class StatsCollector:
 
         Callers whose tensors may change (gradients about to be zeroed or
         stepped) settle before handing control back; a file's data need not.
-        Readers of the rows (:func:`read_blocks`, ``PendingStats.prefetch``)
-        make their stream wait for the events, so rows collected on a side
-        stream are read after the kernels that wrote them, whatever stream
-        is current when they are read.
+        Readers of the rows (:func:`~gradaudit.engine.host_read.read_blocks`,
+        ``PendingStats.prefetch``) make their stream wait for the events, so rows
+        collected on a side stream are read after the kernels that wrote them,
+        whatever stream is current when they are read.
         """
         if self._batch:
             self._reduce_batch()
-        if self._triton_batches:
+        if self._routes.batches:
             self._launch_triton()
-        # Routes are decided once per settle: a cold one must not outlive it either.
-        self._triton_routes = {}
+        self._routes.forget_routes()
         if self._touched:
             for device in self._touched:
                 stream = torch.cuda.current_stream(device)
@@ -718,23 +425,15 @@ class StatsCollector:
 
     def _launch_triton(self) -> None:
         """One launch per dtype and device for every tensor in the Triton batches."""
-        batches, self._triton_batches = self._triton_batches, {}
-        self._triton_routes = {}
-        for device, batch in batches.items():
+        for device, batch in self._routes.take_batches().items():
             if not len(batch):
                 continue
-            try:
-                if triton_kernel.failure() is not None:  # failed since these were queued
-                    raise _triton_unavailable(triton_kernel.failure())
-                out, tickets = batch.launch()
-            except Exception as error:
-                if not isinstance(error, EngineUnavailable):
-                    self._triton_failed(error)
-                elif self._triton_asked:
-                    raise
+            launched = self._routes.launch(batch)
+            if launched is None:
                 for tensor, ticket in batch.entries():  # auto: the eager kernel takes them
                     self._add_block(self._fallback_whole(tensor), [ticket])
                 continue
+            out, tickets = launched
             if device.type == "cuda":
                 self._touched[device] = None
                 triton_kernel.mark_warm(device)
@@ -745,7 +444,7 @@ class StatsCollector:
         """The row ``[1, 7]`` of a whole tensor by the engine's own kernel, in chunks."""
         if tensor.is_cuda:
             self._queued_on_cuda(tensor)
-        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._chunks(tensor)]
+        rows = [self._fallback_rows(chunk.reshape(1, -1)) for chunk in self._eager.chunks(tensor)]
         return rows[0] if len(rows) == 1 else merge_rows(torch.cat(rows)).unsqueeze(0)
 
     def adopt(self, row: torch.Tensor) -> int:
@@ -767,10 +466,11 @@ class StatsCollector:
         other._buckets = {}
         other._bucket_bytes = 0
         other._blocks = []
-        other._layout = _Layout()
+        other._layout = RowLayout()
         other._histogram_of = {}
         other._new_batch()
         other._new_streams()
+        other._routes = self._routes.fresh()
         other._ran = {}
         return other
 
@@ -849,7 +549,7 @@ class StatsCollector:
         """An empty native batch: the tensors (kept alive) and their addresses, sizes, dtypes."""
         self._batch = NativeBatch()
 
-    def _reduce_bucket(self, bucket: _Bucket) -> None:
+    def _reduce_bucket(self, bucket: Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
         length = used.shape[1]
         self._add_block(
@@ -859,133 +559,3 @@ class StatsCollector:
         )
         used.zero_()  # padding must read as zero next time; stream-ordered on CUDA
         bucket.tickets.clear()
-
-    # -- helpers ----------------------------------------------------------------
-
-    def _upcast_for_eager(self, block: torch.Tensor) -> torch.Tensor:
-        """A half or fp8 block copied to float32 (the eager kernel's input), in a reused buffer."""
-        if self._fallback is not Engine.EAGER or block.dtype == work_dtype(block.dtype):
-            return block
-        key = (block.device, stream_key(block.device))
-        buffer = self._upcast.get(key)
-        if buffer is None or buffer.numel() < block.numel():
-            buffer = torch.empty(
-                max(block.numel(), self._step(block.device)),
-                dtype=torch.float32,
-                device=block.device,
-            )
-            self._upcast[key] = buffer
-        return buffer[: block.numel()].view(block.shape).copy_(block)
-
-    def _step(self, device: torch.device) -> int:
-        """Elements per chunk on ``device``: cache-sized on the CPU, budget-sized elsewhere."""
-        return self.chunk_elements if device.type == "cpu" else self.device_chunk_elements
-
-    def _chunks(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
-        """1-D pieces of at most ``chunk_elements`` elements, never a copy of the whole tensor.
-
-        A non-contiguous tensor is cut along dim 0 first, so only one block of
-        rows is ever made contiguous.
-        """
-        step = self._step(tensor.device)
-        if tensor.is_contiguous():
-            yield from _pieces(tensor.reshape(-1), step)
-            return
-        row_elements = tensor.numel() // tensor.shape[0]
-        rows_per_block = max(1, step // row_elements)
-        for start in range(0, tensor.shape[0], rows_per_block):
-            yield from _pieces(tensor[start : start + rows_per_block].reshape(-1), step)
-
-
-_UNDECIDED = object()
-#: The route of tensors Triton would take while ``auto`` waits before compiling.
-_COLD = object()
-
-
-def _triton_unavailable(cause: str | None) -> EngineUnavailable:
-    return EngineUnavailable(
-        f"the Triton kernel could not run ({cause}); use --engine eager or auto"
-    )
-
-
-def _pieces(flat: torch.Tensor, step: int) -> Iterator[torch.Tensor]:
-    for start in range(0, flat.numel(), step):
-        yield flat[start : start + step]
-
-
-@dataclass(frozen=True)
-class HostRow:
-    """One stats row after the host read, with the derived norm."""
-
-    nan: int
-    pos_inf: int
-    neg_inf: int
-    zeros: int
-    max_abs: float
-    norm: float
-
-    @classmethod
-    def from_values(cls, values: list[float]) -> HostRow:
-        return cls(
-            nan=int(values[NAN]),
-            pos_inf=int(values[POS_INF]),
-            neg_inf=int(values[NEG_INF]),
-            zeros=int(values[ZEROS]),
-            max_abs=values[MAX_ABS],
-            norm=row_norm(values),
-        )
-
-
-def blocks_by_device(blocks: list[torch.Tensor]) -> dict[torch.device, list[int]]:
-    """The indices of ``blocks`` on each device, in first-seen order."""
-    by_device: dict[torch.device, list[int]] = {}
-    for index, block in enumerate(blocks):
-        by_device.setdefault(block.device, []).append(index)
-    return by_device
-
-
-def wait_for(device: torch.device, events: Mapping[torch.device, list[torch.cuda.Event]]) -> None:
-    """Make ``device``'s current stream wait (on the device) for its settle events."""
-    if device.type != "cuda":
-        return
-    stream = torch.cuda.current_stream(device)
-    for event in events.get(device, ()):
-        stream.wait_event(event)
-
-
-def read_blocks(
-    blocks: list[torch.Tensor],
-    settled: Mapping[torch.device, list[torch.cuda.Event]] | None = None,
-) -> list[torch.Tensor]:
-    """Copy device blocks ``[k_i, 7]`` to the host: one transfer per device.
-
-    Blocks normally share one device; blocks spread over several devices cost
-    one read for each, each queued on its own device after the ``settled``
-    events of that device (:meth:`StatsCollector.settled`). Returns CPU blocks
-    in the order given; blocks already on the CPU come back as they are.
-    """
-    host: list[torch.Tensor | None] = [None] * len(blocks)
-    for device, indices in blocks_by_device(blocks).items():
-        if device.type == "cpu":  # already on the host: no copy
-            for i in indices:
-                host[i] = blocks[i]
-            continue
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                wait_for(device, settled or {})
-                stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
-        else:
-            stacked = torch.cat([blocks[i] for i in indices]).to("cpu")
-        offset = 0
-        for i in indices:
-            rows = blocks[i].shape[0]
-            host[i] = stacked[offset : offset + rows]
-            offset += rows
-    return [block for block in host if block is not None]
-
-
-def read_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack single device rows ``[7]`` and read them in one transfer: ``[len(rows), 7]``."""
-    if not rows:
-        return torch.empty((0, ROW_WIDTH), dtype=torch.float64)
-    return torch.cat(read_blocks([row.unsqueeze(0) for row in rows]))

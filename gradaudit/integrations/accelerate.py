@@ -39,7 +39,8 @@ import warnings
 import weakref
 from typing import Any
 
-from gradaudit.training.monitor import GradientMonitor, MonitorRecord
+from gradaudit.training.monitor import GradientMonitor
+from gradaudit.training.record import MonitorRecord
 
 __all__ = ["accelerate_step"]
 

@@ -46,7 +46,8 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from gradaudit.integrations.scalars import record_scalars
-from gradaudit.training.monitor import AdapterOptions, GradientMonitor, MonitorRecord
+from gradaudit.training.monitor import AdapterOptions, GradientMonitor
+from gradaudit.training.record import MonitorRecord
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments

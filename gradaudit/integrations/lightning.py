@@ -32,7 +32,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.training.monitor import AdapterOptions, GradientMonitor, MonitorRecord
+from gradaudit.training.monitor import AdapterOptions, GradientMonitor
+from gradaudit.training.record import MonitorRecord
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

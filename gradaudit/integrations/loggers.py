@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gradaudit.integrations.scalars import PREFIX, record_scalars
-from gradaudit.training.monitor import MonitorRecord
+from gradaudit.training.record import MonitorRecord
 
 __all__ = ["ScalarLogger", "TensorBoardLogger", "WandbLogger", "log_record"]
 

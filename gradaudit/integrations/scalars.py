@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from gradaudit.policy import FindingKind
-from gradaudit.training.monitor import MonitorRecord
+from gradaudit.training.record import MonitorRecord
 
 #: The prefix of every key.
 PREFIX = "gradaudit"

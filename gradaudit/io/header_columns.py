@@ -11,7 +11,7 @@ This module reads exactly that form (JSON whitespace allowed between tokens, key
 in that order, ``__metadata__`` first or absent) into columns: the names, one dtype
 code per tensor, and int64 arrays of ranks, dimensions and offsets. It only reads
 the grammar; whether the entries make a valid file (sizes, tiling, duplicates) is
-:func:`table_from_columns`'s job, shared with the JSON path.
+:func:`gradaudit.io.safetensors_table.from_columns`' job, shared with the JSON path.
 
 Anything else - an escape in a name, another key order, a negative, fractional or
 huge number, an unknown dtype, a non-UTF-8 name - returns ``None``: the full JSON

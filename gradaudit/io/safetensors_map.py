@@ -22,12 +22,8 @@ import numpy as np
 from gradaudit.errors import InputError
 from gradaudit.io.files import open_checked
 from gradaudit.io.mapguard import CHANGED_SIZE, MapGuard, check_path, same_file
-from gradaudit.io.safetensors_header import (
-    SIZES_BY_CODE,
-    SafetensorsHeader,
-    TensorTable,
-    read_header_open,
-)
+from gradaudit.io.safetensors_header import SafetensorsHeader, read_header_open
+from gradaudit.io.safetensors_table import SIZES_BY_CODE, TensorTable
 
 #: safetensors dtype spelling -> torch's name of the dtype (what every output prints).
 TORCH_NAMES: dict[str, str] = {

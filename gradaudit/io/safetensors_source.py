@@ -10,10 +10,11 @@ import torch
 
 from gradaudit.engine.dtypes import dtype_skip_reason, hides_values
 from gradaudit.io.base import Excluded, RunItem, Select, SourceItem, TensorRun
-from gradaudit.io.safetensors_header import DTYPE_NAMES, SafetensorsHeader
+from gradaudit.io.safetensors_header import SafetensorsHeader
 from gradaudit.io.safetensors_map import RUN_MAX_ELEMENTS as RUN_MAX_ELEMENTS
 from gradaudit.io.safetensors_map import RUN_TENSORS as RUN_TENSORS
 from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
+from gradaudit.io.safetensors_table import DTYPE_NAMES
 from gradaudit.results import Skipped
 
 #: safetensors dtype spelling -> torch dtype, for the dtypes this torch knows.

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import zipfile
 from dataclasses import dataclass
 
 from gradaudit.errors import InputError
 from gradaudit.io.files import describe_os_error, open_checked
 from gradaudit.io.pickle_scan import pickle_globals
-from gradaudit.io.safetensors_header import classify_head
 
+#: The little-endian header length that starts a safetensors file.
+SAFETENSORS_LENGTH_BYTES = 8
 #: Bytes read to identify a file: enough for every signature below (tar's is at 257).
 HEAD_BYTES = 512
 
@@ -56,6 +58,27 @@ class Sniffed:
     #: For a message: "a gzip-compressed file", "a Python pickle", ...; "" when unknown.
     description: str
     size: int
+
+
+def classify_head(head: bytes, file_size: int) -> str | None:
+    """Say what the first bytes of a file look like (:func:`sniff` names it; the safetensors
+    validator words its refusal by it).
+
+    A plausible safetensors prefix wins over the other signatures: a valid header length
+    such as 640 starts with ``0x80 0x02``, which is also the start of a protocol-2 pickle.
+    """
+    if len(head) >= SAFETENSORS_LENGTH_BYTES:
+        (length,) = struct.unpack("<Q", head[:SAFETENSORS_LENGTH_BYTES])
+        rest = head[SAFETENSORS_LENGTH_BYTES:].lstrip(b" \t\r\n")
+        if 0 < length <= file_size - SAFETENSORS_LENGTH_BYTES and rest.startswith(b"{"):
+            return "safetensors-ish"
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if head.startswith(b"version https://git-lfs"):
+        return "git-lfs"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    return None
 
 
 def _is_text_pickle(head: bytes) -> bool:

@@ -2,7 +2,7 @@
 
 A file can hold a million tiny tensors; one frozen object per tensor (header entry,
 stats, finding) costs hundreds of bytes and a constructor call each, so the header
-(:class:`~gradaudit.io.safetensors_header.TensorTable`), the results
+(:class:`~gradaudit.io.safetensors_table.TensorTable`), the results
 (:class:`~gradaudit.results.stats_table.StatsTable`) and the findings
 (:class:`~gradaudit.scan.finding_table.FindingTable`) keep columns and build items on
 demand. They share the sequence protocol here: indexing (negative indices, slices to

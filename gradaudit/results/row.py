@@ -10,6 +10,7 @@ the row).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 NAN, POS_INF, NEG_INF, ZEROS, MAX_ABS, SCALE, SSQ = range(7)
@@ -76,3 +77,31 @@ def skip_reason(name: str, *, floating: bool) -> str:
 def row_norm(values: list[float]) -> float:
     """The L2 norm a host stats row stands for: ``scale * sqrt(ssq)``."""
     return values[SCALE] * math.sqrt(values[SSQ])
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One stats row after the host read, with the derived norm.
+
+    For a caller holding rows of its own (``engine.kernels.collect_rows`` in a compiled
+    step, docs/training.md); a scan derives the same numbers as columns
+    (:class:`~gradaudit.results.stats_table.StatsTable`), never a row object per tensor.
+    """
+
+    nan: int
+    pos_inf: int
+    neg_inf: int
+    zeros: int
+    max_abs: float
+    norm: float
+
+    @classmethod
+    def from_values(cls, values: list[float]) -> HostRow:
+        return cls(
+            nan=int(values[NAN]),
+            pos_inf=int(values[POS_INF]),
+            neg_inf=int(values[NEG_INF]),
+            zeros=int(values[ZEROS]),
+            max_abs=values[MAX_ABS],
+            norm=row_norm(values),
+        )

@@ -9,7 +9,7 @@ indexing and iterating give the same :class:`TensorStats` values as before,
 built on demand, so renderers and library users see no difference. The judging
 code reads the columns directly where that is simpler (:mod:`gradaudit.scan.judge`).
 
-Every number is derived exactly as :class:`~gradaudit.engine.stats.HostRow` derives it
+Every number is derived exactly as :class:`~gradaudit.results.row.HostRow` derives it
 (the same IEEE operations), so a value read through a column equals the one
 read through a :class:`TensorStats`.
 """
@@ -216,7 +216,7 @@ class StatsTable(ColumnView[TensorStats]):
     ) -> StatsTable:
         """From the host stats rows ``[n, 7]`` (float64) of the tensors, in order.
 
-        The same derivations as :class:`~gradaudit.engine.stats.HostRow`: ``int()`` of each
+        The same derivations as :class:`~gradaudit.results.row.HostRow`: ``int()`` of each
         count (exact below 2**53), norm ``scale * sqrt(ssq)``, RMS ``norm /
         sqrt(finite)``, each a correctly rounded IEEE operation in numpy as in Python.
         ``numel``: the shapes' element counts, when known (a monitor's layout).

@@ -15,6 +15,11 @@ from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity
 from gradaudit.precision import Headroom
 from gradaudit.results import InputProblem
 
+#: ``__metadata__`` key of a monitor's dump: the step whose stats showed NaN/Inf, when that
+#: is not the step of the gradients the dump holds (``GradientMonitor`` without ``sync``
+#: learns of a NaN one call late and dumps the gradients of the call that learned it).
+#: Here, below both, because the monitor writes it and the trend reads it.
+NONFINITE_STEP_KEY = "nonfinite_step"
 #: A layer's norm above this many times its running median is a spike.
 DEFAULT_SPIKE_FACTOR = 10.0
 #: Earlier steps a layer needs before its norm can be called a spike.

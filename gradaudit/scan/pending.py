@@ -36,21 +36,19 @@ from gradaudit.engine.stats import (
     DEFAULT_MEMORY_BUDGET,
     ROW_WIDTH,
     StatsCollector,
-    blocks_by_device,
     empty_row,
     merge_rows,
-    read_blocks,
-    wait_for,
 )
 from gradaudit.engine.triton_plan import release_finished
 from gradaudit.io.base import TensorRun
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram, layout
+from gradaudit.precision import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.collected import Collected, Routing
 from gradaudit.scan.layout import LayoutCache
+from gradaudit.scan.readback import Readback
 from gradaudit.scan.reading import read_file
 
 _CPU = torch.device("cpu")
@@ -92,35 +90,6 @@ def _split(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list
     # Names are nearly always str already: one type check in C, not a str() call each.
     names = list(firsts) if set(map(type, firsts)) == {str} else list(map(str, firsts))
     return names, list(values)
-
-
-@dataclass(frozen=True)
-class _Prefetch:
-    """One device's prefetched rows: which blocks, their pinned host copy, the copy's event."""
-
-    indices: list[int]
-    pinned: torch.Tensor
-    done: torch.cuda.Event
-
-
-def _copy_ahead(
-    device: torch.device,
-    settled: Mapping[torch.device, list[torch.cuda.Event]],
-    indices: list[int],
-    combine: Callable[[list[torch.Tensor]], torch.Tensor],
-    parts: list[torch.Tensor],
-) -> _Prefetch:
-    """Copy ``combine(parts)`` (``torch.cat`` or ``torch.stack``, made on ``device`` once its
-    kernels have ``settled``) into pinned host memory without blocking; the copy's event
-    says when it has arrived."""
-    with torch.cuda.device(device):
-        wait_for(device, settled)
-        source = combine(parts)
-        pinned = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-        pinned.copy_(source, non_blocking=True)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record(torch.cuda.current_stream(device))
-    return _Prefetch(indices, pinned, done)
 
 
 @dataclass(frozen=True)
@@ -186,12 +155,8 @@ class PendingStats(Collected):
             if self.device is not None and self.device.type == "cuda"
             else None
         )
-        #: What :meth:`prefetch` started: how many blocks it covers, and per CUDA device
-        #: the blocks' indices, their pinned host copy and the event after that copy.
-        self._prefetched: tuple[int, dict[torch.device, _Prefetch]] | None = None
-        #: The same for the exponent histograms (``histograms``): how many entries it
-        #: covers, and per CUDA device the entries' indices, their pinned copy, its event.
-        self._histograms_prefetched: tuple[int, dict[torch.device, _Prefetch]] | None = None
+        #: How the rows (and histograms) come back to the host, prefetched or not.
+        self._readback = Readback(self._collector)
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -565,58 +530,8 @@ class PendingStats(Collected):
         ``meta``) need no copy; rows added after the prefetch make
         ``materialize`` read everything the usual way.
         """
-        if not any(device.type == "cuda" for device in self._devices):
-            # Every row is on the host already (a CPU training loop, every step): nothing
-            # to copy ahead, and ``materialize`` reads them the usual way (issue 28 item 9).
-            self._prefetched = None
-            self._histograms_prefetched = None
-            return
-        blocks = self._collector.flush()
-        settled = self._collector.settled()
-        copies: dict[torch.device, _Prefetch] = {}
-        for device, indices in blocks_by_device(blocks).items():
-            if device.type != "cuda":
-                continue
-            copies[device] = _copy_ahead(
-                device, settled, indices, torch.cat, [blocks[i] for i in indices]
-            )
-        self._prefetched = (len(blocks), copies)
-        if self.histograms:
-            self._histograms_prefetched = (len(self._histograms), self._prefetch_histograms())
-
-    def _prefetch_histograms(self) -> dict[torch.device, _Prefetch]:
-        """:meth:`prefetch` of the exponent histograms on CUDA devices: a blocking copy
-        later would wait for every kernel queued meanwhile (the next step's backward)."""
-        settled = self._collector.settled()
-        copies: dict[torch.device, _Prefetch] = {}
-        by_device, histograms = self._histogram_sources()
-        for device, indices in by_device.items():
-            if device.type != "cuda":
-                continue
-            copies[device] = _copy_ahead(
-                device, settled, indices, torch.stack, [histograms[i] for i in indices]
-            )
-        return copies
-
-    def _read(self) -> list[torch.Tensor]:
-        """The one host read: the host copy of every block (see ``StatsCollector.gather``)."""
-        blocks = self._collector.flush()
-        settled = self._collector.settled()
-        if self._prefetched is None or self._prefetched[0] != len(blocks):
-            return read_blocks(blocks, settled)
-        host: list[torch.Tensor] = list(blocks)
-        copies = self._prefetched[1]
-        rest = [i for i, block in enumerate(blocks) if block.device not in copies]
-        for i, block in zip(rest, read_blocks([blocks[i] for i in rest], settled), strict=True):
-            host[i] = block
-        for copy in copies.values():
-            copy.done.synchronize()
-            offset = 0
-            for i in copy.indices:
-                rows = blocks[i].shape[0]
-                host[i] = copy.pinned[offset : offset + rows]
-                offset += rows
-        return host
+        wanted = self._histograms if self.histograms else None
+        self._readback.prefetch(self._devices, wanted, self._tickets)
 
     def materialize(
         self,
@@ -635,7 +550,7 @@ class PendingStats(Collected):
         one matrix (:meth:`histogram_counts`).
         """
         with ieee_mode():  # a host thread in flush-to-zero mode would read subnormals as 0
-            host_blocks = self._read()
+            host_blocks = self._readback.read()
             release_finished()  # lists held off the default stream whose kernels have run
             # Rows in submission order, with the zeros that bucket padding added taken
             # out; the merges (per file, global) then run on this host copy.
@@ -683,33 +598,7 @@ class PendingStats(Collected):
         """
         if not self.histograms:
             raise ValueError("collected without exponent histograms (histograms=True)")
-        out = np.zeros((len(self._histograms), layout().bins), dtype=np.int64)
-        prefetched = self._histograms_prefetched
-        copies = {}
-        if prefetched is not None and prefetched[0] == len(self._histograms):
-            copies = prefetched[1]
-        for copy in copies.values():
-            copy.done.synchronize()
-            out[copy.indices] = copy.pinned.numpy()
-        by_device, histograms = self._histogram_sources()
-        settled = self._collector.settled()
-        for device, device_indices in by_device.items():
-            if device in copies:
-                continue
-            wait_for(device, settled)  # collected on a side stream: read after its kernels
-            stacked = torch.stack([histograms[i] for i in device_indices])
-            out[device_indices] = stacked.to("cpu").numpy()
-        return out
-
-    def _histogram_sources(self) -> tuple[dict[torch.device, list[int]], dict[int, torch.Tensor]]:
-        """The entries with a histogram, by device, and each one's histogram (on its device)."""
-        by_device: dict[torch.device, list[int]] = {}
-        histograms: dict[int, torch.Tensor] = {}
-        for index, wanted in enumerate(self._histograms):
-            if wanted:
-                histogram = histograms[index] = self._collector.histogram(self._tickets[index])
-                by_device.setdefault(histogram.device, []).append(index)
-        return by_device, histograms
+        return self._readback.histogram_counts(self._histograms, self._tickets)
 
     def _device_label(self) -> str:
         devices = dict.fromkeys(str(device) for device in self._devices)

@@ -53,8 +53,8 @@ from gradaudit.io.discover import Expanded, FileInput, input_kind
 from gradaudit.io.files import FileIdentity, check_regular_file
 from gradaudit.io.layouts import is_dcp_directory, is_deepspeed_checkpoint, is_trainer_checkpoint
 from gradaudit.io.nested import walk_checkpoint
-from gradaudit.io.safetensors_header import DTYPE_NAMES, SIZES_BY_CODE
 from gradaudit.io.safetensors_map import TORCH_NAMES, MappedSafetensors, ReadAhead
+from gradaudit.io.safetensors_table import DTYPE_NAMES, SIZES_BY_CODE
 from gradaudit.io.sharded import in_shard, validated_shards
 from gradaudit.io.sniff import sniff
 from gradaudit.io.torch_zip import TorchZip, inspect_torch_zip

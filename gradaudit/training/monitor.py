@@ -19,18 +19,15 @@ them. Chasing a NaN, use ``sync=True``; watching a healthy run, the default.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
 
 import numpy as np
 import torch
 
-from gradaudit._compat import cached_property
 from gradaudit.engine.dtensor import any_dtensor, is_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.errors import (
@@ -41,7 +38,7 @@ from gradaudit.errors import (
     ReplicaDivergenceError,
     ReplicaDivergenceWarning,
 )
-from gradaudit.policy import FindingKind, Severity, Thresholds
+from gradaudit.policy import Thresholds
 from gradaudit.precision import (
     DEFAULT_MAX_UNDERFLOW,
     Precision,
@@ -49,10 +46,8 @@ from gradaudit.precision import (
     cast_findings,
     step_headroom,
 )
-from gradaudit.results import Finding, Report, TensorStats
-from gradaudit.results.replicas import ReplicaCheck
+from gradaudit.results import Report
 from gradaudit.results.stats_table import StatsTable
-from gradaudit.scan.finding_table import FindingTable
 from gradaudit.scan.judge import with_findings
 from gradaudit.scan.layout import LayoutCache
 from gradaudit.training.dump import save_gradients
@@ -64,6 +59,15 @@ from gradaudit.training.gradients import (
     named_parameters,
 )
 from gradaudit.training.locate import Location, NanLocator, StepReplay
+from gradaudit.training.messages import (
+    divergence_metadata,
+    dump_note,
+    finding_message,
+    finding_metadata,
+    nonfinite_message,
+    nonfinite_metadata,
+)
+from gradaudit.training.record import MonitorRecord
 from gradaudit.training.replicas import (
     GatheredDigests,
     gather_digests,
@@ -83,7 +87,6 @@ __all__ = [
     "FindingAction",
     "GradientMonitor",
     "MonitorOptions",
-    "MonitorRecord",
     "NonFiniteAction",
 ]
 
@@ -105,8 +108,6 @@ FindingAction = Literal["dump", "raise", "warn", "ignore"]
 #: :class:`~gradaudit.ReplicaDivergenceError`; ``warn`` only warns; ``ignore`` only records
 #: it (``record.replicas``, the logged count); ``off`` does not check (no collective).
 DivergenceAction = Literal["dump", "raise", "warn", "ignore", "off"]
-#: NaN and Inf are ``on_nonfinite``'s; every other kind is ``on_finding``'s.
-_NONFINITE_KINDS = frozenset({FindingKind.NAN, FindingKind.INF})
 #: When a monitor arms a :class:`~gradaudit.NanLocator` (see ``docs/locate.md``):
 #: never, from the first collected NaN/Inf until a step is located, or every
 #: ``locate_every`` steps.
@@ -145,115 +146,6 @@ class MonitorOptions(AdapterOptions, total=False):
 
 #: A finding on one tensor warns again only after this many collected steps.
 _QUIET_RECORDS = 10
-#: Names listed in a warning or error message before "and N more".
-_NAMES_SHOWN = 5
-
-
-@dataclass(frozen=True)
-class MonitorRecord:
-    """The stats of one collected step, as the monitor keeps them in its history."""
-
-    #: The step whose gradients these stats describe.
-    step: int
-    report: Report
-    #: The dump written because of this record, or ``None``.
-    dump: Path | None = None
-    #: Why a dump this record called for could not be written, or ``None``.
-    dump_error: str | None = None
-    #: The cross-rank check of a DDP model's replicated gradients, or ``None`` when the
-    #: step was not checked (not DDP, one rank, ``on_divergence="off"``, DTensor gradients).
-    replicas: ReplicaCheck | None = None
-    #: With ``precision=``: the gradients' headroom in that format (every gradient together,
-    #: and the rows of those with a finding); its findings are ``cast`` findings of
-    #: :attr:`report`, so :attr:`findings` has them. ``None`` without ``precision=``.
-    headroom: StepHeadroom | None = None
-
-    # The properties below are asked for several times per step (acting on the record,
-    # logging it): cached, and worked out on the report's columns where it has them, so
-    # that no TensorStats or Finding object is made for a healthy tensor (issue 28 item 9).
-
-    @cached_property
-    def global_norm(self) -> float:
-        """L2 norm of every gradient, as ``torch.nn.utils.get_total_norm`` defines it: NaN
-        when a gradient holds NaN, ``inf`` when one holds ±Inf (and none NaN).
-
-        A step whose gradients are all NaN is never ``0.0`` here: on a dashboard that would
-        read as gradients that vanished, while the Trainer's own ``grad_norm`` says ``nan``.
-        The norm of the finite elements is :attr:`finite_norm`.
-        """
-        table = self._table
-        if table is None:
-            return _with_nonfinite(self.finite_norm, self.report.tensors)
-        if table.nan.any():
-            return math.nan
-        if (table.pos_inf + table.neg_inf).any():
-            return math.inf
-        return self.finite_norm
-
-    @property
-    def finite_norm(self) -> float:
-        """L2 norm over the finite elements of every gradient (overflow-safe)."""
-        return self.report.summary.global_norm
-
-    @property
-    def gradient_health(self) -> float:
-        """One number in [0, 1] for dashboards (:func:`gradaudit.scan.judge.gradient_health`)."""
-        return self.report.summary.gradient_health
-
-    @property
-    def norms(self) -> dict[str, float]:
-        """Per-parameter (per-layer) gradient norms, by parameter name: NaN for a gradient
-        holding NaN, ``inf`` for one holding ±Inf (as :attr:`global_norm`)."""
-        table = self._table
-        if table is None:
-            return {t.name: _with_nonfinite(t.norm, (t,)) for t in self.report.tensors}
-        norms = np.where(table.pos_inf + table.neg_inf > 0, math.inf, table.norm)
-        norms = np.where(table.nan > 0, math.nan, norms)
-        return dict(zip(table.names, norms.tolist(), strict=True))
-
-    @cached_property
-    def nonfinite(self) -> tuple[str, ...]:
-        """Names of the gradients holding NaN or Inf."""
-        table = self._table
-        if table is None:
-            return tuple(t.name for t in self.report.tensors if t.nonfinite)
-        nonfinite = table.nonfinite
-        if not nonfinite.any():  # a healthy step
-            return ()
-        names = table.names
-        return tuple(names[i] for i in np.flatnonzero(nonfinite).tolist())
-
-    @cached_property
-    def findings(self) -> tuple[Finding, ...]:
-        """The findings other than NaN/Inf (exploding, vanishing, outlier …), not ignored,
-        on gradients without NaN/Inf (``on_nonfinite`` speaks for those: the norm of
-        their finite part says nothing)."""
-        findings: Sequence[Finding] | Iterable[Finding] = self.report.findings
-        if not findings:  # a healthy step
-            return ()
-        poisoned = set(self.nonfinite)
-        if isinstance(findings, FindingTable):
-            # Only the findings that pass the columns' filters are made as objects.
-            kept = ~findings.kind_is(*_NONFINITE_KINDS) & ~findings.severity_is(Severity.IGNORED)
-            findings = findings.select(kept)
-        return tuple(
-            f
-            for f in findings
-            if f.kind not in _NONFINITE_KINDS
-            and f.severity is not Severity.IGNORED
-            and f.tensor not in poisoned
-        )
-
-    @cached_property
-    def failing_findings(self) -> tuple[Finding, ...]:
-        """Those of :attr:`findings` the policy fails on (``Thresholds.fail_on``)."""
-        return tuple(f for f in self.findings if f.failing)
-
-    @property
-    def _table(self) -> StatsTable | None:
-        """The report's tensors as columns, when they are (an audit's report)."""
-        tensors = self.report.tensors
-        return tensors if isinstance(tensors, StatsTable) else None
 
 
 class GradientMonitor:
@@ -583,11 +475,11 @@ class GradientMonitor:
         record = MonitorRecord(collected, report, replicas=replicas, headroom=headroom)
         divergence = None if replicas is None else replicas.divergence
         if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
-            record = self._dump(record, now, _nonfinite_metadata(record))
+            record = self._dump(record, now, nonfinite_metadata(record))
         elif divergence is not None and self.on_divergence in ("dump", "raise"):
-            record = self._dump(record, now, _divergence_metadata(record))
+            record = self._dump(record, now, divergence_metadata(record))
         elif record.failing_findings and self.on_finding in ("dump", "raise"):
-            record = self._dump(record, now, _finding_metadata(record))
+            record = self._dump(record, now, finding_metadata(record))
         self._history.append(record)
         return record
 
@@ -610,7 +502,7 @@ class GradientMonitor:
         caller of ``step()``/``flush()``."""
         if record.nonfinite and self.on_nonfinite != "ignore":
             location = self._location_of(record.step)
-            message = _message(record, now, location)
+            message = nonfinite_message(record, now, location)
             if self.on_nonfinite == "raise":
                 raise NonFiniteGradientError(
                     record.step, record.nonfinite, record.dump, message, location
@@ -625,7 +517,7 @@ class GradientMonitor:
         divergence = None if record.replicas is None else record.replicas.divergence
         if divergence is None or self.on_divergence == "ignore":
             return
-        message = f"step {record.step}: {divergence.describe()}" + _dump_note(record, now)
+        message = f"step {record.step}: {divergence.describe()}" + dump_note(record, now)
         if self.on_divergence == "raise":
             raise ReplicaDivergenceError(
                 record.step,
@@ -661,12 +553,12 @@ class GradientMonitor:
                 record.step,
                 tuple((f.kind.value, f.tensor) for f in failing),
                 record.dump,
-                _finding_message(record, failing, now, new=False),
+                finding_message(record, failing, now, new=False),
             )
         if new:
             new.sort(key=lambda f: not f.failing)  # exploding (failing) before the warnings
             warnings.warn(
-                _finding_message(record, new, now, new=True), GradientFindingWarning, stacklevel=4
+                finding_message(record, new, now, new=True), GradientFindingWarning, stacklevel=4
             )
 
     def _dump(self, record: MonitorRecord, now: int, metadata: dict[str, str]) -> MonitorRecord:
@@ -687,15 +579,6 @@ class GradientMonitor:
         return dataclasses.replace(record, dump=path)
 
 
-def _with_nonfinite(norm: float, tensors: Sequence[TensorStats]) -> float:
-    """``norm``, or NaN / ``inf`` when ``tensors`` hold NaN / ±Inf (NaN wins)."""
-    if any(t.nan for t in tensors):
-        return math.nan
-    if any(t.pos_inf or t.neg_inf for t in tensors):
-        return math.inf
-    return norm
-
-
 def _dump_name(step: int, *, gathered: bool) -> str:
     """``step_00000120.safetensors``; per rank when each rank writes its own shards."""
     import torch.distributed as dist
@@ -705,75 +588,3 @@ def _dump_name(step: int, *, gathered: bool) -> str:
     if distributed and not gathered:
         name += f".rank{dist.get_rank():05d}"
     return name + ".safetensors"
-
-
-def _nonfinite_metadata(record: MonitorRecord) -> dict[str, str]:
-    return {"nonfinite_step": str(record.step), "nonfinite_tensors": _names(record)}
-
-
-def _divergence_metadata(record: MonitorRecord) -> dict[str, str]:
-    assert record.replicas is not None
-    assert record.replicas.divergence is not None
-    divergence = record.replicas.divergence
-    return {
-        "divergence_step": str(record.step),
-        "divergent_tensor": divergence.tensor,
-        "divergent_ranks": ",".join(map(str, divergence.ranks)),
-    }
-
-
-def _finding_metadata(record: MonitorRecord) -> dict[str, str]:
-    return {"finding_step": str(record.step), "findings": _finding_names(record.failing_findings)}
-
-
-def _finding_names(findings: tuple[Finding, ...]) -> str:
-    shown = [f"{f.kind.value} {f.tensor} ({f.message})" for f in findings[:_NAMES_SHOWN]]
-    more = len(findings) - _NAMES_SHOWN
-    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
-
-
-def _finding_message(
-    record: MonitorRecord, findings: tuple[Finding, ...] | list[Finding], now: int, *, new: bool
-) -> str:
-    count = len(findings)
-    what = "gradient finding" if new else "failing gradient finding"
-    text = (
-        f"step {record.step}: {count} {what}{'s' if count != 1 else ''} "
-        f"(global norm {record.global_norm:.4g}): {_finding_names(tuple(findings))}"
-    )
-    return text + _dump_note(record, now)
-
-
-def _dump_note(record: MonitorRecord, now: int) -> str:
-    """Where the step's gradients were written, or why they were not (empty: no dump)."""
-    if record.dump is not None:
-        return f"; gradients of step {now} written to {record.dump}"
-    if record.dump_error is not None:
-        return f"; no dump written ({record.dump_error})"
-    return ""
-
-
-def _names(record: MonitorRecord) -> str:
-    shown = [
-        f"{t.name} ({_counts(t.nan, t.pos_inf, t.neg_inf)})"
-        for t in record.report.tensors
-        if t.nonfinite
-    ]
-    more = len(shown) - _NAMES_SHOWN
-    return ", ".join(shown[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
-
-
-def _counts(nan: int, pos_inf: int, neg_inf: int) -> str:
-    parts = [f"{n} {label}" for n, label in ((nan, "NaN"), (pos_inf, "+Inf"), (neg_inf, "-Inf"))]
-    return ", ".join(p for p in parts if not p.startswith("0 "))
-
-
-def _message(record: MonitorRecord, now: int, location: Location | None = None) -> str:
-    count = len(record.nonfinite)
-    text = (
-        f"step {record.step}: NaN/Inf gradients in {count} tensor"
-        f"{'s' if count != 1 else ''}: {_names(record)}"
-    )
-    if location is not None:
-        text += "; located: " + location.describe().replace("\n", "; ")
-    return text + _dump_note(record, now)

@@ -127,8 +127,8 @@ def test_every_input_form_gives_the_same_result() -> None:
 
 
 def test_both_sides_are_read_back_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
-    # ``gradaudit.audit`` is the function; the module is reached through importlib.
-    engine = importlib.import_module("gradaudit.scan.pending")
+    # The module whose read_blocks is the one host read of a PendingStats.
+    engine = importlib.import_module("gradaudit.scan.readback")
     calls: list[int] = []
     real = engine.read_blocks
 

@@ -112,7 +112,7 @@ def test_compare_on_cuda_reads_both_sides_once_and_matches_the_cpu(
     model = grafted_model()
     on_cpu = compare(model.host, model.seed)
     model.cuda()
-    engine = importlib.import_module("gradaudit.scan.pending")
+    engine = importlib.import_module("gradaudit.scan.readback")
     calls: list[int] = []
     real = engine.read_blocks
 
@@ -340,8 +340,8 @@ def test_prefetch_of_a_model_on_a_non_current_gpu(forced: Forced) -> None:
         torch.cuda._sleep(50_000_000)  # a busy cuda:0 must not matter
         pending = collect_async(tensors, engine=forced.engine)
         pending.prefetch()
-        assert pending._prefetched is not None
-        assert set(pending._prefetched[1]) == {torch.device("cuda", 1)}
+        assert pending._readback.prefetched is not None
+        assert set(pending._readback.prefetched[1]) == {torch.device("cuda", 1)}
         _assert_matches_host(pending.materialize(), tensors)
     forced.check()
 
@@ -359,8 +359,11 @@ def test_prefetch_with_rows_on_two_gpus(forced: Forced) -> None:
         pending.prefetch()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert pending._prefetched is not None
-    assert set(pending._prefetched[1]) == {torch.device("cuda", 0), torch.device("cuda", 1)}
+    assert pending._readback.prefetched is not None
+    assert set(pending._readback.prefetched[1]) == {
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    }
     _assert_matches_host(pending.materialize(), {**on_0, **on_1})
     forced.check()
 
@@ -427,7 +430,7 @@ def test_the_planned_flush_keeps_freed_gradients_until_its_kernels_read_them(
         torch.cuda._sleep(200_000_000)  # ~0.1 s: the kernels run long after this returns
         pending = PendingStats(collector=collector.fresh())
         pending.add_tensors(names, grads)
-    assert collector._plans[grads[0].device] is not None  # planned
+    assert collector._routes.plans[grads[0].device] is not None  # planned
     assert triton_plan.held() == int(side_stream)  # and held only off the default stream
     del grads  # freed while the kernels have not read them
     reuse = [torch.full((1 << 22,), math.nan, device="cuda") for _ in range(2)]

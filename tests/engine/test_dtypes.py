@@ -23,9 +23,9 @@ from gradaudit import ExitCode, Thresholds, audit
 from gradaudit.cli import app
 from gradaudit.engine import native
 from gradaudit.engine.dtypes import AUDITED_DTYPES, COMPLEX_DTYPES, FLOAT8_DTYPES
-from gradaudit.engine.stats import HostRow, StatsCollector
-from gradaudit.engine.stats import read_rows as read_stats_rows
+from gradaudit.engine.stats import StatsCollector
 from gradaudit.policy import FindingKind, Severity
+from gradaudit.results.row import HostRow
 from tests.conftest import runner
 from tests.reference import Reference
 from tests.torch_features import has_dtype, requires_dtype
@@ -54,7 +54,7 @@ def complex_reference(tensor: torch.Tensor) -> Reference:
 
 def row_of(tensor: torch.Tensor, engine: str, chunk: int = 1 << 20) -> HostRow:
     row = StatsCollector(chunk, engine=engine).row(tensor)
-    return HostRow.from_values(read_stats_rows([row])[0].tolist())
+    return HostRow.from_values(row.cpu().tolist())
 
 
 def assert_complex_matches(tensor: torch.Tensor, got: Any) -> None:

@@ -51,9 +51,9 @@ def triton_on_meta(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def init(self: StatsCollector, *args: Any, **kwargs: Any) -> None:
         real_init(self, *args, **kwargs)
-        self._triton = True
-        self._triton_devices = frozenset({"meta"})
-        self._triton_off_cuda = True
+        self._routes.enabled = True
+        self._routes.devices = frozenset({"meta"})
+        self._routes.off_cuda = True
 
     monkeypatch.setattr(StatsCollector, "__init__", init)
     triton_kernel.reset_failure()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gradaudit.engine import native
 from gradaudit.engine.kernels import Engine
-from gradaudit.engine.stats import resolve_engine
+from gradaudit.engine.routes import resolve_engine
 
 
 def test_the_native_extension_is_built() -> None:

@@ -14,6 +14,7 @@ from gradaudit import TensorStats, audit, collect_async
 from gradaudit.engine import native
 from gradaudit.engine.dtypes import AUDITED_DTYPES
 from gradaudit.engine.fpmode import subnormals_survive
+from gradaudit.engine.host_read import read_blocks
 from gradaudit.engine.kernels import CompiledKernel, fused_rows
 from gradaudit.engine.stats import (
     NAN,
@@ -21,12 +22,10 @@ from gradaudit.engine.stats import (
     SCALE,
     SSQ,
     ZEROS,
-    HostRow,
     StatsCollector,
     merge_rows,
-    read_blocks,
-    read_rows,
 )
+from gradaudit.results.row import HostRow
 from tests.reference import reference_stats
 
 #: Real dtypes (complex ones have their own reference below).
@@ -56,7 +55,7 @@ CPU_ENGINES = ["eager", "native"] if native.available() else ["eager"]
 
 def stats_of(tensor: torch.Tensor, chunk_elements: int = 1 << 20, engine: str = "eager") -> HostRow:
     row = StatsCollector(chunk_elements, engine=engine).row(tensor)
-    return HostRow.from_values(read_rows([row])[0].tolist())
+    return HostRow.from_values(row.cpu().tolist())
 
 
 def assert_matches_reference(tensor: torch.Tensor, got: HostRow | TensorStats) -> None:
@@ -354,7 +353,7 @@ def test_chunks_are_cache_sized_on_the_cpu_and_budget_sized_elsewhere(
         return torch.zeros((block.shape[0], 7), dtype=torch.float64, device=block.device)
 
     collector = StatsCollector(engine="eager")
-    monkeypatch.setattr(collector, "_kernel", counting)
+    monkeypatch.setattr(collector._eager, "_kernel", counting)
     numel = 1 << 23
     collector.row(torch.empty(numel, device="meta"))
     collector.row(torch.zeros(numel))

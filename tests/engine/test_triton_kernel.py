@@ -27,7 +27,9 @@ if not torch.cuda.is_available():
 from gradaudit import audit
 from gradaudit.engine import triton_kernel
 from gradaudit.engine.kernels import Engine
-from gradaudit.engine.stats import SCALE, SSQ, HostRow, StatsCollector, read_rows, uses_triton
+from gradaudit.engine.routes import EngineUnavailable, uses_triton
+from gradaudit.engine.stats import SCALE, SSQ, StatsCollector
+from gradaudit.results.row import HostRow
 from gradaudit.scan.pending import PendingStats
 from tests.engine.test_native import flat_tensors
 from tests.engine.test_stats import assert_matches_reference
@@ -128,7 +130,7 @@ def test_collector_sends_what_triton_takes_and_the_rest_to_eager() -> None:
     }
     collector = StatsCollector(engine="triton")
     rows = [collector.row(t.to(DEVICE)) for t in tensors.values()]
-    for tensor, values in zip(tensors.values(), read_rows(rows).tolist(), strict=True):
+    for tensor, values in zip(tensors.values(), torch.stack(rows).cpu().tolist(), strict=True):
         assert_matches_reference(tensor, HostRow.from_values(values))
     assert collector.engine_used == "triton+eager"
 
@@ -174,8 +176,6 @@ def test_auto_uses_triton_for_cuda_tensors_only() -> None:
 def test_triton_engine_without_triton_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gradaudit.engine.stats import EngineUnavailable
-
     monkeypatch.setattr(triton_kernel, "installed", lambda: False)
     assert not uses_triton(Engine.AUTO)
     with pytest.raises(EngineUnavailable, match="Triton is not installed"):
@@ -214,12 +214,14 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
     pieces = {"whole": tensor, "head": tensor[:100], "tail": tensor[1:], "big": tensor.repeat(2)}
     for _ in range(2):
         collector = StatsCollector(engine="auto", chunk_elements=4096)
-        collector._triton_devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
-        collector._triton_off_cuda = True
+        collector._routes.devices = frozenset({"cuda", "cpu"})  # as it would for CUDA tensors
+        collector._routes.off_cuda = True
         pending = PendingStats(collector=collector)
         pending.add_all({name: piece.to(DEVICE) for name, piece in pieces.items()})
         rows = [collector.row(tensor.to(DEVICE)), *pending.rows]
-        for got, values in zip((tensor, *pieces.values()), read_rows(rows).tolist(), strict=True):
+        for got, values in zip(
+            (tensor, *pieces.values()), torch.stack(rows).cpu().tolist(), strict=True
+        ):
             assert_matches_reference(got, HostRow.from_values(values))
         assert collector.engine_used == "eager"
     assert len(tries) == 1
@@ -232,8 +234,6 @@ def test_auto_goes_on_with_eager_when_triton_cannot_compile_and_never_retries(
 def test_triton_by_name_that_cannot_compile_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gradaudit.engine.stats import EngineUnavailable
-
     monkeypatch.setattr(triton_kernel, "_kernels", _broken_kernel)
     collector = StatsCollector(engine="triton")
     with pytest.raises(EngineUnavailable, match=r"could not run \(RuntimeError: Failed to find C"):
@@ -329,7 +329,7 @@ def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.Monkey
     rows = pending.rows
     assert counting.launches == ["rows", "rows", "rows", "merge"]
     assert pending._collector.engine_used == "triton"
-    for tensor, values in zip(tensors, read_rows(list(rows)).tolist(), strict=True):
+    for tensor, values in zip(tensors, torch.stack(list(rows)).cpu().tolist(), strict=True):
         assert_matches_reference(tensor, HostRow.from_values(values))
 
 

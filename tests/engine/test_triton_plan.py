@@ -130,7 +130,7 @@ def test_a_fixed_list_is_planned_once_and_matches_the_per_tensor_path(plans: lis
     check(collector, gradients(1), plans, made=0)
     check(collector, gradients(2), plans, made=0)
     assert collector._ran == {}  # fresh() collectors ran the kernels, the base kept none
-    assert len(collector._plans) == 1
+    assert len(collector._routes.plans) == 1
 
 
 def test_the_plan_is_made_again_when_the_list_changes(plans: list[Any]) -> None:

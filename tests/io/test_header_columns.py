@@ -1,7 +1,8 @@
 """The column-by-column header check agrees with the entry-by-entry one, and is the one used.
 
-The fast path (:func:`_fast_table`) only ever says "valid, here are the columns" or "not
-sure"; whatever it accepts, the entry-by-entry path must accept with the same result.
+The fast path (:func:`gradaudit.io.safetensors_table.fast_table`) only ever says "valid,
+here are the columns" or "not sure"; whatever it accepts, the entry-by-entry path must
+accept with the same result.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from hypothesis import strategies as st
 from gradaudit.errors import InputError
 from gradaudit.io import header_columns
 from gradaudit.io import safetensors_header as module
-from gradaudit.io.safetensors_header import (
+from gradaudit.io.safetensors_header import read_header
+from gradaudit.io.safetensors_json import Refused, parse_json
+from gradaudit.io.safetensors_table import (
     DTYPE_NAMES,
     SAFETENSORS_DTYPE_SIZES,
     TensorEntry,
-    read_header,
+    fast_table,
+    from_columns,
 )
 from tests.hostile import pairs_json
 from tests.hostile import raw_safetensors as raw_file
@@ -83,11 +87,11 @@ def headers(draw: st.DrawFn) -> tuple[str, int]:
 @given(headers())
 def test_the_fast_path_accepts_only_what_the_entry_path_accepts(case: tuple[str, int]) -> None:
     text, data_length = case
-    document = module._parse_json(text)
-    fast = module._fast_table(document, data_length)
+    document = parse_json(text)
+    fast = fast_table(document, data_length)
     try:
         _, slow = module._parse_entries(document, data_length)
-    except module._Refused:
+    except Refused:
         assert fast is None
         return
     if fast is not None:
@@ -309,10 +313,10 @@ def test_a_header_read_as_columns_is_the_header_the_json_path_reads(
     text = bytearray(canonical([entry for _, entry in sorted(entries)], metadata))
     mutate(text, mutations)
     data_length = max(0, position + slack)
-    fast = module._from_columns(bytes(text), data_length)
+    fast = from_columns(bytes(text), data_length)
     try:
         slow = module._parse_document(bytes(text), data_length)
-    except module._Refused:
+    except Refused:
         assert fast is None
         return
     if fast is not None:

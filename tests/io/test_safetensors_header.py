@@ -27,13 +27,11 @@ from safetensors.torch import save_file
 
 from gradaudit.errors import ExitCode, InputError
 from gradaudit.io.files import check_regular_file
-from gradaudit.io.safetensors_header import (
-    MAX_HEADER_BYTES,
+from gradaudit.io.safetensors_header import MAX_HEADER_BYTES, SafetensorsHeader, read_header
+from gradaudit.io.safetensors_table import (
     SAFETENSORS_DTYPE_SIZES,
     UNSUPPORTED_SAFETENSORS_DTYPES,
-    SafetensorsHeader,
     TensorEntry,
-    read_header,
 )
 from gradaudit.io.sniff import sniff
 from gradaudit.report.text import printable

@@ -20,7 +20,8 @@ from gradaudit import (
     named_gradients,
 )
 from gradaudit.io.safetensors_header import read_header
-from gradaudit.training.monitor import MonitorOptions, MonitorRecord
+from gradaudit.training.monitor import MonitorOptions
+from gradaudit.training.record import MonitorRecord
 
 
 class Loop:
@@ -318,7 +319,6 @@ def test_record_columns_agree_with_the_objects() -> None:
 
     from gradaudit.policy import Thresholds
     from gradaudit.results.stats_table import StatsTable
-    from gradaudit.training.monitor import MonitorRecord
 
     torch.manual_seed(0)
     grads = {

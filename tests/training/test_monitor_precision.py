@@ -26,7 +26,7 @@ from gradaudit.integrations.scalars import record_scalars
 from gradaudit.precision import Headroom, Precision, precision_report
 from gradaudit.training import monitor as monitor_module
 from gradaudit.training.dump import save_gradients
-from gradaudit.training.monitor import MonitorRecord
+from gradaudit.training.record import MonitorRecord
 from tests.conftest import runner
 from tests.reference import reference_rounding
 

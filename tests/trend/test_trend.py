@@ -27,7 +27,8 @@ from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.report.trend_text import sparkline
 from gradaudit.results.trend import TrendKind, TrendPolicy
 from gradaudit.results.verdict import trend_exit_code
-from gradaudit.trend.builder import TrendBuilder, order_dumps, step_from_name, trend_paths
+from gradaudit.trend.builder import TrendBuilder, trend_paths
+from gradaudit.trend.dumps import order_dumps, step_from_name
 from tests.conftest import runner
 
 
