@@ -1171,18 +1171,18 @@ static uint32_t binade_cut[256][2];
 #define WINDOW_PAUSE 15 /* blocks counted by the tables after one mostly outside the window */
 
 typedef struct {
-    int lo, binades, two_cuts; /* lo == 0: no window yet */
-    uint32_t pos[WINDOW], cut1[WINDOW], cut2[WINDOW];
-    /* The same for bfloat16 and float16 words: a cut as the least magnitude word whose
-     * float32 value reaches it. */
-    uint16_t pos16[WINDOW], cut1_16[WINDOW], cut2_16[WINDOW], cut1_h[WINDOW], cut2_h[WINDOW];
-    /* The vector loops' tables (see window_word), by exponent field mod 32: float32 patterns
-     * (float16 widened) and bfloat16 words; two_cuts_h, two_cuts16: a float16 value, a
-     * bfloat16 word can pass a second cut (in gradaudit's layout none can: the second cuts
-     * lie above the last float16 and bfloat16 value of their binade). */
-    uint32_t add1[WINDOW], add2[WINDOW];
-    uint16_t add1_16[WINDOW], add2_16[WINDOW];
-    int two_cuts_h, two_cuts16;
+    int lo, binades;      /* lo == 0: no window yet */
+    uint32_t pos[WINDOW]; /* each binade's first position (window_flush) */
+    /* The vector loops' tables (see window_word), by exponent field mod 32: for float32
+     * patterns, float16 values widened to them, bfloat16 words. */
+    uint32_t add_f32[WINDOW], add_f16[WINDOW];
+    uint16_t add_bf16[WINDOW];
+    /* Whether a value of the format can pass the second cut of the window's binade with two
+     * cuts (at most one), and what makes it carry: past_second for float32 patterns (float16
+     * widened), past_second16 for bfloat16 words. */
+    int second_f32, second_f16, second_bf16;
+    uint32_t past_second;
+    uint16_t past_second16;
 } window_t;
 
 /* The least finite float16 magnitude whose value is >= the float32 pattern `cut` (0xffff
@@ -1202,8 +1202,11 @@ static uint16_t half_threshold(uint32_t cut) {
 
 /* The window whose top binade is just above `top` (an exponent field 1..254). */
 static void window_choose(window_t *w, int top) {
-    int hi = top < 254 ? top + 1 : 254, lo = hi, used = 0;
-    while (lo >= 1 && binade_cuts[lo] <= 2 && used + 1 + binade_cuts[lo] <= WINDOW) {
+    int hi = top < 254 ? top + 1 : 254, lo = hi, used = 0, twos = 0;
+    /* At most one binade with two cuts: window_word passes the second with one addition. */
+    while (lo >= 1 && binade_cuts[lo] <= 2 && used + 1 + binade_cuts[lo] <= WINDOW &&
+           (binade_cuts[lo] < 2 || !twos)) {
+        twos |= binade_cuts[lo] == 2;
         used += 1 + binade_cuts[lo];
         lo--;
     }
@@ -1211,53 +1214,45 @@ static void window_choose(window_t *w, int top) {
     if (lo > hi) lo = hi; /* cannot happen with gradaudit's layout; keeps one binade */
     w->lo = lo;
     w->binades = hi - lo + 1;
-    w->two_cuts = 0;
+    int two = 0; /* the binade with two cuts, 0 when none */
     uint32_t at = 0;
     for (int d = 0; d < WINDOW; d++) {
         int e = lo + d;
-        if (d >= w->binades) {
-            w->pos[d] = 0;
-            w->cut1[d] = w->cut2[d] = 0xffffffffu;
-            continue;
-        }
-        w->pos[d] = at;
-        w->cut1[d] = binade_cuts[e] >= 1 ? binade_cut[e][0] : 0xffffffffu;
-        w->cut2[d] = binade_cuts[e] >= 2 ? binade_cut[e][1] : 0xffffffffu;
-        w->two_cuts |= binade_cuts[e] >= 2;
+        w->pos[d] = d < w->binades ? at : 0;
+        if (d >= w->binades) continue;
+        if (binade_cuts[e] == 2) two = e;
         at += 1u + binade_cuts[e];
     }
-    for (int d = 0; d < WINDOW; d++) {
-        w->pos16[d] = (uint16_t)w->pos[d];
-        w->cut1_16[d] = w->cut1[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut1[d] + 0xffffu) >> 16);
-        w->cut2_16[d] = w->cut2[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut2[d] + 0xffffu) >> 16);
-        w->cut1_h[d] = half_threshold(w->cut1[d]);
-        w->cut2_h[d] = half_threshold(w->cut2[d]);
+    w->second_f32 = w->second_f16 = w->second_bf16 = 0;
+    if (two != 0) {
+        uint32_t cut = binade_cut[two][1], end = (uint32_t)(two + 1) << 23;
+        uint32_t word = (cut + 0xffffu) >> 16; /* the least bfloat16 word that reaches it */
+        uint16_t half = half_threshold(cut);
+        w->second_f32 = 1; /* the cut is inside the binade */
+        w->second_f16 = half != 0xffffu && float_bits((float)half_value(half)) < end;
+        w->second_bf16 = word < ((uint32_t)(two + 1) << 7);
+        w->past_second = (1u << 29) - cut;
+        w->past_second16 = (uint16_t)(0x8000u - word);
     }
-    w->two_cuts_h = w->two_cuts16 = 0;
     for (uint32_t r = 0; r < WINDOW; r++) {
-        /* The window's binade e with e % 32 == r: its first position P, and the distance
-         * from each cut to the binade's end, so that (m + add1) >> 23 is P, P + 1 past the
-         * first cut, and (m + add2) >> 23 is 1 past the second (see window_word). */
-        uint32_t d = (r - (uint32_t)lo) % WINDOW, e = (uint32_t)lo + d, end = (e + 1) << 23;
+        /* The window's binade e with e % 32 == r: its first position P minus e in the
+         * exponent's bits, and in the mantissa's the distance from its (first) cut to its
+         * end, so that (m + add) >> 23 is P, P + 1 past the cut. Past a second cut every
+         * larger value gets one more (window_word), so the binades above it start a
+         * position lower. */
+        uint32_t d = (r - (uint32_t)lo) % WINDOW, e = (uint32_t)lo + d;
         if ((int)d >= w->binades) { /* no binade of the window: 48 + 32j, never 0..31 */
-            w->add1[r] = (48u - r) << 23;
-            w->add2[r] = 0u - (r << 23);
-            w->add1_16[r] = (uint16_t)((48u - r) << 7);
-            w->add2_16[r] = (uint16_t)(0u - (r << 7));
+            w->add_f32[r] = w->add_f16[r] = (48u - r) << 23;
+            w->add_bf16[r] = (uint16_t)((48u - r) << 7);
             continue;
         }
-        uint32_t from_end1 = w->cut1[d] == 0xffffffffu ? 0 : end - w->cut1[d];
-        uint32_t from_end2 = w->cut2[d] == 0xffffffffu ? 0 : end - w->cut2[d];
-        w->add1[r] = from_end1 + ((w->pos[d] - e) << 23);
-        w->add2[r] = from_end2 - (e << 23);
-        uint32_t end16 = (e + 1) << 7;
-        uint32_t from16_1 = w->cut1_16[d] == 0xffffu ? 0 : end16 - w->cut1_16[d];
-        uint32_t from16_2 = w->cut2_16[d] == 0xffffu ? 0 : end16 - w->cut2_16[d];
-        w->add1_16[r] = (uint16_t)(from16_1 + ((w->pos[d] - e) << 7));
-        w->add2_16[r] = (uint16_t)(from16_2 - (e << 7));
-        w->two_cuts16 |= from16_2 != 0;
-        w->two_cuts_h |=
-            w->cut2_h[d] != 0xffffu && float_bits((float)half_value(w->cut2_h[d])) < end;
+        uint32_t cut = binade_cuts[e] >= 1 ? binade_cut[e][0] : 0, p = w->pos[d];
+        uint32_t to_end = cut != 0 ? ((e + 1) << 23) - cut : 0;
+        uint32_t to_end16 = cut != 0 ? ((e + 1) << 7) - ((cut + 0xffffu) >> 16) : 0;
+        uint32_t above = two != 0 && (int)e > two;
+        w->add_f32[r] = to_end + ((p - (above & (uint32_t)w->second_f32) - e) << 23);
+        w->add_f16[r] = to_end + ((p - (above & (uint32_t)w->second_f16) - e) << 23);
+        w->add_bf16[r] = (uint16_t)(to_end16 + ((p - (above & (uint32_t)w->second_bf16) - e) << 7));
     }
 }
 
@@ -1361,42 +1356,39 @@ AVX512_INLINE void planes_carry(planes_t *s, __m512i sixteens) {
     if (_mm512_test_epi32_mask(c, c) != 0) planes_resolve(c, 4096, s->counts, s->words);
 }
 
-/* The window's tables in registers. */
+/* The window's tables in registers, for float32 or float16. */
 typedef struct {
-    __m512i a10, a11, a20, a21;
+    __m512i add0, add1, past;
 } window_regs_t;
 
-AVX512_INLINE void window_regs(const window_t *w, window_regs_t *r) {
-    r->a10 = _mm512_loadu_si512(w->add1);
-    r->a11 = _mm512_loadu_si512(w->add1 + 16);
-    r->a20 = _mm512_loadu_si512(w->add2);
-    r->a21 = _mm512_loadu_si512(w->add2 + 16);
+AVX512_INLINE void window_regs(const window_t *w, int dtype, window_regs_t *r) {
+    const uint32_t *add = dtype == DT_F16 ? w->add_f16 : w->add_f32;
+    r->add0 = _mm512_loadu_si512(add);
+    r->add1 = _mm512_loadu_si512(add + 16);
+    r->past = _mm512_set1_epi32((int)w->past_second);
 }
 
 /* The one-hot word of 16 float32 patterns (any sign): no bit outside the window.
  *
- * The position comes out of one addition: add1, looked up by the exponent field mod 32
- * (vpermt2d reads an index's low 5 bits), holds the binade's first position minus its
- * exponent field in the exponent's bits and, in the mantissa's, the distance from the
- * binade's cut to its end. (m + add1) >> 23 is then the position, plus one when m has
- * passed the cut (the mantissa carried), mod 512. An element of another binade with the
- * same field mod 32 lands 32k (k = +-1..7) away, a binade outside the window at 48 + 32j:
- * both 32 or more, and a variable shift of 32 or more makes 0, no bit. Zeros, subnormals
- * (field 0), NaN and Inf (255) are such elements. A binade with two cuts adds the carry
- * of the second, (m + add2) >> 23 (add2: the second distance minus the field, so that
- * 32k apart it adds 32k mod 512, keeping the sum 32 or more). Compared with looking the
- * position and the cut up and comparing (three compares and masked adds, two more table
- * lookups), this makes the word in 5 operations instead of 12-15. */
-AVX512_INLINE __m512i window_word(__m512i b, const window_regs_t *r, int two_cuts) {
+ * The position comes out of one addition: the table entry, looked up by the exponent field
+ * mod 32 (vpermt2d reads an index's low 5 bits), holds the binade's first position minus
+ * its exponent field in the exponent's bits and, in the mantissa's, the distance from the
+ * binade's cut to its end. (m + add) >> 23 is then the position, one more when the mantissa
+ * carried (m has passed the cut), mod 512. An element of another binade with the same field
+ * mod 32 lands 32k (k = +-1..7) away, of a binade outside the window at 48 + 32j: both 32
+ * or more, and a variable shift of 32 or more makes 0, no bit. Zeros, subnormals (field 0),
+ * NaN and Inf (255) are such elements. With `second`, the shifted bit is 2, not 1, for the
+ * window's values past the second cut: (m + 2**29 - cut) >> 28 is 1 below it, 2 above, for
+ * every m within 2**28 of the cut (32 binades). The looked-up position and a compare per
+ * cut, each a compare and a masked add (the previous form), took 12-15 operations for 5-7. */
+AVX512_INLINE __m512i window_word(__m512i b, const window_regs_t *r, int second) {
     __m512i m = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
     __m512i e = _mm512_srli_epi32(b, 23); /* the sign lands in bit 8: not in the index */
-    __m512i add = _mm512_permutex2var_epi32(r->a10, e, r->a11);
+    __m512i add = _mm512_permutex2var_epi32(r->add0, e, r->add1);
     __m512i pos = _mm512_srli_epi32(_mm512_add_epi32(m, add), 23);
-    if (two_cuts) {
-        add = _mm512_permutex2var_epi32(r->a20, e, r->a21);
-        pos = _mm512_add_epi32(pos, _mm512_srli_epi32(_mm512_add_epi32(m, add), 23));
-    }
-    return _mm512_sllv_epi32(_mm512_set1_epi32(1), pos);
+    __m512i bit = _mm512_set1_epi32(1);
+    if (second) bit = _mm512_srli_epi32(_mm512_add_epi32(m, r->past), 28);
+    return _mm512_sllv_epi32(bit, pos);
 }
 
 /* Vector k (0..15) of 16 float32 patterns of the 256 elements at `p`; `left` elements are
@@ -1437,14 +1429,14 @@ AVX512_INLINE __m512i window_load(int dtype, const void *p, int k, size_t left) 
  * never all live: they would not fit in the registers with the tables); the adders' low
  * planes are `s` (locals), the ripple counter and the counts `home`'s. */
 AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
-                                const window_regs_t *r, int two_cuts, planes_t *s,
+                                const window_regs_t *r, int second, planes_t *s,
                                 planes_t *home) {
     const size_t there = full ? 16 * WINDOW_GROUP : left;
     __m512i twosA, twosB, foursA, foursB, eightsA, eightsB, sixteens;
 #define WORDS(a, b, k)                                                        \
     do {                                                                      \
-        a = window_word(window_load(dtype, p, k, there), r, two_cuts);        \
-        b = window_word(window_load(dtype, p, k + 1, there), r, two_cuts);    \
+        a = window_word(window_load(dtype, p, k, there), r, second);          \
+        b = window_word(window_load(dtype, p, k + 1, there), r, second);      \
     } while (0)
     __m512i a, b;
     WORDS(a, b, 0);
@@ -1476,9 +1468,9 @@ AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
 
 /* The in-window elements of n (<= BLOCK) at `data` into the planes. */
 AVX512_INLINE void window_block_of(int dtype, const void *data, size_t n, const window_t *w,
-                                   planes_t *s, int two_cuts) {
+                                   planes_t *s, int second) {
     window_regs_t r;
-    window_regs(w, &r);
+    window_regs(w, dtype, &r);
     const size_t size = dtype == DT_F32 ? 4 : 2;
     /* The adders' planes in locals for the block: through `s` they were stored every round. */
     planes_t *home = s, local;
@@ -1493,16 +1485,16 @@ AVX512_INLINE void window_block_of(int dtype, const void *data, size_t n, const 
         for (size_t line = 0; line < 16 * WINDOW_GROUP * size; line += 64)
             _mm_prefetch(p + BLOCK * size + 8192 + line, _MM_HINT_T0);
 #endif
-        window_group(dtype, p, 0, 1, &r, two_cuts, s, home);
+        window_group(dtype, p, 0, 1, &r, second, s, home);
     }
-    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, two_cuts, s, home);
+    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, second, s, home);
     home->ones = local.ones, home->twos = local.twos, home->fours = local.fours,
     home->eights = local.eights;
 }
 
 AVX512 static void window_block(int dtype, const void *data, size_t n, const window_t *w,
                                 planes_t *s) {
-    switch (dtype * 2 + ((dtype == DT_F16 ? w->two_cuts_h : w->two_cuts) != 0)) {
+    switch (dtype * 2 + (dtype == DT_F16 ? w->second_f16 : w->second_f32)) {
         case DT_F32 * 2: window_block_of(DT_F32, data, n, w, s, 0); break;
         case DT_F32 * 2 + 1: window_block_of(DT_F32, data, n, w, s, 1); break;
         case DT_F16 * 2: window_block_of(DT_F16, data, n, w, s, 0); break;
@@ -1521,19 +1513,17 @@ AVX512 static void window_block(int dtype, const void *data, size_t n, const win
  * counted as float32 (window_load widens it exactly): its cuts need all 10 mantissa bits,
  * which the upper half of a float32 pattern does not hold. */
 typedef struct {
-    __m512i add1, add2;
+    __m512i add, past;
 } window_regs16_t;
 
-AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int two_cuts,
+AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int second,
                                   __m512i *low, __m512i *high) {
     const __m512i one = _mm512_set1_epi16(1);
     __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
     __m512i e = _mm512_srli_epi16(v, 7);
-    __m512i pos = _mm512_srli_epi16(_mm512_add_epi16(m, _mm512_permutexvar_epi16(e, r->add1)), 7);
-    if (two_cuts) {
-        __m512i add = _mm512_permutexvar_epi16(e, r->add2);
-        pos = _mm512_add_epi16(pos, _mm512_srli_epi16(_mm512_add_epi16(m, add), 7));
-    }
+    __m512i pos = _mm512_srli_epi16(_mm512_add_epi16(m, _mm512_permutexvar_epi16(e, r->add)), 7);
+    /* Past the second cut one more (a shifted 2 would lose position 16 between the words). */
+    if (second) pos = _mm512_add_epi16(pos, _mm512_srli_epi16(_mm512_add_epi16(m, r->past), 15));
     *low = _mm512_sllv_epi16(one, pos);
     *high = _mm512_sllv_epi16(one, _mm512_xor_si512(pos, _mm512_set1_epi16(16)));
 }
@@ -1541,7 +1531,7 @@ AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int two_c
 /* 512 words at `p` (`left` of them there): each vector's two words go to the two adder
  * sets; the rounds of both are interleaved by making the 16 vectors' words in pairs. */
 AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
-                                  const window_regs16_t *r, int two_cuts, planes_t *lo_set,
+                                  const window_regs16_t *r, int second, planes_t *lo_set,
                                   planes_t *hi_set, planes_t *lo_home, planes_t *hi_home) {
     const size_t there = full ? 512 : left;
     __m512i la, lb, ha, hb, lo_sixteens, hi_sixteens;
@@ -1554,8 +1544,8 @@ AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
                                     p + 32 * (k)))
 #define PAIR(k)                                                                   \
     do {                                                                          \
-        window_words16(LOAD16(k), r, two_cuts, &la, &ha);                         \
-        window_words16(LOAD16(k + 1), r, two_cuts, &lb, &hb);                     \
+        window_words16(LOAD16(k), r, second, &la, &ha);                           \
+        window_words16(LOAD16(k + 1), r, second, &lb, &hb);                       \
     } while (0)
 #define STEP(k, T)                                                                \
     do {                                                                          \
@@ -1593,10 +1583,10 @@ AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
 
 /* As window_block, for bfloat16 and float16 on 16-bit lanes. */
 AVX512_INLINE void window_block16_of(const uint16_t *x, size_t n, const window_t *w,
-                                     planes_t *s, planes_t *upper, int two_cuts) {
+                                     planes_t *s, planes_t *upper, int second) {
     window_regs16_t r;
-    r.add1 = _mm512_loadu_si512(w->add1_16);
-    r.add2 = _mm512_loadu_si512(w->add2_16);
+    r.add = _mm512_loadu_si512(w->add_bf16);
+    r.past = _mm512_set1_epi16((int16_t)w->past_second16);
     planes_t lo_set, hi_set;
     lo_set.ones = s->ones, lo_set.twos = s->twos, lo_set.fours = s->fours, lo_set.eights = s->eights;
     hi_set.ones = upper->ones, hi_set.twos = upper->twos, hi_set.fours = upper->fours,
@@ -1605,9 +1595,9 @@ AVX512_INLINE void window_block16_of(const uint16_t *x, size_t n, const window_t
     for (; i + 512 <= n; i += 512) {
         for (size_t line = 0; line < 1024; line += 64)
             _mm_prefetch((const char *)(x + i) + 2 * BLOCK + 8192 + line, _MM_HINT_T0);
-        window_group16(x + i, 0, 1, &r, two_cuts, &lo_set, &hi_set, s, upper);
+        window_group16(x + i, 0, 1, &r, second, &lo_set, &hi_set, s, upper);
     }
-    if (i < n) window_group16(x + i, n - i, 0, &r, two_cuts, &lo_set, &hi_set, s, upper);
+    if (i < n) window_group16(x + i, n - i, 0, &r, second, &lo_set, &hi_set, s, upper);
     s->ones = lo_set.ones, s->twos = lo_set.twos, s->fours = lo_set.fours, s->eights = lo_set.eights;
     upper->ones = hi_set.ones, upper->twos = hi_set.twos, upper->fours = hi_set.fours,
     upper->eights = hi_set.eights;
@@ -1616,7 +1606,7 @@ AVX512_INLINE void window_block16_of(const uint16_t *x, size_t n, const window_t
 AVX512 static void window_block_16(const void *data, size_t n, const window_t *w,
                                    planes_t *s, planes_t *upper) {
     const uint16_t *x = (const uint16_t *)data;
-    if (w->two_cuts16)
+    if (w->second_bf16)
         window_block16_of(x, n, w, s, upper, 1);
     else
         window_block16_of(x, n, w, s, upper, 0);
