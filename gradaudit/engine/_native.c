@@ -1259,8 +1259,11 @@ static void window_choose(window_t *w, int top) {
 typedef struct {
     int words;                         /* 16-bit lanes (bfloat16's upper positions), not 32 */
     __m512i ones, twos, fours, eights; /* weights 1, 2, 4, 8 */
-    __m512i q[8];                      /* weights 16 .. 2048: a ripple counter of sixteens */
-    uint64_t counts[WINDOW];           /* what has been resolved, per position */
+    /* weight 16: the adder of two rounds' sixteens, and a round's held for the next one */
+    __m512i sixteens, held;
+    int holding;
+    __m512i q[7];            /* weights 32 .. 2048: a ripple counter of thirty-twos */
+    uint64_t counts[WINDOW]; /* what has been resolved, per position */
 } planes_t;
 
 /* counts[p] += weight * (lanes of w with bit p set), for the positions any lane has; lanes
@@ -1280,8 +1283,9 @@ AVX512_INLINE void planes_resolve(__m512i w, uint64_t weight, uint64_t *counts, 
 
 AVX512 static void planes_init(planes_t *s, int words) {
     s->words = words;
-    s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
+    s->ones = s->twos = s->fours = s->eights = s->sixteens = s->held = _mm512_setzero_si512();
+    s->holding = 0;
+    for (int k = 0; k < 7; k++) s->q[k] = _mm512_setzero_si512();
     memset(s->counts, 0, sizeof(s->counts));
 }
 
@@ -1291,9 +1295,12 @@ AVX512 static void planes_drain(planes_t *s) {
     planes_resolve(s->twos, 2, s->counts, s->words);
     planes_resolve(s->fours, 4, s->counts, s->words);
     planes_resolve(s->eights, 8, s->counts, s->words);
-    for (int k = 0; k < 8; k++) planes_resolve(s->q[k], (uint64_t)16 << k, s->counts, s->words);
-    s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
+    planes_resolve(s->sixteens, 16, s->counts, s->words);
+    planes_resolve(s->held, 16, s->counts, s->words);
+    for (int k = 0; k < 7; k++) planes_resolve(s->q[k], (uint64_t)32 << k, s->counts, s->words);
+    s->ones = s->twos = s->fours = s->eights = s->sixteens = s->held = _mm512_setzero_si512();
+    s->holding = 0;
+    for (int k = 0; k < 7; k++) s->q[k] = _mm512_setzero_si512();
 }
 
 /* Set bits of each 64-bit lane of v (nibble table and byte sums: AVX512F/BW only). */
@@ -1314,8 +1321,10 @@ AVX512 static uint64_t planes_total(const planes_t *s) {
     sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->twos), 1));
     sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->fours), 2));
     sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->eights), 3));
-    for (int k = 0; k < 8; k++)
-        sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->q[k]), 4 + k));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->sixteens), 4));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->held), 4));
+    for (int k = 0; k < 7; k++)
+        sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->q[k]), 5 + k));
     uint64_t total = (uint64_t)_mm512_reduce_add_epi64(sum);
     for (int p = 0; p < WINDOW; p++) total += s->counts[p];
     return total;
@@ -1343,12 +1352,22 @@ static void window_flush(const window_t *w, planes_t *s, planes_t *upper, uint64
         l = _mm512_ternarylogic_epi32(a_, b_, c_, 0x96);    \
     } while (0)
 
-/* The sixteens of a Harley-Seal round into the ripple counter; what carries out of its
- * top (weight 4096, rare) is resolved at once. */
+/* The sixteens of a Harley-Seal round: every second round's, with the one held from the
+ * round before, through one more adder and into the ripple counter (its 14 operations once
+ * per 32 words, not 16: ~0.5 an element); what carries out of its top (weight 4096,
+ * rare) is resolved at once. */
 AVX512_INLINE void planes_carry(planes_t *s, __m512i sixteens) {
-    __m512i c = sixteens, t;
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    if (!s->holding) {
+        s->held = sixteens;
+        s->holding = 1;
+        return;
+    }
+    __m512i c, t;
+    CSA(c, s->sixteens, s->sixteens, s->held, sixteens);
+    s->held = _mm512_setzero_si512();
+    s->holding = 0;
+#pragma GCC unroll 7
+    for (int k = 0; k < 7; k++) {
         t = _mm512_and_si512(s->q[k], c);
         s->q[k] = _mm512_xor_si512(s->q[k], c);
         c = t;
