@@ -1600,7 +1600,7 @@ AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
     planes_carry(hi_home, hi_sixteens);
 }
 
-/* As window_block, for bfloat16 and float16 on 16-bit lanes. */
+/* As window_block, for bfloat16 on 16-bit lanes. */
 AVX512_INLINE void window_block16_of(const uint16_t *x, size_t n, const window_t *w,
                                      planes_t *s, planes_t *upper, int second) {
     window_regs16_t r;
@@ -1692,7 +1692,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     const size_t stride = HIST_MAX_BINS;
     size_t since_fold = 0, paused = 0;
     int sub_used = 0;
-    uint64_t held = 0; /* planes_total after the last block counted in the window */
+    uint64_t in_planes = 0; /* planes_total after the last block counted in the window */
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         const char *piece = (const char *)data + done * size;
@@ -1731,8 +1731,8 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
             else
                 window_block(dtype, piece, len, &w, &s);
             uint64_t total = planes_total(&s) + (dtype == DT_BF16 ? planes_total(&upper) : 0);
-            counted = (size_t)(total - held);
-            held = total;
+            counted = (size_t)(total - in_planes);
+            in_planes = total;
         }
         if (counted + zeros == len) continue;
         size_t rest = window_rest(dtype, piece, len, &w, out);
@@ -1746,7 +1746,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         window_choose(&next, top);
         if (next.lo == w.lo) continue;
         if (w.lo != 0) window_flush(&w, &s, &upper, out);
-        held = 0;
+        in_planes = 0;
         w = next;
     }
     if (w.lo != 0) window_flush(&w, &s, &upper, out);
