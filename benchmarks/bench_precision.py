@@ -1,7 +1,7 @@
 """What ``--precision`` costs: the exponent histogram, × one ``torch.sum`` pass.
 
     python -m benchmarks.bench_precision [--mib 128] [--repeats 3] [--threads 2] [--clock cpu]
-                                         [--baseline path/to/_native.so]
+                                         [--baseline path/to/_native.so] [--calls 1]
 
 For float32, bfloat16 and float16 tensors of ``--mib`` MiB (gradient-like values, normal
 with scale 1e-3), in one process, each measured ``--repeats`` times with the candidates
@@ -18,6 +18,12 @@ alternated (a shared machine's noise then hits all of them alike), best of each:
 
 ``--clock cpu`` times by the process's CPU time, all threads together: on a shared machine
 wall time also counts the time other processes held the cores.
+
+``--calls N`` times N calls of each candidate back to back (figures per call). With a tensor
+that fits the core's cache (``--mib 0.25 --calls 400``) memory drops out: the ratios are then
+what the arithmetic costs, the part of a read from memory that prefetching cannot hide. The
+row and the row and histogram are then the native kernel's own calls, as ``--baseline``'s
+(the collector's few microseconds a call would be most of a cache-sized tensor's time).
 
 The last line names the CPU, the native kernel's path and the load average.
 """
@@ -37,7 +43,7 @@ from types import ModuleType
 import torch
 
 from benchmarks.bench_scan import table
-from gradaudit.engine import native
+from gradaudit.engine import native, native_rows
 from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.precision import layout
@@ -66,15 +72,20 @@ def native_build(path: str) -> ModuleType:
     return module
 
 
-def _build_call(module: ModuleType, values: torch.Tensor, threads: int) -> Callable[[], object]:
-    """The row and the histogram of ``values`` by ``module``'s stats_batch, buffers made once."""
+def _build_call(
+    module: ModuleType, values: torch.Tensor, threads: int, histogram: bool = True
+) -> Callable[[], object]:
+    """The row and the histogram (or the row alone) of ``values`` by ``module``'s stats_batch,
+    buffers made once."""
     pointers = array.array("Q", [values.data_ptr()])
     counts = array.array("Q", [values.numel()])
     codes = array.array("i", [native.code(values.dtype)])
     row = torch.zeros(7, dtype=torch.float64)
     hist = torch.zeros(layout().bins, dtype=torch.int64)
-    return lambda: module.stats_batch(
-        pointers, counts, codes, row.data_ptr(), threads, hist.data_ptr()
+    hist_ptr = hist.data_ptr() if histogram else 0
+    # Default arguments keep the buffers alive as long as the call.
+    return lambda row=row, hist=hist: module.stats_batch(
+        pointers, counts, codes, row.data_ptr(), threads, hist_ptr
     )
 
 
@@ -96,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--baseline", help="another build's _native*.so, timed beside this one")
+    parser.add_argument("--calls", type=int, default=1, help="calls per timing (cache-sized runs)")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     baseline = native_build(args.baseline) if args.baseline else None
@@ -112,18 +124,24 @@ def main(argv: list[str] | None = None) -> None:
             "one read": lambda v=values: _row_and_histogram(v),
             "alone": lambda v=values: exponent_histogram(v),
         }
+        own = native_rows.module()
+        if args.calls > 1 and own is not None and native_rows.histogram_bins() > 0:
+            candidates["row"] = _build_call(own, values, args.threads, histogram=False)
+            candidates["one read"] = _build_call(own, values, args.threads)
         if baseline is not None:
             candidates["baseline"] = _build_call(baseline, values, args.threads)
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(args.repeats):
             for key, fn in candidates.items():
                 start = clock()
-                fn()
-                best[key] = min(best[key], clock() - start)
+                for _ in range(args.calls):
+                    fn()
+                best[key] = min(best[key], (clock() - start) / args.calls)
         row = {
             "dtype": str(dtype).removeprefix("torch."),
             "MiB": args.mib,
-            "sum ms": 1e3 * best["sum"],
+            # A cache-sized tensor's pass takes microseconds.
+            **({"sum µs": 1e6 * best["sum"]} if args.calls > 1 else {"sum ms": 1e3 * best["sum"]}),
             "stats row × sum": best["row"] / best["sum"],
             "row + histogram × sum": best["one read"] / best["sum"],
             "histogram alone × sum": best["alone"] / best["sum"],

@@ -204,6 +204,16 @@ def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> No
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
 
 
+def test_precision_benchmark_times_calls_back_to_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--calls``: the same table, each figure per call of a run of them."""
+    from benchmarks import bench_precision
+
+    bench_precision.main(["--mib", "0.01", "--repeats", "1", "--threads", "1", "--calls", "3"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:5]]
+    assert [row[0] for row in rows] == ["float32", "bfloat16", "float16"]
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
+
+
 def test_roles_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import bench_roles
 

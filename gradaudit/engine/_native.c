@@ -1148,14 +1148,15 @@ static void hist_fold(uint32_t *sub, size_t stride, uint64_t *out) {
  *
  * The window is 32 positions: consecutive binades (float32 exponent fields lo, lo + 1, ...)
  * from just above the largest value of the block that chose it downwards, each binade as
- * many positions as it has bins (one more per rounding boundary inside it, looked up by
- * vpermt2d and compared). An element is in the window when its exponent field is; the rest
- * (zeros, values below or above the window, subnormal float32, NaN, Inf) make no bit. Each
- * block checks that its in-window lanes plus its zeros (the stats row's count of the same
+ * many positions as it has bins (one more per rounding boundary inside it; the position
+ * comes out of one table lookup and one addition, see window_word). An element is in the
+ * window when its exponent field is; the rest (zeros, values below or above the window,
+ * subnormal float32, NaN, Inf) make no bit. Each block checks that the elements it put in
+ * the planes (their total, once a block) plus its zeros (the stats row's count of the same
  * elements) are all its elements; when not, a second pass over the block, from L1, counts
  * the others one by one with the scalar path's bins. Positions become bins when the
  * window changes and at the end of the part. bfloat16 and float16 are counted as their
- * float32 values (exact widening), on the same layout. */
+ * float32 values (exact widening), on the same layout; bfloat16 on its own 16-bit words. */
 #define WINDOW 32
 
 /* Per float32 exponent field 1..254: the bin of its first value and the boundaries
@@ -1170,11 +1171,18 @@ static uint32_t binade_cut[256][2];
 #define WINDOW_PAUSE 15 /* blocks counted by the tables after one mostly outside the window */
 
 typedef struct {
-    int lo, binades, two_cuts; /* lo == 0: no window yet */
-    uint32_t pos[WINDOW], cut1[WINDOW], cut2[WINDOW];
-    /* The same for bfloat16 and float16 words: a cut as the least magnitude word whose
-     * float32 value reaches it. */
-    uint16_t pos16[WINDOW], cut1_16[WINDOW], cut2_16[WINDOW], cut1_h[WINDOW], cut2_h[WINDOW];
+    int lo, binades;      /* lo == 0: no window yet */
+    uint32_t pos[WINDOW]; /* each binade's first position (window_flush) */
+    /* The vector loops' tables (see window_word), by exponent field mod 32: for float32
+     * patterns, float16 values widened to them, bfloat16 words. */
+    uint32_t add_f32[WINDOW], add_f16[WINDOW];
+    uint16_t add_bf16[WINDOW];
+    /* Whether a value of the format can pass the second cut of the window's binade with two
+     * cuts (at most one), and what makes it carry: past_second for float32 patterns (float16
+     * widened), past_second16 for bfloat16 words. */
+    int second_f32, second_f16, second_bf16;
+    uint32_t past_second;
+    uint16_t past_second16;
 } window_t;
 
 /* The least finite float16 magnitude whose value is >= the float32 pattern `cut` (0xffff
@@ -1194,8 +1202,11 @@ static uint16_t half_threshold(uint32_t cut) {
 
 /* The window whose top binade is just above `top` (an exponent field 1..254). */
 static void window_choose(window_t *w, int top) {
-    int hi = top < 254 ? top + 1 : 254, lo = hi, used = 0;
-    while (lo >= 1 && binade_cuts[lo] <= 2 && used + 1 + binade_cuts[lo] <= WINDOW) {
+    int hi = top < 254 ? top + 1 : 254, lo = hi, used = 0, twos = 0;
+    /* At most one binade with two cuts: window_word passes the second with one addition. */
+    while (lo >= 1 && binade_cuts[lo] <= 2 && used + 1 + binade_cuts[lo] <= WINDOW &&
+           (binade_cuts[lo] < 2 || !twos)) {
+        twos |= binade_cuts[lo] == 2;
         used += 1 + binade_cuts[lo];
         lo--;
     }
@@ -1203,35 +1214,56 @@ static void window_choose(window_t *w, int top) {
     if (lo > hi) lo = hi; /* cannot happen with gradaudit's layout; keeps one binade */
     w->lo = lo;
     w->binades = hi - lo + 1;
-    w->two_cuts = 0;
+    int two = 0; /* the binade with two cuts, 0 when none */
     uint32_t at = 0;
     for (int d = 0; d < WINDOW; d++) {
         int e = lo + d;
-        if (d >= w->binades) {
-            w->pos[d] = 0;
-            w->cut1[d] = w->cut2[d] = 0xffffffffu;
-            continue;
-        }
-        w->pos[d] = at;
-        w->cut1[d] = binade_cuts[e] >= 1 ? binade_cut[e][0] : 0xffffffffu;
-        w->cut2[d] = binade_cuts[e] >= 2 ? binade_cut[e][1] : 0xffffffffu;
-        w->two_cuts |= binade_cuts[e] >= 2;
+        w->pos[d] = d < w->binades ? at : 0;
+        if (d >= w->binades) continue;
+        if (binade_cuts[e] == 2) two = e;
         at += 1u + binade_cuts[e];
     }
-    for (int d = 0; d < WINDOW; d++) {
-        w->pos16[d] = (uint16_t)w->pos[d];
-        w->cut1_16[d] = w->cut1[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut1[d] + 0xffffu) >> 16);
-        w->cut2_16[d] = w->cut2[d] == 0xffffffffu ? 0xffffu : (uint16_t)((w->cut2[d] + 0xffffu) >> 16);
-        w->cut1_h[d] = half_threshold(w->cut1[d]);
-        w->cut2_h[d] = half_threshold(w->cut2[d]);
+    w->second_f32 = w->second_f16 = w->second_bf16 = 0;
+    if (two != 0) {
+        uint32_t cut = binade_cut[two][1], end = (uint32_t)(two + 1) << 23;
+        uint32_t word = (cut + 0xffffu) >> 16; /* the least bfloat16 word that reaches it */
+        uint16_t half = half_threshold(cut);
+        w->second_f32 = 1; /* the cut is inside the binade */
+        w->second_f16 = half != 0xffffu && float_bits((float)half_value(half)) < end;
+        w->second_bf16 = word < ((uint32_t)(two + 1) << 7);
+        w->past_second = (1u << 29) - cut;
+        w->past_second16 = (uint16_t)(0x8000u - word);
+    }
+    for (uint32_t r = 0; r < WINDOW; r++) {
+        /* The window's binade e with e % 32 == r: its first position P minus e in the
+         * exponent's bits, and in the mantissa's the distance from its (first) cut to its
+         * end, so that (m + add) >> 23 is P, P + 1 past the cut. Past a second cut every
+         * larger value gets one more (window_word), so the binades above it start a
+         * position lower. */
+        uint32_t d = (r - (uint32_t)lo) % WINDOW, e = (uint32_t)lo + d;
+        if ((int)d >= w->binades) { /* no binade of the window: 48 + 32j, never 0..31 */
+            w->add_f32[r] = w->add_f16[r] = (48u - r) << 23;
+            w->add_bf16[r] = (uint16_t)((48u - r) << 7);
+            continue;
+        }
+        uint32_t cut = binade_cuts[e] >= 1 ? binade_cut[e][0] : 0, p = w->pos[d];
+        uint32_t to_end = cut != 0 ? ((e + 1) << 23) - cut : 0;
+        uint32_t to_end16 = cut != 0 ? ((e + 1) << 7) - ((cut + 0xffffu) >> 16) : 0;
+        uint32_t above = two != 0 && (int)e > two;
+        w->add_f32[r] = to_end + ((p - (above & (uint32_t)w->second_f32) - e) << 23);
+        w->add_f16[r] = to_end + ((p - (above & (uint32_t)w->second_f16) - e) << 23);
+        w->add_bf16[r] = (uint16_t)(to_end16 + ((p - (above & (uint32_t)w->second_bf16) - e) << 7));
     }
 }
 
 typedef struct {
     int words;                         /* 16-bit lanes (bfloat16's upper positions), not 32 */
     __m512i ones, twos, fours, eights; /* weights 1, 2, 4, 8 */
-    __m512i q[8];                      /* weights 16 .. 2048: a ripple counter of sixteens */
-    uint64_t counts[WINDOW];           /* what has been resolved, per position */
+    /* weight 16: the adder of two rounds' sixteens, and a round's held for the next one */
+    __m512i sixteens, held;
+    int holding;
+    __m512i q[7];            /* weights 32 .. 2048: a ripple counter of thirty-twos */
+    uint64_t counts[WINDOW]; /* what has been resolved, per position */
 } planes_t;
 
 /* counts[p] += weight * (lanes of w with bit p set), for the positions any lane has; lanes
@@ -1251,8 +1283,9 @@ AVX512_INLINE void planes_resolve(__m512i w, uint64_t weight, uint64_t *counts, 
 
 AVX512 static void planes_init(planes_t *s, int words) {
     s->words = words;
-    s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
+    s->ones = s->twos = s->fours = s->eights = s->sixteens = s->held = _mm512_setzero_si512();
+    s->holding = 0;
+    for (int k = 0; k < 7; k++) s->q[k] = _mm512_setzero_si512();
     memset(s->counts, 0, sizeof(s->counts));
 }
 
@@ -1262,9 +1295,39 @@ AVX512 static void planes_drain(planes_t *s) {
     planes_resolve(s->twos, 2, s->counts, s->words);
     planes_resolve(s->fours, 4, s->counts, s->words);
     planes_resolve(s->eights, 8, s->counts, s->words);
-    for (int k = 0; k < 8; k++) planes_resolve(s->q[k], (uint64_t)16 << k, s->counts, s->words);
-    s->ones = s->twos = s->fours = s->eights = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++) s->q[k] = _mm512_setzero_si512();
+    planes_resolve(s->sixteens, 16, s->counts, s->words);
+    planes_resolve(s->held, 16, s->counts, s->words);
+    for (int k = 0; k < 7; k++) planes_resolve(s->q[k], (uint64_t)32 << k, s->counts, s->words);
+    s->ones = s->twos = s->fours = s->eights = s->sixteens = s->held = _mm512_setzero_si512();
+    s->holding = 0;
+    for (int k = 0; k < 7; k++) s->q[k] = _mm512_setzero_si512();
+}
+
+/* Set bits of each 64-bit lane of v (nibble table and byte sums: AVX512F/BW only). */
+AVX512_INLINE __m512i popcount_lanes(__m512i v) {
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4));
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, nibble));
+    __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    return _mm512_sad_epu8(_mm512_add_epi8(lo, hi), _mm512_setzero_si512());
+}
+
+/* Everything the planes and counts hold: the elements counted since the last flush (each
+ * in-window element sets one bit of one word). Once a block, instead of an in-window count
+ * per vector (a compare and a masked add per 16 elements). */
+AVX512 static uint64_t planes_total(const planes_t *s) {
+    __m512i sum = popcount_lanes(s->ones);
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->twos), 1));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->fours), 2));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->eights), 3));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->sixteens), 4));
+    sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->held), 4));
+    for (int k = 0; k < 7; k++)
+        sum = _mm512_add_epi64(sum, _mm512_slli_epi64(popcount_lanes(s->q[k]), 5 + k));
+    uint64_t total = (uint64_t)_mm512_reduce_add_epi64(sum);
+    for (int p = 0; p < WINDOW; p++) total += s->counts[p];
+    return total;
 }
 
 /* The window's counts into the part's bins, and the counts cleared; `upper` holds
@@ -1289,12 +1352,22 @@ static void window_flush(const window_t *w, planes_t *s, planes_t *upper, uint64
         l = _mm512_ternarylogic_epi32(a_, b_, c_, 0x96);    \
     } while (0)
 
-/* The sixteens of a Harley-Seal round into the ripple counter; what carries out of its
- * top (weight 4096, rare) is resolved at once. */
+/* The sixteens of a Harley-Seal round: every second round's, with the one held from the
+ * round before, through one more adder and into the ripple counter (its 14 operations once
+ * per 32 words, not 16: ~0.5 an element); what carries out of its top (weight 4096,
+ * rare) is resolved at once. */
 AVX512_INLINE void planes_carry(planes_t *s, __m512i sixteens) {
-    __m512i c = sixteens, t;
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    if (!s->holding) {
+        s->held = sixteens;
+        s->holding = 1;
+        return;
+    }
+    __m512i c, t;
+    CSA(c, s->sixteens, s->sixteens, s->held, sixteens);
+    s->held = _mm512_setzero_si512();
+    s->holding = 0;
+#pragma GCC unroll 7
+    for (int k = 0; k < 7; k++) {
         t = _mm512_and_si512(s->q[k], c);
         s->q[k] = _mm512_xor_si512(s->q[k], c);
         c = t;
@@ -1302,38 +1375,39 @@ AVX512_INLINE void planes_carry(planes_t *s, __m512i sixteens) {
     if (_mm512_test_epi32_mask(c, c) != 0) planes_resolve(c, 4096, s->counts, s->words);
 }
 
-/* The window's tables in registers. */
+/* The window's tables in registers, for float32 or float16. */
 typedef struct {
-    __m512i lo, binades, pos0, pos1, c10, c11, c20, c21;
+    __m512i add0, add1, past;
 } window_regs_t;
 
-AVX512_INLINE void window_regs(const window_t *w, window_regs_t *r) {
-    r->lo = _mm512_set1_epi32(w->lo);
-    r->binades = _mm512_set1_epi32(w->binades);
-    r->pos0 = _mm512_loadu_si512(w->pos);
-    r->pos1 = _mm512_loadu_si512(w->pos + 16);
-    r->c10 = _mm512_loadu_si512(w->cut1);
-    r->c11 = _mm512_loadu_si512(w->cut1 + 16);
-    r->c20 = _mm512_loadu_si512(w->cut2);
-    r->c21 = _mm512_loadu_si512(w->cut2 + 16);
+AVX512_INLINE void window_regs(const window_t *w, int dtype, window_regs_t *r) {
+    const uint32_t *add = dtype == DT_F16 ? w->add_f16 : w->add_f32;
+    r->add0 = _mm512_loadu_si512(add);
+    r->add1 = _mm512_loadu_si512(add + 16);
+    r->past = _mm512_set1_epi32((int)w->past_second);
 }
 
-/* The one-hot word of 16 float32 patterns (any sign); `in` gets the in-window lanes. */
-AVX512_INLINE __m512i window_word(__m512i b, const window_regs_t *r, int two_cuts,
-                                  __mmask16 *in) {
-    const __m512i one = _mm512_set1_epi32(1);
+/* The one-hot word of 16 float32 patterns (any sign): no bit outside the window.
+ *
+ * The position comes out of one addition: the table entry, looked up by the exponent field
+ * mod 32 (vpermt2d reads an index's low 5 bits), holds the binade's first position minus
+ * its exponent field in the exponent's bits and, in the mantissa's, the distance from the
+ * binade's cut to its end. (m + add) >> 23 is then the position, one more when the mantissa
+ * carried (m has passed the cut), mod 512. An element of another binade with the same field
+ * mod 32 lands 32k (k = +-1..7) away, of a binade outside the window at 48 + 32j: both 32
+ * or more, and a variable shift of 32 or more makes 0, no bit. Zeros, subnormals (field 0),
+ * NaN and Inf (255) are such elements. With `second`, the shifted bit is 2, not 1, for the
+ * window's values past the second cut: (m + 2**29 - cut) >> 28 is 1 below it, 2 above, for
+ * every m within 2**28 of the cut (32 binades). The looked-up position and a compare per
+ * cut, each a compare and a masked add (the previous form), took 12-15 operations for 5-7. */
+AVX512_INLINE __m512i window_word(__m512i b, const window_regs_t *r, int second) {
     __m512i m = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
-    __m512i d = _mm512_sub_epi32(_mm512_srli_epi32(m, 23), r->lo);
-    __mmask16 valid = _mm512_cmplt_epu32_mask(d, r->binades);
-    __m512i pos = _mm512_permutex2var_epi32(r->pos0, d, r->pos1);
-    __m512i cut = _mm512_permutex2var_epi32(r->c10, d, r->c11);
-    pos = _mm512_mask_add_epi32(pos, _mm512_cmpge_epu32_mask(m, cut), pos, one);
-    if (two_cuts) {
-        cut = _mm512_permutex2var_epi32(r->c20, d, r->c21);
-        pos = _mm512_mask_add_epi32(pos, _mm512_cmpge_epu32_mask(m, cut), pos, one);
-    }
-    *in = valid;
-    return _mm512_maskz_sllv_epi32(valid, one, pos);
+    __m512i e = _mm512_srli_epi32(b, 23); /* the sign lands in bit 8: not in the index */
+    __m512i add = _mm512_permutex2var_epi32(r->add0, e, r->add1);
+    __m512i pos = _mm512_srli_epi32(_mm512_add_epi32(m, add), 23);
+    __m512i bit = _mm512_set1_epi32(1);
+    if (second) bit = _mm512_srli_epi32(_mm512_add_epi32(m, r->past), 28);
+    return _mm512_sllv_epi32(bit, pos);
 }
 
 /* Vector k (0..15) of 16 float32 patterns of the 256 elements at `p`; `left` elements are
@@ -1372,21 +1446,16 @@ AVX512_INLINE __m512i window_load(int dtype, const void *p, int k, size_t left) 
 /* The one-hot words of the 256 elements at `p` (`left` of them there, all when `full`) into
  * the planes, two words at a time into the carry-save adders (the 16 words of a round are
  * never all live: they would not fit in the registers with the tables); the adders' low
- * planes are `s` (locals), the ripple counter and the counts `home`'s. Adds 1 to the lanes
- * of `in_window` per element in the window. */
+ * planes are `s` (locals), the ripple counter and the counts `home`'s. */
 AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
-                                const window_regs_t *r, int two_cuts, planes_t *s,
-                                planes_t *home, __m512i *in_window) {
-    const __m512i one = _mm512_set1_epi32(1);
+                                const window_regs_t *r, int second, planes_t *s,
+                                planes_t *home) {
     const size_t there = full ? 16 * WINDOW_GROUP : left;
     __m512i twosA, twosB, foursA, foursB, eightsA, eightsB, sixteens;
-    __mmask16 inA, inB;
-#define WORDS(a, b, k)                                                                   \
-    do {                                                                                 \
-        a = window_word(window_load(dtype, p, k, there), r, two_cuts, &inA);             \
-        b = window_word(window_load(dtype, p, k + 1, there), r, two_cuts, &inB);         \
-        *in_window = _mm512_mask_add_epi32(*in_window, inA, *in_window, one);            \
-        *in_window = _mm512_mask_add_epi32(*in_window, inB, *in_window, one);            \
+#define WORDS(a, b, k)                                                        \
+    do {                                                                      \
+        a = window_word(window_load(dtype, p, k, there), r, second);          \
+        b = window_word(window_load(dtype, p, k + 1, there), r, second);      \
     } while (0)
     __m512i a, b;
     WORDS(a, b, 0);
@@ -1416,13 +1485,12 @@ AVX512_INLINE void window_group(int dtype, const char *p, size_t left, int full,
     planes_carry(home, sixteens);
 }
 
-/* The in-window elements of n (<= BLOCK) at `data` into the planes; returns how many. */
-AVX512_INLINE size_t window_block_of(int dtype, const void *data, size_t n, const window_t *w,
-                                     planes_t *s, int two_cuts) {
+/* The in-window elements of n (<= BLOCK) at `data` into the planes. */
+AVX512_INLINE void window_block_of(int dtype, const void *data, size_t n, const window_t *w,
+                                   planes_t *s, int second) {
     window_regs_t r;
-    window_regs(w, &r);
+    window_regs(w, dtype, &r);
     const size_t size = dtype == DT_F32 ? 4 : 2;
-    __m512i in_window = _mm512_setzero_si512();
     /* The adders' planes in locals for the block: through `s` they were stored every round. */
     planes_t *home = s, local;
     local.ones = home->ones, local.twos = home->twos, local.fours = home->fours,
@@ -1436,66 +1504,54 @@ AVX512_INLINE size_t window_block_of(int dtype, const void *data, size_t n, cons
         for (size_t line = 0; line < 16 * WINDOW_GROUP * size; line += 64)
             _mm_prefetch(p + BLOCK * size + 8192 + line, _MM_HINT_T0);
 #endif
-        window_group(dtype, p, 0, 1, &r, two_cuts, s, home, &in_window);
+        window_group(dtype, p, 0, 1, &r, second, s, home);
     }
-    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, two_cuts, s, home,
-                                &in_window);
+    if (i < n) window_group(dtype, (const char *)data + i * size, n - i, 0, &r, second, s, home);
     home->ones = local.ones, home->twos = local.twos, home->fours = local.fours,
     home->eights = local.eights;
-    return (size_t)(uint32_t)_mm512_reduce_add_epi32(in_window);
 }
 
-AVX512 static size_t window_block(int dtype, const void *data, size_t n, const window_t *w,
-                                  planes_t *s) {
-    switch (dtype * 2 + (w->two_cuts != 0)) {
-        case DT_F32 * 2: return window_block_of(DT_F32, data, n, w, s, 0);
-        case DT_F32 * 2 + 1: return window_block_of(DT_F32, data, n, w, s, 1);
-        case DT_F16 * 2: return window_block_of(DT_F16, data, n, w, s, 0);
-        case DT_F16 * 2 + 1: return window_block_of(DT_F16, data, n, w, s, 1);
-        case DT_BF16 * 2: return window_block_of(DT_BF16, data, n, w, s, 0);
-        default: return window_block_of(DT_BF16, data, n, w, s, 1);
+AVX512 static void window_block(int dtype, const void *data, size_t n, const window_t *w,
+                                planes_t *s) {
+    switch (dtype * 2 + (dtype == DT_F16 ? w->second_f16 : w->second_f32)) {
+        case DT_F32 * 2: window_block_of(DT_F32, data, n, w, s, 0); break;
+        case DT_F32 * 2 + 1: window_block_of(DT_F32, data, n, w, s, 1); break;
+        case DT_F16 * 2: window_block_of(DT_F16, data, n, w, s, 0); break;
+        case DT_F16 * 2 + 1: window_block_of(DT_F16, data, n, w, s, 1); break;
+        case DT_BF16 * 2: window_block_of(DT_BF16, data, n, w, s, 0); break;
+        default: window_block_of(DT_BF16, data, n, w, s, 1); break;
     }
 }
 
-/* bfloat16 and float16 on 16-bit lanes: 32 elements a vector, fewer operations than
- * widening them. The 32 positions do not fit a 16-bit lane, so each vector makes two
- * one-hot words, one for positions 0..15 (`s`) and one for 16..31 (`upper`), each with its
- * own adders. The binade is read from the upper half of each element's float32 pattern:
- * bfloat16's own bits; for float16 the F16C widening (exact, subnormals made normal) with
- * the upper halves gathered back into word order. The cuts compare the element's own bits
- * (float16 values are monotone in them as float32's are), against its format's table. */
+/* bfloat16 on 16-bit lanes: 32 elements a vector, fewer operations than widening them.
+ * The 32 positions do not fit a 16-bit lane, so each vector makes two one-hot words, one
+ * for positions 0..15 (`s`) and one for 16..31 (`upper`), each with its own adders. The
+ * position is window_word's, on bfloat16's own bits (exponent at bit 7, 9 bits above it
+ * as in float32): a shift of 16 or more makes 0 in a 16-bit lane, so pos gives the low
+ * word and pos ^ 16 the high one (0..15 become 16..31, 32 and more stay so). float16 is
+ * counted as float32 (window_load widens it exactly): its cuts need all 10 mantissa bits,
+ * which the upper half of a float32 pattern does not hold. */
 typedef struct {
-    __m512i lo, binades, pos, cut1, cut2, odd; /* odd: the upper words of 32 dwords, in order */
+    __m512i add, past;
 } window_regs16_t;
 
-AVX512_INLINE void window_words16(__m512i v, int dtype, const window_regs16_t *r, int two_cuts,
-                                  __m512i *low, __m512i *high, __m512i *in_window) {
+AVX512_INLINE void window_words16(__m512i v, const window_regs16_t *r, int second,
+                                  __m512i *low, __m512i *high) {
     const __m512i one = _mm512_set1_epi16(1);
-    __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff)), upper = m;
-    if (dtype == DT_F16) {
-        __m512i a = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(m)));
-        __m512i b = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)));
-        upper = _mm512_permutex2var_epi16(a, r->odd, b);
-    }
-    __m512i d = _mm512_sub_epi16(_mm512_srli_epi16(upper, 7), r->lo);
-    __mmask32 valid = _mm512_cmplt_epu16_mask(d, r->binades);
-    __m512i pos = _mm512_permutexvar_epi16(d, r->pos);
-    pos = _mm512_mask_add_epi16(pos, _mm512_cmpge_epu16_mask(m, _mm512_permutexvar_epi16(d, r->cut1)),
-                                pos, one);
-    if (two_cuts)
-        pos = _mm512_mask_add_epi16(
-            pos, _mm512_cmpge_epu16_mask(m, _mm512_permutexvar_epi16(d, r->cut2)), pos, one);
-    *low = _mm512_maskz_sllv_epi16(valid, one, pos);
-    *high = _mm512_maskz_sllv_epi16(valid, one, _mm512_sub_epi16(pos, _mm512_set1_epi16(16)));
-    *in_window = _mm512_mask_add_epi16(*in_window, valid, *in_window, one);
+    __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
+    __m512i e = _mm512_srli_epi16(v, 7);
+    __m512i pos = _mm512_srli_epi16(_mm512_add_epi16(m, _mm512_permutexvar_epi16(e, r->add)), 7);
+    /* Past the second cut one more (a shifted 2 would lose position 16 between the words). */
+    if (second) pos = _mm512_add_epi16(pos, _mm512_srli_epi16(_mm512_add_epi16(m, r->past), 15));
+    *low = _mm512_sllv_epi16(one, pos);
+    *high = _mm512_sllv_epi16(one, _mm512_xor_si512(pos, _mm512_set1_epi16(16)));
 }
 
 /* 512 words at `p` (`left` of them there): each vector's two words go to the two adder
  * sets; the rounds of both are interleaved by making the 16 vectors' words in pairs. */
-AVX512_INLINE void window_group16(int dtype, const uint16_t *p, size_t left, int full,
-                                  const window_regs16_t *r, int two_cuts, planes_t *lo_set,
-                                  planes_t *hi_set, planes_t *lo_home, planes_t *hi_home,
-                                  __m512i *in_window) {
+AVX512_INLINE void window_group16(const uint16_t *p, size_t left, int full,
+                                  const window_regs16_t *r, int second, planes_t *lo_set,
+                                  planes_t *hi_set, planes_t *lo_home, planes_t *hi_home) {
     const size_t there = full ? 512 : left;
     __m512i la, lb, ha, hb, lo_sixteens, hi_sixteens;
     __m512i lo_twosA, lo_twosB, lo_foursA, lo_foursB, lo_eightsA, lo_eightsB;
@@ -1507,8 +1563,8 @@ AVX512_INLINE void window_group16(int dtype, const uint16_t *p, size_t left, int
                                     p + 32 * (k)))
 #define PAIR(k)                                                                   \
     do {                                                                          \
-        window_words16(LOAD16(k), dtype, r, two_cuts, &la, &ha, in_window);       \
-        window_words16(LOAD16(k + 1), dtype, r, two_cuts, &lb, &hb, in_window);   \
+        window_words16(LOAD16(k), r, second, &la, &ha);                           \
+        window_words16(LOAD16(k + 1), r, second, &lb, &hb);                       \
     } while (0)
 #define STEP(k, T)                                                                \
     do {                                                                          \
@@ -1544,47 +1600,35 @@ AVX512_INLINE void window_group16(int dtype, const uint16_t *p, size_t left, int
     planes_carry(hi_home, hi_sixteens);
 }
 
-/* As window_block, for bfloat16 and float16 on 16-bit lanes. */
-AVX512_INLINE size_t window_block16_of(int dtype, const uint16_t *x, size_t n, const window_t *w,
-                                       planes_t *s, planes_t *upper, int two_cuts) {
+/* As window_block, for bfloat16 on 16-bit lanes. */
+AVX512_INLINE void window_block16_of(const uint16_t *x, size_t n, const window_t *w,
+                                     planes_t *s, planes_t *upper, int second) {
     window_regs16_t r;
-    r.lo = _mm512_set1_epi16((int16_t)w->lo);
-    r.binades = _mm512_set1_epi16((int16_t)w->binades);
-    r.pos = _mm512_loadu_si512(w->pos16);
-    r.cut1 = _mm512_loadu_si512(dtype == DT_F16 ? w->cut1_h : w->cut1_16);
-    r.cut2 = _mm512_loadu_si512(dtype == DT_F16 ? w->cut2_h : w->cut2_16);
-    uint16_t odd[32];
-    for (int k = 0; k < 32; k++) odd[k] = (uint16_t)(2 * k + 1);
-    r.odd = _mm512_loadu_si512(odd);
+    r.add = _mm512_loadu_si512(w->add_bf16);
+    r.past = _mm512_set1_epi16((int16_t)w->past_second16);
     planes_t lo_set, hi_set;
     lo_set.ones = s->ones, lo_set.twos = s->twos, lo_set.fours = s->fours, lo_set.eights = s->eights;
     hi_set.ones = upper->ones, hi_set.twos = upper->twos, hi_set.fours = upper->fours,
     hi_set.eights = upper->eights;
-    __m512i in_window = _mm512_setzero_si512();
     size_t i = 0;
     for (; i + 512 <= n; i += 512) {
         for (size_t line = 0; line < 1024; line += 64)
             _mm_prefetch((const char *)(x + i) + 2 * BLOCK + 8192 + line, _MM_HINT_T0);
-        window_group16(dtype, x + i, 0, 1, &r, two_cuts, &lo_set, &hi_set, s, upper, &in_window);
+        window_group16(x + i, 0, 1, &r, second, &lo_set, &hi_set, s, upper);
     }
-    if (i < n)
-        window_group16(dtype, x + i, n - i, 0, &r, two_cuts, &lo_set, &hi_set, s, upper,
-                       &in_window);
+    if (i < n) window_group16(x + i, n - i, 0, &r, second, &lo_set, &hi_set, s, upper);
     s->ones = lo_set.ones, s->twos = lo_set.twos, s->fours = lo_set.fours, s->eights = lo_set.eights;
     upper->ones = hi_set.ones, upper->twos = hi_set.twos, upper->fours = hi_set.fours,
     upper->eights = hi_set.eights;
-    return (size_t)(uint32_t)_mm512_reduce_add_epi32(_mm512_madd_epi16(in_window, _mm512_set1_epi16(1)));
 }
 
-AVX512 static size_t window_block_16(int dtype, const void *data, size_t n, const window_t *w,
-                                     planes_t *s, planes_t *upper) {
+AVX512 static void window_block_16(const void *data, size_t n, const window_t *w,
+                                   planes_t *s, planes_t *upper) {
     const uint16_t *x = (const uint16_t *)data;
-    switch (2 * (dtype == DT_F16) + (w->two_cuts != 0)) {
-        case 0: return window_block16_of(DT_BF16, x, n, w, s, upper, 0);
-        case 1: return window_block16_of(DT_BF16, x, n, w, s, upper, 1);
-        case 2: return window_block16_of(DT_F16, x, n, w, s, upper, 0);
-        default: return window_block16_of(DT_F16, x, n, w, s, upper, 1);
-    }
+    if (w->second_bf16)
+        window_block16_of(x, n, w, s, upper, 1);
+    else
+        window_block16_of(x, n, w, s, upper, 0);
 }
 
 /* The elements of a block outside the window (zeros aside), counted one by one into `out`;
@@ -1638,7 +1682,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     window_t w;
     memset(&w, 0, sizeof w); /* no window yet (lo 0): every element is outside */
     planes_t s, upper;
-    planes_init(&s, dtype != DT_F32);
+    planes_init(&s, dtype == DT_BF16);
     planes_init(&upper, 1);
     /* Values spread wider than any window (random bits, a log-normal of huge variance) make
      * the window pass plus the one-by-one pass ~3x the table count alone: after a block
@@ -1648,6 +1692,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
     const size_t stride = HIST_MAX_BINS;
     size_t since_fold = 0, paused = 0;
     int sub_used = 0;
+    uint64_t in_planes = 0; /* planes_total after the last block counted in the window */
     for (size_t done = 0; done < n; done += BLOCK) {
         size_t len = n - done < BLOCK ? n - done : BLOCK;
         const char *piece = (const char *)data + done * size;
@@ -1679,9 +1724,16 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
             int first_top = window_top(dtype, piece, len);
             if (first_top != 0) window_choose(&w, first_top);
         }
-        size_t counted = w.lo == 0          ? 0
-                         : dtype == DT_F32 ? window_block(dtype, piece, len, &w, &s)
-                                           : window_block_16(dtype, piece, len, &w, &s, &upper);
+        size_t counted = 0;
+        if (w.lo != 0) {
+            if (dtype == DT_BF16)
+                window_block_16(piece, len, &w, &s, &upper);
+            else
+                window_block(dtype, piece, len, &w, &s);
+            uint64_t total = planes_total(&s) + (dtype == DT_BF16 ? planes_total(&upper) : 0);
+            counted = (size_t)(total - in_planes);
+            in_planes = total;
+        }
         if (counted + zeros == len) continue;
         size_t rest = window_rest(dtype, piece, len, &w, out);
         if (rest > len / 4) paused = WINDOW_PAUSE;
@@ -1694,6 +1746,7 @@ AVX512 static void avx512_run_with_histogram(int dtype, const void *data, size_t
         window_choose(&next, top);
         if (next.lo == w.lo) continue;
         if (w.lo != 0) window_flush(&w, &s, &upper, out);
+        in_planes = 0;
         w = next;
     }
     if (w.lo != 0) window_flush(&w, &s, &upper, out);

@@ -224,3 +224,99 @@ def test_the_window_cases_reach_every_bin() -> None:
     """The oracle's counts themselves: every bin is populated, so every bin is checked."""
     counts = np.array(_numpy_counts(_window_cases()["every bin"]))
     assert (counts > 0).all()
+
+
+# ---- values built against the window's arithmetic ---------------------------------------
+# The window word finds a position by adding a table entry, looked up by the exponent field
+# mod 32, to |x|: a carry out of the mantissa moves past a cut, and an exponent 32k binades
+# from the window's lands 32k positions away, out of the word. These put, inside blocks whose
+# window the gradients chose, every exponent field with the mantissas that carry or do not
+# at every cut's distance, so a wrong entry, a carry in the wrong binade or an alias that
+# stays in the word changes a count.
+
+
+def _cut_mantissas() -> list[int]:
+    """Mantissas at, one below and one above each cut's, plus the binade's ends."""
+    cuts = {b & 0x7FFFFF for b in layout().boundaries[:-1] if b >> 23 not in (0, 255)}
+    near = {(c + k) & 0x7FFFFF for c in cuts for k in (-1, 0, 1)}
+    return sorted(near | {0, 1, 2, 0x400000, 0x7FFFFE, 0x7FFFFF})
+
+
+def _sprinkled(values: torch.Tensor, scale: float, per_block: int = 48) -> torch.Tensor:
+    """``values`` a few dozen a block into gradient-like blocks of ``values``' dtype.
+
+    The first block is gradients alone, so the window is theirs; after it, blocks with few
+    values outside it keep it (a block mostly outside would move it)."""
+    gen = torch.Generator().manual_seed(13)
+    blocks = [torch.randn(BLOCK, generator=gen) * scale]
+    for start in range(0, values.numel(), per_block):
+        block = torch.randn(BLOCK, generator=gen) * scale
+        where = torch.randperm(BLOCK, generator=gen)[: values[start : start + per_block].numel()]
+        block[where] = values[start : start + per_block].float()
+        blocks.append(block)
+    return torch.cat(blocks).to(values.dtype)
+
+
+def _every_field_at_every_cut() -> torch.Tensor:
+    fields = torch.arange(256, dtype=torch.int64)[:, None] << 23
+    mantissas = torch.tensor(_cut_mantissas(), dtype=torch.int64)[None, :]
+    bits = (fields | mantissas).reshape(-1)
+    bits = torch.cat([bits, bits | (1 << 31), torch.tensor([0, 1 << 31, 0x7FFFFFFF, -1])])
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _aliasing_cases() -> dict[str, torch.Tensor]:
+    values = _every_field_at_every_cut()
+    cases = {}
+    # Windows whose binades hold cuts (2**-10 with one, 2**-15 with two, 2**15 with two),
+    # and one without any nearby.
+    for scale in (1e-3, 3e-5, 3e4, 1e20):
+        cases[f"float32 at {scale:g}"] = _sprinkled(values, scale)
+    half = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    for scale in (1e-3, 3e-5, 1e-6, 3e3):
+        cases[f"float16 at {scale:g}"] = _sprinkled(half.view(torch.float16), scale)
+        cases[f"bfloat16 at {scale:g}"] = _sprinkled(half.view(torch.bfloat16), scale)
+    return cases
+
+
+@pytest.mark.parametrize("name", PATHS)
+def test_every_exponent_field_and_cut_distance_inside_a_window_matches_numpy(name: str) -> None:
+    if name not in native.paths():
+        pytest.skip(f"this CPU has no {name} path")
+    cases = _aliasing_cases()
+    tensors = list(cases.values())
+    with on_path(name):
+        _, histograms = native_rows.rows_and_histograms(*_columns(tensors), 1)
+    for label, tensor, counts in zip(cases, tensors, histograms.tolist(), strict=True):
+        assert counts == _numpy_counts(tensor), label
+
+
+@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_misaligned_starts_odd_lengths_and_long_runs_match_numpy(
+    name: str, dtype: torch.dtype
+) -> None:
+    """Tensors that start 1-15 elements into a buffer (no vector alignment) and end anywhere,
+    and one value repeated 2**20 times: each window position counts past 4096 per lane,
+    where the adders' top carries out."""
+    if name not in native.paths():
+        pytest.skip(f"this CPU has no {name} path")
+    gen = torch.Generator().manual_seed(17)
+    buffer = (torch.randn(3 * BLOCK + 600, generator=gen) * 1e-3).to(dtype)
+    tensors = [
+        buffer[start : start + length]
+        for start, length in [
+            (1, BLOCK),
+            (3, BLOCK + 1),
+            (7, 2 * BLOCK + 511),
+            (15, 3 * BLOCK + 17),
+            (5, 1100),
+        ]
+    ]
+    same = torch.full((1 << 20,), 1.5e-3, dtype=dtype)
+    same[::3] = -(2.0**-10)  # an exact power of two: the lower bin of binade 2**-10's cut
+    tensors.append(same)
+    with on_path(name):
+        _, histograms = native_rows.rows_and_histograms(*_columns(tensors), 1)
+    for tensor, counts in zip(tensors, histograms.tolist(), strict=True):
+        assert counts == _numpy_counts(tensor), (tensor.numel(), tensor.storage_offset())
