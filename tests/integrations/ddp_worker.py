@@ -196,6 +196,11 @@ def main() -> None:
     ]
     result["told"] = [str(w.message) for w in caught if "across ranks" in str(w.message)]
     (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    # Lightning and the Trainer leave the process group up after training: torn down at
+    # interpreter exit instead, gloo's threads can end the process in std::terminate
+    # ("terminate called without an active exception"; seen once in CI on rank 0).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
