@@ -20,6 +20,11 @@ def test_the_installed_triton_is_one_the_shortcut_was_checked_against() -> None:
     private structure is redone (meanwhile the interpreter tests take Triton's own path)."""
     import triton.runtime.interpreter  # noqa: F401  (what the shortcut patches)
 
-    assert triton_release() in CHECKED_TRITON
+    release = triton_release()
+    assert release is not None
+    if release < min(CHECKED_TRITON):
+        # The torch-floor leg: torch 2.4 pins Triton 3.0, and runs no interpreter test.
+        pytest.skip(f"Triton {release} is older than the releases the shortcut was read against")
+    assert release in CHECKED_TRITON
     assert skip_repatching_in_device_calls()
     assert "triton.runtime.interpreter" in sys.modules
