@@ -2,12 +2,13 @@
 WORLD DIR``.
 
 A ``GradientMonitor(precision=...)`` over gradients each rank holds a part of: plain tensors
-cut between the ranks with ``group=`` (:func:`group_wholes`, cut at :data:`CUTS`), and
+cut between the ranks with ``group=`` (:func:`group_wholes`, cut at :data:`CUTS`),
 ``DTensor`` gradients on a 1-D and a 2-D CPU mesh (:func:`dtensor_wholes`, placed in
-:func:`run_dtensor`). Each rank writes its monitor's headroom for every format, and the
-summed exponent histograms, to ``DIR/rank{RANK}.json``; ``tests/training/test_headroom_ranks.py``
-compares them with the headroom of the whole tensors in one process and with the float64
-reference, so a failure names the case.
+:func:`run_dtensor`), and a real FSDP2 model (:func:`run_fsdp`). Each rank writes its
+monitor's headroom for every format, and the summed exponent histograms, to
+``DIR/rank{RANK}.json``; ``tests/training/test_headroom_ranks.py`` compares them with the
+headroom of the whole tensors in one process and with the float64 reference, so a failure
+names the case.
 """
 
 from __future__ import annotations
@@ -190,6 +191,39 @@ def run_dtensor(world: int) -> dict[str, Any]:
     return {"monitor": _headrooms(module, None, sync=False), **_counts(module, None)}
 
 
+def run_fsdp(world: int) -> dict[str, Any]:
+    """A real FSDP2 model; rank 1 plants an overflow in its shard of ``0.weight``. Each rank
+    also judges the gathered whole gradients (``full_tensor()``) in one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from gradaudit import PendingStats
+    from gradaudit.precision import precision_report
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(torch.randn(4, 5)).sum().backward()
+    if dist.get_rank() == 1:
+        model[0].weight.grad.to_local()[0, 0] = HUGE  # type: ignore[union-attr]
+    seen = _headrooms(model, None, sync=True)
+    whole = PendingStats(histograms=True)
+    for name, param in model.named_parameters():
+        assert param.grad is not None
+        whole.add(name, param.grad.full_tensor())  # type: ignore[attr-defined]
+    expected = {}
+    for precision in Precision:
+        report = precision_report(whole.materialize(), precision)
+        expected[precision.value] = {
+            "total": _row(report.total),
+            "findings": [[f.kind, f.tensor] for f in report.findings],
+        }
+    return {"monitor": seen, "whole": expected}
+
+
 def main() -> None:
     rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     torch.set_num_threads(1)
@@ -197,7 +231,11 @@ def main() -> None:
         "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
     )
     try:
-        results = {"group": run_group(rank), "dtensor": run_dtensor(world)}
+        results = {
+            "group": run_group(rank),
+            "dtensor": run_dtensor(world),
+            "fsdp": run_fsdp(world),
+        }
     finally:
         dist.destroy_process_group()
     (out / f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")

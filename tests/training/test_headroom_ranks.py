@@ -49,7 +49,7 @@ def _whole_pending(case: str) -> PendingStats:
 
 def test_ranks_agree(ranks: list[dict[str, Any]]) -> None:
     first, second = ranks
-    for case in CASES:
+    for case in (*CASES, "fsdp"):
         assert first[case] == second[case], case
 
 
@@ -106,6 +106,19 @@ def test_a_shards_finding_is_every_ranks(ranks: list[dict[str, Any]], case: str)
             cast = set(result[case]["monitor"][precision]["cast"])
             assert one_rank <= cast, (precision, one_rank - cast)
             assert "diluted" not in cast, precision
+
+
+def test_a_real_fsdp2_model(ranks: list[dict[str, Any]]) -> None:
+    """FSDP2's own DTensor gradients: the monitor's headroom is that of the gathered whole
+    gradients, and rank 1's planted overflow in ``0.weight`` is a finding on both ranks."""
+    for result in ranks:
+        for precision in FORMATS:
+            seen = result["fsdp"]["monitor"][precision]
+            whole = result["fsdp"]["whole"][precision]
+            assert seen["total"] == whole["total"]
+            assert seen["findings"] == whole["findings"]
+            assert ["overflow", "0.weight"] in seen["findings"]
+            assert "0.weight" in seen["cast"]
 
 
 def test_the_cases_really_split() -> None:
