@@ -204,6 +204,21 @@ def test_precision_benchmark_smoke_run(capsys: pytest.CaptureFixture[str]) -> No
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["float32", "bfloat16", "float16"]
 
 
+def test_ranks_benchmark_smoke_run(capfd: pytest.CaptureFixture[str]) -> None:
+    """Two gloo ranks; rank 0 prints the three monitors' row (its stdout is this process's)."""
+    from benchmarks import bench_ranks
+
+    bench_ranks.main(["--tensors", "4", "--width", "8", "--repeats", "2"])
+    lines = capfd.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:5]] == [
+        "group=, precision=None",
+        "group=, precision=fp16",
+        "precision=fp16, no group",
+    ]
+    assert lines[2].endswith(" | 1.00")
+    assert lines[5].startswith("CPU: ")
+
+
 def test_precision_benchmark_times_calls_back_to_back(capsys: pytest.CaptureFixture[str]) -> None:
     """``--calls``: the same table, each figure per call of a run of them."""
     from benchmarks import bench_precision

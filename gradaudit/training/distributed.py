@@ -4,6 +4,10 @@
 into the rows of the whole parameters with :func:`~gradaudit.engine.collectives.all_reduce_rows`
 (the engine's merge rule as two collectives on the device): no ``.item()``, and
 :meth:`PendingStats.materialize` still does the one device->host read per rank.
+:func:`collect_sharded_with_histograms` also sums each shard's exponent histogram (a
+monitor's ``precision=``) over the same ranks, in the rows' SUM collective
+(:func:`~gradaudit.engine.collectives.all_reduce_rows_and_counts`), so every rank judges the
+headroom of the whole parameters.
 Scanning files across the ranks of a torchrun job is :mod:`gradaudit.scan.distributed`.
 
 Collectives need every rank of a group to make the same calls in the same
@@ -13,20 +17,26 @@ same parameters in the same order.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from gradaudit.engine.collectives import all_reduce_rows
+from gradaudit.engine.collectives import all_reduce_rows, all_reduce_rows_and_counts
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.dtypes import dtype_name, hides_values, not_audited_reason
+from gradaudit.engine.histogram import exponent_histogram
+from gradaudit.engine.native_rows import native_threads, rows_and_histograms
 from gradaudit.engine.stats import StatsCollector
+from gradaudit.precision import layout
 from gradaudit.results import Skipped
 from gradaudit.scan.pending import PendingEntry, PendingStats
+from gradaudit.scan.readback import Prefetch, copy_ahead
 
-__all__ = ["collect_sharded"]
+__all__ = ["ShardHistograms", "collect_sharded", "collect_sharded_with_histograms"]
 
 
 @dataclass
@@ -37,8 +47,47 @@ class _Batch:
     #: Plain tensors sharded over ``group=``: their element count is summed too.
     count_elements: bool
     positions: list[int] = field(default_factory=list)
+    #: Each row's index among the collection's entries (the skipped tensors have none).
+    entries: list[int] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)
     numels: list[int] = field(default_factory=list)
+    #: Each shard's exponent histogram, when they are collected.
+    histograms: list[torch.Tensor] = field(default_factory=list)
+
+
+class ShardHistograms:
+    """The exponent histograms of whole parameters, summed across ranks with their rows.
+
+    What :meth:`PendingStats.histogram_counts` is for the tensors of one process, for the
+    entries of :func:`collect_sharded_with_histograms`' ``PendingStats``, in its order: the
+    same ``[entries, bins]`` int64 matrix on every rank. The counts summed on a CUDA device
+    start their copy to pinned host memory as soon as they are summed: a blocking copy at
+    the read, a step later in a monitor's default mode, would wait for that step's backward.
+    """
+
+    def __init__(self, entries: int) -> None:
+        self._entries = entries
+        #: Entry indices and their summed counts, still on their (non-CUDA) device.
+        self._parts: list[tuple[list[int], torch.Tensor]] = []
+        #: The CUDA ones, on their way to the host.
+        self._copies: list[Prefetch] = []
+
+    def add(self, entries: list[int], counts: torch.Tensor) -> None:
+        """Take the summed ``counts`` ``[len(entries), bins]`` of these entries."""
+        if counts.is_cuda:
+            self._copies.append(copy_ahead(counts.device, {}, entries, torch.cat, [counts]))
+        else:
+            self._parts.append((entries, counts))
+
+    def histogram_counts(self) -> np.ndarray:
+        """Every entry's summed exponent histogram, ``[entries, bins]`` int64 (read now)."""
+        out = np.zeros((self._entries, layout().bins), dtype=np.int64)
+        for entries, counts in self._parts:
+            out[entries] = counts.to("cpu").numpy()
+        for copy in self._copies:
+            copy.done.synchronize()
+            out[copy.indices] = copy.pinned.numpy()
+        return out
 
 
 def collect_sharded(
@@ -67,10 +116,44 @@ def collect_sharded(
     device and read with the stats rows (the entries' shapes are ``()`` until
     ``materialize``). DTensors need no count.
     """
+    pending, _ = _collect(gradients, group, collector, histograms=False)
+    return pending
+
+
+def collect_sharded_with_histograms(
+    gradients: Iterable[tuple[str, torch.Tensor]],
+    *,
+    group: dist.ProcessGroup | None = None,
+    collector: StatsCollector | None = None,
+) -> tuple[PendingStats, ShardHistograms]:
+    """:func:`collect_sharded`, and each whole parameter's exponent histogram (collective).
+
+    Each shard's histogram is counted where the shard is (on the CPU by the native kernel,
+    in the read that makes its row) and summed over the same ranks as its row, in the
+    rows' SUM collective: ``Replicate`` mesh dimensions are not summed over, so replicated
+    values count once, as in the rows. The histograms stay on the device until
+    :meth:`ShardHistograms.histogram_counts`.
+    """
+    pending, histograms = _collect(gradients, group, collector, histograms=True)
+    assert histograms is not None
+    return pending, histograms
+
+
+def _collect(
+    gradients: Iterable[tuple[str, torch.Tensor]],
+    group: dist.ProcessGroup | None,
+    collector: StatsCollector | None,
+    *,
+    histograms: bool,
+) -> tuple[PendingStats, ShardHistograms | None]:
+    """:func:`collect_sharded`, with the histograms when asked."""
     collector = StatsCollector() if collector is None else collector.fresh()
     pending = PendingStats(collector=collector)
     plan: list[PendingEntry | Skipped] = []
+    entries = 0
     batches: dict[tuple[object, ...], _Batch] = {}
+    shards: list[torch.Tensor] = []  # the audited local tensors, in order
+    owners: list[_Batch] = []  # the batch of each
     for name, grad in gradients:
         local, groups, shape, reason = _local_view(grad, group)
         if reason is not None:
@@ -80,23 +163,40 @@ def collect_sharded(
         if reason is not None:
             plan.append(Skipped(name, reason, unaudited=hides_values(local.dtype)))
             continue
-        with torch.no_grad():
-            row = collector.row(local.detach())
         count_elements = shape is None
         key = (groups, local.device, count_elements)
         batch = batches.setdefault(key, _Batch(groups, count_elements))
         batch.positions.append(len(plan))
-        batch.rows.append(row)
+        batch.entries.append(entries)
         batch.numels.append(local.numel())
+        shards.append(local.detach())
+        owners.append(batch)
         plan.append(PendingEntry(name, shape or (), dtype_name(local.dtype)))
+        entries += 1
+    with torch.no_grad():
+        if histograms:
+            rows, shard_counts = _rows_and_histograms(collector, shards)
+            for batch, histogram in zip(owners, shard_counts, strict=True):
+                batch.histograms.append(histogram)
+        else:
+            rows = [collector.row(shard) for shard in shards]
+    for batch, row in zip(owners, rows, strict=True):
+        batch.rows.append(row)
 
     merged_rows: dict[int, torch.Tensor] = {}
     #: Summed element counts still on the device (an NCCL-only group): read with the rows.
     deferred_counts: dict[int, torch.Tensor] = {}
+    summed = ShardHistograms(entries) if histograms else None
     for batch in batches.values():  # first-seen order: the same on every rank
         merged = torch.stack(batch.rows)
-        for reduce_group in batch.groups:
-            merged = all_reduce_rows(merged, reduce_group)
+        if summed is not None:
+            counts = torch.stack(batch.histograms)
+            for reduce_group in batch.groups:
+                merged, counts = all_reduce_rows_and_counts(merged, counts, reduce_group)
+            summed.add(batch.entries, counts)
+        else:
+            for reduce_group in batch.groups:
+                merged = all_reduce_rows(merged, reduce_group)
         totals = (
             _sum_counts(batch.numels, batch.groups[0], merged.device)
             if batch.count_elements
@@ -116,7 +216,44 @@ def collect_sharded(
             pending.skip(item)
         else:
             pending.add_row(item, merged_rows[position], deferred_counts.get(position))
-    return pending
+    return pending, summed
+
+
+def _rows_and_histograms(
+    collector: StatsCollector, shards: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The stats row and the exponent histogram of every local shard, each on its device.
+
+    The CPU shards the collector hands to the native kernel get both from one read, in one
+    call for all of them, as the tensors of one process do (:meth:`StatsCollector.submit`:
+    a call per shard cost ~10 us each, most of a small shard's time); any other shard gets
+    its row from the collector and its histogram from one more pass
+    (:func:`~gradaudit.engine.histogram.exponent_histogram`).
+    """
+    codes = collector.cpu_native_codes
+    native = [
+        index
+        for index, shard in enumerate(shards)
+        if shard.dtype in codes and shard.is_cpu and shard.is_contiguous() and shard.numel()
+    ]
+    rows: list[torch.Tensor | None] = [None] * len(shards)
+    counts: list[torch.Tensor | None] = [None] * len(shards)
+    if native:
+        host_rows, host_counts = rows_and_histograms(
+            array.array("Q", [shards[i].data_ptr() for i in native]),
+            array.array("Q", [shards[i].numel() for i in native]),
+            array.array("i", [codes[shards[i].dtype] for i in native]),
+            native_threads(),
+        )
+        native_rows, native_counts = torch.from_numpy(host_rows), torch.from_numpy(host_counts)
+        for position, index in enumerate(native):
+            rows[index] = native_rows[position]
+            counts[index] = native_counts[position]
+    for index, shard in enumerate(shards):
+        if rows[index] is None:
+            rows[index] = collector.row(shard)
+            counts[index] = exponent_histogram(shard)
+    return [row for row in rows if row is not None], [c for c in counts if c is not None]
 
 
 def _local_view(

@@ -13,14 +13,15 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
+import numpy as np
 import torch
 
 from gradaudit.engine.dtensor import any_dtensor
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.pending import PendingStats
-from gradaudit.training.distributed import collect_sharded
+from gradaudit.training.distributed import collect_sharded, collect_sharded_with_histograms
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -252,27 +253,52 @@ def collect_gradients(
     )
 
 
+class HistogramCounts(Protocol):
+    """Where a collection's exponent histograms are read: a :class:`PendingStats` of this
+    process's tensors, or the :class:`~gradaudit.training.distributed.ShardHistograms`
+    summed across ranks."""
+
+    def histogram_counts(self) -> np.ndarray:
+        """Every entry's exponent histogram, ``[entries, bins]`` int64."""
+        ...
+
+
 def collect_columns(
     names: list[str],
     gradients: list[torch.Tensor],
     *,
     group: ProcessGroup | None = None,
     collector: StatsCollector | None = None,
-    histograms: bool = False,
 ) -> PendingStats:
     """:func:`collect_gradients` of ``names[i]: gradients[i]`` (a
-    :meth:`GradientLister.columns`); ``histograms`` also counts each gradient's exponent
-    histogram (:meth:`PendingStats.histogram_counts`; not across ranks)."""
-    if group is not None or any_dtensor(gradients):
-        if histograms:
-            raise ValueError(
-                "exponent histograms (a monitor's precision=) are not collected across ranks "
-                "yet: DTensor gradients and group= have none"
-            )
+    :meth:`GradientLister.columns`)."""
+    if _sharded(gradients, group):
         named = list(zip(names, gradients, strict=True))
         return collect_sharded(named, group=group, collector=collector)
-    pending = PendingStats(
-        collector=None if collector is None else collector.fresh(), histograms=histograms
-    )
+    pending = PendingStats(collector=None if collector is None else collector.fresh())
     pending.add_tensors(names, gradients)
     return pending
+
+
+def collect_with_histograms(
+    names: list[str],
+    gradients: list[torch.Tensor],
+    *,
+    group: ProcessGroup | None = None,
+    collector: StatsCollector | None = None,
+) -> tuple[PendingStats, HistogramCounts]:
+    """:func:`collect_columns`, and each gradient's exponent histogram (a monitor's
+    ``precision=``): of the whole parameters, across ranks as the stats rows are."""
+    if _sharded(gradients, group):
+        named = list(zip(names, gradients, strict=True))
+        return collect_sharded_with_histograms(named, group=group, collector=collector)
+    pending = PendingStats(
+        collector=None if collector is None else collector.fresh(), histograms=True
+    )
+    pending.add_tensors(names, gradients)
+    return pending, pending
+
+
+def _sharded(gradients: list[torch.Tensor], group: ProcessGroup | None) -> bool:
+    """Whether the gradients are shards combined across ranks (``group=`` or DTensors)."""
+    return group is not None or any_dtensor(gradients)

@@ -53,8 +53,10 @@ from gradaudit.scan.layout import LayoutCache
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
     GradientLister,
+    HistogramCounts,
     ParametersInput,
     collect_columns,
+    collect_with_histograms,
     named_gradients,
     named_parameters,
 )
@@ -148,6 +150,17 @@ class MonitorOptions(AdapterOptions, total=False):
 _QUIET_RECORDS = 10
 
 
+@dataclasses.dataclass(frozen=True)
+class _Collected:
+    """A collected step not read yet: its stats, its replicas' digests (a DDP model), its
+    exponent histograms (``precision=``)."""
+
+    step: int
+    pending: PendingStats
+    digests: GatheredDigests | None
+    histograms: HistogramCounts | None
+
+
 class GradientMonitor:
     """Gradient stats every ``every`` steps, a short history, and dumps on NaN/Inf.
 
@@ -179,8 +192,11 @@ class GradientMonitor:
     the native kernel counts the exponent histograms in the read that makes the stats;
     elsewhere one more pass per gradient, on collecting steps only). A gradient with more
     than ``max_underflow`` of its non-zero values flushing to zero, or any overflowing, is a
-    ``cast`` finding, acted on as ``on_finding`` says. See ``docs/precision.md``, "In a
-    training loop", for what a ``GradScaler``'s scaled gradients mean there.
+    ``cast`` finding, acted on as ``on_finding`` says. With ``DTensor`` gradients or
+    ``group`` each shard's histogram is summed across ranks in the stats rows' own
+    collective, so every rank judges the whole parameters and reports the same findings.
+    See ``docs/precision.md``, "In a training loop", for what a ``GradScaler``'s scaled
+    gradients mean there.
 
     Dumps go to ``dump_dir/step_NNNNNNNN.safetensors`` (at most ``max_dumps``
     of them; ``dump_dir=None`` never writes one). With DTensor gradients rank 0
@@ -215,11 +231,6 @@ class GradientMonitor:
             raise ValueError(f"precision must be None or one of {choices}; got {precision!r}")
         if not 0 <= max_underflow <= 1:
             raise ValueError(f"max_underflow must be in [0, 1]; got {max_underflow!r}")
-        if precision is not None and group is not None:
-            raise ValueError(
-                "precision= is not available with group= yet: exponent histograms are not "
-                "combined across ranks"
-            )
         if locate not in get_args(LocateMode):
             choices = ", ".join(repr(a) for a in get_args(LocateMode))
             raise ValueError(f"locate must be one of {choices}; got {locate!r}")
@@ -275,7 +286,7 @@ class GradientMonitor:
         # What judging the gradients takes from their names and shapes alone, kept while
         # the parameters stay the same (issue 28 item 9).
         self._layouts = LayoutCache()
-        self._pending: tuple[int, PendingStats, GatheredDigests | None] | None = None
+        self._pending: _Collected | None = None
         self._next_step = 0
         self.locate: LocateMode = locate
         self.locate_every = locate_every
@@ -331,19 +342,23 @@ class GradientMonitor:
         record = self._complete(current)
         if current % self.every == 0 if collect is None else collect:
             names, gradients = self._gradients.columns()
-            pending = collect_columns(
-                names,
-                gradients,
-                group=self.group,
-                collector=self._collector,
-                histograms=self.precision is not None,
+            histograms: HistogramCounts | None = None
+            if self.precision is None:
+                pending = collect_columns(
+                    names, gradients, group=self.group, collector=self._collector
+                )
+            else:
+                pending, histograms = collect_with_histograms(
+                    names, gradients, group=self.group, collector=self._collector
+                )
+            collected = _Collected(
+                current, pending, self._gather_digests(pending, gradients), histograms
             )
-            digests = self._gather_digests(pending, gradients)
             if self.sync:
-                record = self._finish(current, pending, current, digests)
+                record = self._finish(collected, current)
             else:
                 pending.prefetch()
-                self._pending = (current, pending, digests)
+                self._pending = collected
         # With this step's own stats at hand (sync), they name the poisoned gradients.
         same_step = record is not None and record.step == current
         acting_on_it = record is not None and same_step and bool(record.nonfinite)
@@ -457,22 +472,23 @@ class GradientMonitor:
     def _complete(self, now: int) -> MonitorRecord | None:
         if self._pending is None:
             return None
-        collected, pending, digests = self._pending
+        collected = self._pending
         self._pending = None
-        return self._finish(collected, pending, now, digests)
+        return self._finish(collected, now)
 
-    def _finish(
-        self, collected: int, pending: PendingStats, now: int, digests: GatheredDigests | None
-    ) -> MonitorRecord:
-        """The one host read for step ``collected`` (the gathered digests are read right
-        after it); a dump holds the gradients of ``now``."""
-        report = pending.materialize(self.thresholds, layouts=self._layouts, histograms=False)
+    def _finish(self, collected: _Collected, now: int) -> MonitorRecord:
+        """The one host read for step ``collected.step`` (the gathered digests and the
+        histograms are read right after it); a dump holds the gradients of ``now``."""
+        report = collected.pending.materialize(
+            self.thresholds, layouts=self._layouts, histograms=False
+        )
         headroom = None
-        if self.precision is not None:
-            headroom = self._headroom(report, pending)
+        if collected.histograms is not None:
+            headroom = self._headroom(report, collected.histograms)
             report = with_findings(report, cast_findings(headroom.findings, self.thresholds))
+        digests = collected.digests
         replicas = None if digests is None else digests.read()
-        record = MonitorRecord(collected, report, replicas=replicas, headroom=headroom)
+        record = MonitorRecord(collected.step, report, replicas=replicas, headroom=headroom)
         divergence = None if replicas is None else replicas.divergence
         if record.nonfinite and self.on_nonfinite in ("dump", "raise"):
             record = self._dump(record, now, nonfinite_metadata(record))
@@ -483,11 +499,11 @@ class GradientMonitor:
         self._history.append(record)
         return record
 
-    def _headroom(self, report: Report, pending: PendingStats) -> StepHeadroom:
+    def _headroom(self, report: Report, histograms: HistogramCounts) -> StepHeadroom:
         """The headroom of the collected gradients, judged on the histogram counts as one
         matrix (no object per healthy gradient)."""
         assert self.precision is not None
-        counts = pending.histogram_counts()
+        counts = histograms.histogram_counts()
         tensors = report.tensors
         if isinstance(tensors, StatsTable):
             names: Sequence[str] = tensors.names

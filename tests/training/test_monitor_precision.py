@@ -254,10 +254,31 @@ def test_options_are_checked() -> None:
         GradientMonitor(model, precision="fp32")
     with pytest.raises(ValueError, match="max_underflow"):
         GradientMonitor(model, precision="fp16", max_underflow=2.0)
-    group = object()
-    with pytest.raises(ValueError, match="group="):
-        GradientMonitor(model, precision="fp16", group=group)  # type: ignore[arg-type]
     assert GradientMonitor(model, precision=Precision.BF16).precision is Precision.BF16
+
+
+def test_a_group_of_one_rank_judges_as_without_one(tmp_path: Path) -> None:
+    """With ``group=`` the histograms go through the rows' collective (summed across ranks:
+    ``tests/training/test_headroom_ranks.py``); alone in its group, a rank's headroom is its
+    gradients' own, the non-contiguous one included."""
+    import torch.distributed as dist
+
+    model = _model()
+    _set_gradients(model, seed=6)
+    alone = _record(model, "fp16")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        grouped = _record(model, "fp16", group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    assert grouped.headroom == alone.headroom
+    assert grouped.headroom is not None
+    assert grouped.headroom.findings
+    assert [f for f in grouped.findings if f.kind.value == "cast"] == [
+        f for f in alone.findings if f.kind.value == "cast"
+    ]
 
 
 def test_max_underflow_decides_the_underflow_finding() -> None:
