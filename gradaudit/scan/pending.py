@@ -42,7 +42,7 @@ from gradaudit.engine.triton_plan import release_finished
 from gradaudit.io.base import TensorRun
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram
+from gradaudit.precision.formats import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.scan.batches import QueuedBatch, native_batches, planned_batch, run_batch

@@ -60,7 +60,7 @@ from gradaudit.io.sniff import sniff
 from gradaudit.io.torch_zip import TorchZip, inspect_torch_zip
 from gradaudit.io.zip_checkpoint import MappedZipCheckpoint, NotTorchFree, StoredTensor
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram, layout
+from gradaudit.precision.formats import ExponentHistogram, layout
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.results.row import ROW_WIDTH, skip_reason
