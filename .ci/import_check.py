@@ -42,6 +42,7 @@ PURE = {
     "gradaudit.cli.output",
     "gradaudit.cli.progress",
     "gradaudit.cli.scan",
+    "gradaudit.cli.setting_values",
     "gradaudit.cli.streams",
     "gradaudit.cli.style",
     "gradaudit.cli.trend",
