@@ -12,9 +12,10 @@ command in CI and on laptops applies it. The rules, like ruff's:
   extended, so what you read on the command line is what applies);
 * an unknown key or a bad value is a usage error naming the file and the key:
   a typo in a CI gate must not silently weaken it. That includes values out of
-  bounds: a number that is not a finite float64 (:func:`number`, for flags
-  too) and what the TOML reader cannot take (integers over Python's 4,300
-  digits, nesting past its recursion limit: named by line, :func:`_read`);
+  bounds: a number that is not a finite float64
+  (:func:`~gradaudit.cli.setting_values.number`, for flags too) and what the
+  TOML reader cannot take (integers over Python's 4,300 digits, nesting past
+  its recursion limit: named by line, :func:`_read`);
 * relative paths in the file (``output``) are relative to the file's directory;
 * one file serves every command. Keys that several commands read sit in the
   table itself; a ``[tool.gradaudit.<command>]`` sub-table (``compare``,
