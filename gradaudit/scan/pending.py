@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,46 +51,15 @@ from gradaudit.scan.derived import derived_rows
 from gradaudit.scan.layout import LayoutCache
 from gradaudit.scan.readback import Readback
 from gradaudit.scan.reading import read_file
+from gradaudit.scan.tensor_input import TensorInput, names_and_tensors
 
 _CPU = torch.device("cpu")
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
-#: What ``audit`` and ``collect_async`` accept: a mapping of names to tensors
-#: (a state dict) or an iterable of ``(name, tensor)`` pairs.
-TensorInput = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype) or _DTYPE_NAMES.setdefault(dtype, dtype_name(dtype))
-
-
-def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(tensors, Mapping):
-        yield from tensors.items()
-        return
-    for item in tensors:
-        name, tensor = item
-        yield str(name), tensor
-
-
-def _split(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[torch.Tensor]]:
-    """The names (``str()`` of each) and the tensors of ``(name, tensor)`` pairs, as
-    :func:`_named` gives them, in C loops where every item is a pair: a Python step per
-    item was ~0.3 us a tensor on each of a monitor's steps (issue 28 item 9)."""
-    items = list(tensors)
-    try:
-        pairs = set(map(len, items)) == {2}
-    except TypeError:  # an item with no length: _named says what is wrong
-        pairs = False
-    if not pairs:
-        named = list(_named(items))
-        return [name for name, _ in named], [tensor for _, tensor in named]
-    firsts, values = zip(*items, strict=True)
-    # Names are nearly always str already: one type check in C, not a str() call each.
-    names = list(firsts) if set(map(type, firsts)) == {str} else list(map(str, firsts))
-    return names, list(values)
 
 
 @dataclass(frozen=True)
@@ -370,11 +339,7 @@ class PendingStats(Collected):
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         """:meth:`add` for each tensor; every value is taken before this returns."""
-        if isinstance(tensors, Mapping):
-            names: list[str] = list(tensors.keys())
-            values: list[torch.Tensor] = list(tensors.values())
-        else:
-            names, values = _split(tensors)
+        names, values = names_and_tensors(tensors)
         self.add_tensors(names, values, source)
 
     def add_tensors(
