@@ -32,7 +32,7 @@ import torch
 import gradaudit
 from benchmarks.bench_monitor import TinyTransformer
 from benchmarks.bench_scan import table
-from gradaudit.training.locate import StepReplay
+from gradaudit.training.replay import StepReplay
 
 
 def _sync(device: torch.device) -> None:

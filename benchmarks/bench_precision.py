@@ -46,7 +46,7 @@ from benchmarks.bench_scan import table
 from gradaudit.engine import native, native_rows
 from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.engine.stats import StatsCollector
-from gradaudit.precision import layout
+from gradaudit.precision.formats import layout
 
 
 def _row_and_histogram(values: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradaudit.precision import Precision
+from gradaudit.precision.formats import Precision
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from gradaudit import (
     compare_paths,
     scan_paths,
 )
-from gradaudit.precision import Precision
+from gradaudit.precision.formats import Precision
 from gradaudit.scan.judge import with_headroom
 from gradaudit.scan.pending import PendingStats
 

@@ -12,9 +12,10 @@ command in CI and on laptops applies it. The rules, like ruff's:
   extended, so what you read on the command line is what applies);
 * an unknown key or a bad value is a usage error naming the file and the key:
   a typo in a CI gate must not silently weaken it. That includes values out of
-  bounds: a number that is not a finite float64 (:func:`_number`, for flags
-  too) and what the TOML reader cannot take (integers over Python's 4,300
-  digits, nesting past its recursion limit: named by line, :func:`_read`);
+  bounds: a number that is not a finite float64
+  (:func:`~gradaudit.cli.setting_values.number`, for flags too) and what the
+  TOML reader cannot take (integers over Python's 4,300 digits, nesting past
+  its recursion limit: named by line, :func:`_read`);
 * relative paths in the file (``output``) are relative to the file's directory;
 * one file serves every command. Keys that several commands read sit in the
   table itself; a ``[tool.gradaudit.<command>]`` sub-table (``compare``,
@@ -38,16 +39,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 import stat
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 from gradaudit._compat import tomllib
+from gradaudit.cli.setting_values import (
+    MAX_NUMBER,
+    boolean,
+    cast_target,
+    checked,
+    choice,
+    device_name,
+    fail_on_kinds,
+    ignore_patterns,
+    input_kind,
+    output_path,
+    spike_factor,
+    trend_fail_on,
+)
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import (
@@ -58,15 +71,10 @@ from gradaudit.policy import (
     InputKind,
     PolicyError,
     Thresholds,
-    check_cast_target,
     check_exploding_threshold,
-    check_ignore_pattern,
-    check_kind,
     check_max_global_norm,
     check_max_vanishing_fraction,
     check_vanishing_threshold,
-    parse_fail_on,
-    parse_kinds,
 )
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.results.comparison import (
@@ -184,161 +192,6 @@ def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-# --- value parsers: raw (TOML or flag) value -> typed value, or ValueError ------------
-
-
-def _number(raw: object) -> float:
-    """Every number a setting holds, from a file or a flag: a float64, and finite.
-
-    The bound lives here, once, so no key can forget it: an integer beyond
-    float64's range (over 309 digits) would otherwise crash ``float()``, and
-    an infinity (TOML's ``inf``, or a flag like ``1e999`` that float parsing
-    rounds up) turns a gate into one that never or always fires. NaN is left
-    to each key's own range check, which names the range it needs.
-    """
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ValueError(f"expected a number, got {_kind(raw)}")
-    try:
-        value = float(raw)
-    except OverflowError:
-        raise ValueError(
-            f"out of range: {_kind(raw)} (numbers must be within ±{_MAX:.4g})"
-        ) from None
-    if math.isinf(value):
-        raise ValueError(f"must be a finite number (got {value!r})")
-    return value
-
-
-#: The largest magnitude a number setting may have (float64's).
-_MAX = sys.float_info.max
-#: Integers shown whole in messages; longer ones are described by their length.
-_SHOWN_DIGITS = 20
-
-
-def _boolean(raw: object) -> bool:
-    if not isinstance(raw, bool):
-        raise ValueError(f"expected true or false, got {_kind(raw)}")
-    return raw
-
-
-def _string(raw: object) -> str:
-    if not isinstance(raw, str):
-        raise ValueError(f"expected a string, got {_kind(raw)}")
-    return raw
-
-
-def _strings(raw: object) -> list[str]:
-    """A string or a list of strings (``fail-on = "nan,inf"`` or ``["nan", "inf"]``)."""
-    if isinstance(raw, str):
-        return [raw]
-    if isinstance(raw, list | tuple) and all(isinstance(item, str) for item in raw):
-        return list(raw)
-    raise ValueError(f"expected a string or a list of strings, got {_kind(raw)}")
-
-
-def _kind(raw: object) -> str:
-    if type(raw) is int and abs(raw) >= 10**_SHOWN_DIGITS:
-        # repr() of a 5,000-digit integer raises; a 300-digit one helps no reader.
-        return f"an integer of {_digits(raw)} digits"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-    for kind, name in names.items():
-        if type(raw) is kind:
-            return f"{name} ({raw!r})"
-    if isinstance(raw, list | tuple):
-        return "a list"
-    if isinstance(raw, dict):
-        return "a table"
-    return type(raw).__name__
-
-
-def _digits(value: int) -> int:
-    """The decimal digits of ``value``, without ``str()`` (which refuses over 4,300)."""
-    digits = max(1, math.floor(abs(value).bit_length() * math.log10(2)) + 1)
-    return digits - 1 if abs(value) < 10 ** (digits - 1) else digits
-
-
-def _choice(enum: type[OutputFormat] | type[Engine]) -> Callable[[object], Any]:
-    def parse(raw: object) -> Any:
-        text = _string(raw)
-        try:
-            return enum(text.strip().lower())
-        except ValueError:
-            allowed = ", ".join(member.value for member in enum)
-            raise ValueError(f"unknown value {text!r} (choose from {allowed})") from None
-
-    return parse
-
-
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)
-
-
-def _device(raw: object) -> str:
-    text = _string(raw).strip()
-    if not _DEVICE.fullmatch(text):
-        raise ValueError(f"unknown device {text!r} (use auto, cpu, cuda or cuda:N)")
-    return text
-
-
-def _checked(check: Callable[[float], float]) -> Callable[[object], float]:
-    def parse(raw: object) -> float:
-        try:
-            return check(_number(raw))
-        except PolicyError as error:
-            raise ValueError(error.problem) from None
-
-    return parse
-
-
-def _fail_on(raw: object) -> frozenset[FindingKind]:
-    try:
-        return parse_fail_on(_strings(raw))
-    except PolicyError as error:
-        raise ValueError(error.problem) from None
-
-
-def _ignore(raw: object) -> tuple[str, ...]:
-    try:
-        return tuple(check_ignore_pattern(p) for p in _strings(raw))
-    except PolicyError as error:
-        raise ValueError(error.problem) from None
-
-
-def _kind_value(raw: object) -> InputKind:
-    try:
-        return check_kind(_string(raw))
-    except PolicyError as error:
-        raise ValueError(error.problem) from None
-
-
-def _cast_check(raw: object) -> str:
-    try:
-        return check_cast_target(_string(raw))
-    except PolicyError as error:
-        raise ValueError(error.problem) from None
-
-
-def _spike_factor(raw: object) -> float:
-    value = _number(raw)
-    if not 1.0 < value < math.inf:
-        raise ValueError(f"must be a finite number above 1 (got {value:g})")
-    return value
-
-
-def _trend_fail_on(raw: object) -> frozenset[TrendKind]:
-    """trend's ``fail-on``: ``nonfinite``, ``spike``, ``collapse``, ``all`` or ``none``."""
-    return parse_kinds(",".join(_strings(raw)), TrendKind)
-
-
-def _output(raw: object) -> Path:
-    text = str(raw) if isinstance(raw, PurePath) else _string(raw)
-    if not text.strip():
-        raise ValueError("expected a file name, got an empty string")
-    if "\0" in text:
-        # No file name can hold one: every os call on it would raise ValueError.
-        raise ValueError("a file name cannot hold a NUL byte")
-    return Path(text)
-
-
 @dataclass(frozen=True)
 class Key:
     """One config key: the :class:`Settings` field it fills, its parser, who reads it."""
@@ -361,33 +214,33 @@ _SCAN_AND_COMPARE = frozenset({"scan", "compare"})
 #: Config key (= long flag) -> :class:`Key`. Add a key here to make a new flag
 #: configurable; the README's configuration table lists these keys.
 KEYS: Mapping[str, Key] = {
-    "fail-on": Key("fail_on", _fail_on, _SCAN_AND_COMPARE),
-    "vanishing-threshold": Key("vanishing_threshold", _checked(check_vanishing_threshold)),
+    "fail-on": Key("fail_on", fail_on_kinds, _SCAN_AND_COMPARE),
+    "vanishing-threshold": Key("vanishing_threshold", checked(check_vanishing_threshold)),
     "exploding-threshold": Key(
-        "exploding_threshold", _checked(check_exploding_threshold), _SCAN_AND_COMPARE
+        "exploding_threshold", checked(check_exploding_threshold), _SCAN_AND_COMPARE
     ),
-    "max-global-norm": Key("max_global_norm", _checked(check_max_global_norm), _SCAN_AND_COMPARE),
+    "max-global-norm": Key("max_global_norm", checked(check_max_global_norm), _SCAN_AND_COMPARE),
     "max-vanishing-fraction": Key(
-        "max_vanishing_fraction", _checked(check_max_vanishing_fraction), _SCAN_AND_COMPARE
+        "max_vanishing_fraction", checked(check_max_vanishing_fraction), _SCAN_AND_COMPARE
     ),
-    "ignore": Key("ignore", _ignore, _SCAN_AND_COMPARE),
-    "kind": Key("kind", _kind_value),
-    "cast-check": Key("cast_check", _cast_check, _SCAN_AND_COMPARE),
-    "format": Key("format", _choice(OutputFormat)),
-    "output": Key("output", _output),
-    "quiet": Key("quiet", _boolean),
-    "device": Key("device", _device),
-    "engine": Key("engine", _choice(Engine)),
-    "min-ratio": Key("min_ratio", _checked(check_min_ratio), _COMPARE),
-    "max-ratio": Key("max_ratio", _checked(check_max_ratio), _COMPARE),
-    "max-change": Key("max_change", _checked(check_max_change), _COMPARE),
-    "fail-on-change": Key("fail_on_change", _boolean, _COMPARE),
-    "spike-factor": Key("spike_factor", _spike_factor, _TREND),
+    "ignore": Key("ignore", ignore_patterns, _SCAN_AND_COMPARE),
+    "kind": Key("kind", input_kind),
+    "cast-check": Key("cast_check", cast_target, _SCAN_AND_COMPARE),
+    "format": Key("format", choice(OutputFormat)),
+    "output": Key("output", output_path),
+    "quiet": Key("quiet", boolean),
+    "device": Key("device", device_name),
+    "engine": Key("engine", choice(Engine)),
+    "min-ratio": Key("min_ratio", checked(check_min_ratio), _COMPARE),
+    "max-ratio": Key("max_ratio", checked(check_max_ratio), _COMPARE),
+    "max-change": Key("max_change", checked(check_max_change), _COMPARE),
+    "fail-on-change": Key("fail_on_change", boolean, _COMPARE),
+    "spike-factor": Key("spike_factor", spike_factor, _TREND),
 }
 #: Keys a command spells like a shared key but reads in its own words: in its sub-table
 #: (and from its flags) these replace the shared key's meaning.
 COMMAND_KEYS: Mapping[str, Mapping[str, Key]] = {
-    "trend": {"fail-on": Key("trend_fail_on", _trend_fail_on, _TREND)},
+    "trend": {"fail-on": Key("trend_fail_on", trend_fail_on, _TREND)},
 }
 
 
@@ -570,7 +423,7 @@ def _read(path: Path) -> dict[str, Any]:
         # tomllib's int() of a literal over sys.get_int_max_str_digits() (4,300) digits.
         where = _culprit(text, _LONG_INTEGER)
         raise UsageError(
-            f"{path}: {where}an integer too long to read (numbers must be within ±{_MAX:.4g})"
+            f"{path}: {where}an integer too long to read (numbers must be within ±{MAX_NUMBER:.4g})"
         ) from None
 
 

@@ -40,7 +40,8 @@ from gradaudit.cli.visuals import ChartOption, GroupByOption, PlotOption, ScanVi
 from gradaudit.engine.options import DEFAULT_MEMORY_BUDGET, Engine, EngineOptions
 from gradaudit.errors import UsageError
 from gradaudit.policy import Thresholds
-from gradaudit.precision import DEFAULT_MAX_UNDERFLOW, Precision, PrecisionReport
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.judging import DEFAULT_MAX_UNDERFLOW, PrecisionReport
 from gradaudit.report.base import DEFAULT_TOP_ROWS
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.precision_plot import precision_plot

@@ -37,7 +37,7 @@ from gradaudit.cli.visuals import (
 from gradaudit.engine.options import Engine
 from gradaudit.errors import UsageError
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, InputKind
-from gradaudit.precision import Precision
+from gradaudit.precision.formats import Precision
 from gradaudit.report.output_format import OutputFormat
 from gradaudit.report.precision_table import render_headroom_trend
 from gradaudit.results.trend import DEFAULT_SPIKE_FACTOR, DEFAULT_TREND_FAIL_ON

@@ -25,7 +25,8 @@ from gradaudit.results.comparison import (
     Comparison,
     DualGradientStats,
 )
-from gradaudit.scan.pending import PendingStats, TensorInput
+from gradaudit.scan.pending import PendingStats
+from gradaudit.scan.tensor_input import TensorInput
 
 #: One side of an in-memory comparison: what ``audit`` accepts, or a module whose
 #: parameters' ``.grad`` are compared (parameters without a gradient are left out).

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from gradaudit.precision import layout
+from gradaudit.precision.formats import layout
 
 #: Elements binned at once: the bucketize indices of a chunk are 4 bytes each.
 HISTOGRAM_CHUNK_ELEMENTS = 1 << 22

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import numpy as np
 
-from gradaudit.precision import layout
+from gradaudit.precision.formats import layout
 from gradaudit.results.row import ROW_WIDTH
 
 #: The ABI this module speaks; a stale build of the extension (an older

@@ -15,7 +15,8 @@ Safety, in the order it is checked:
   here by an unpickler that knows an explicit list of globals, the metadata classes of
   ``torch.distributed.checkpoint`` and a few values (dtypes, ``torch.Size``, paths), and
   maps each to an inert stand-in defined here: nothing from torch's checkpoint classes,
-  and nothing the file names, is imported or called. Any other global is refused, named.
+  and nothing the file names, is imported or called. Any other global is refused, named
+  (:mod:`gradaudit.io.dcp_metadata`).
 * every storage entry is validated before a byte of data is read: a relative file name
   inside the directory (no absolute path, no ``..``), a regular file, and a byte range
   inside it; each tensor's chunks lie inside its shape and their volumes add up to it.
@@ -46,146 +47,24 @@ import torch
 
 from gradaudit.errors import InputError
 from gradaudit.io.base import Excluded, Pieces, Select, SourceItem
+from gradaudit.io.dcp_metadata import Record, read_metadata
 from gradaudit.io.files import FileRange, describe_os_error, open_checked, show
 from gradaudit.io.layouts import DATA_SUFFIX as DATA_SUFFIX
 from gradaudit.io.layouts import METADATA_NAME as METADATA_NAME
 from gradaudit.io.layouts import is_dcp_directory as is_dcp_directory
 from gradaudit.io.nested import expanded_view
-from gradaudit.io.pickle_budget import budget_problem
 from gradaudit.io.torch_zip import data_pickle_problem, inspect_torch_zip
 from gradaudit.policy import Role
 from gradaudit.results import Skipped
 from gradaudit.results.roles import TensorHint
 from gradaudit.roles import OPTIMIZER_STATE_ROLES, container_hint
 
-#: A ``.metadata`` larger than this is refused (a 400B-parameter model's is a few MB).
-MAX_METADATA_BYTES = 512 << 20
-
 #: No tensor holds this many elements (torch's sizes are signed 64-bit).
 _MAX_ELEMENTS = 2**63
-
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-_DCP_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
-
-
-class _Record:
-    """An inert stand-in for a pickled DCP dataclass.
-
-    Its fields are kept in a dict of their own, never in ``__dict__``: a pickled state
-    holding a key ``get`` must not replace the method that reads the fields.
-    """
-
-    _fields: dict[object, object]
-
-    def __setstate__(self, state: object) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict | None):
-            state = {**(state[0] or {}), **(state[1] or {})}
-        fields = dict(state) if isinstance(state, dict) else {"_state": state}
-        object.__setattr__(self, "_fields", fields)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("DCP metadata records are read-only")
-
-    def get(self, field: str, default: object = None) -> Any:
-        return vars(self).get("_fields", {}).get(field, default)
-
-
-def _record_class(name: str) -> type[_Record]:
-    return type(name, (_Record,), {})
-
-
-_RECORDS = {
-    (_DCP_METADATA, name): _record_class(name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "BytesStorageMetadata",
-        "StorageMeta",
-        "MetadataIndex",
-    )
-}
-_RECORDS[(_DCP_FILESYSTEM, "_StorageInfo")] = _record_class("_StorageInfo")
-
-
-def _as_tuple(*args: object) -> tuple[object, ...]:
-    """``torch.Size(seq)`` and friends: the values, as a plain tuple."""
-    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], list | tuple) else args
-
-
-def _as_text(*args: object) -> str:
-    """``pathlib.PosixPath(*parts)``, ``torch.serialization._get_layout(name)``: text."""
-    return "/".join(str(a) for a in args)
-
-
-def _as_value(value: object) -> object:
-    """An enum member pickled as ``Enum(value)``: its value."""
-    return value
-
-
-_FUNCTIONS: dict[tuple[str, str], Any] = {
-    ("torch", "Size"): _as_tuple,
-    ("torch.serialization", "_get_layout"): _as_text,
-    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"): _as_value,
-    ("pathlib", "PosixPath"): _as_text,
-    ("pathlib", "WindowsPath"): _as_text,
-    ("pathlib", "PurePosixPath"): _as_text,
-    ("pathlib", "PureWindowsPath"): _as_text,
-    ("collections", "OrderedDict"): dict,
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Knows the globals a DCP ``.metadata`` uses and maps each to something inert here."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        record = _RECORDS.get((module, name))
-        if record is not None:
-            return record
-        function = _FUNCTIONS.get((module, name))
-        if function is not None:
-            return function
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"global {module}.{name} is not part of DCP metadata")
-
-    def persistent_load(self, pid: object) -> Any:
-        raise pickle.UnpicklingError("persistent references are not part of DCP metadata")
 
 
 def _refuse(path: str, cause: str) -> InputError:
     return InputError(path, cause)
-
-
-def read_metadata(directory: str) -> Any:
-    """The unpickled ``.metadata`` of ``directory`` (inert records); raises InputError."""
-    path = os.path.join(directory, METADATA_NAME)
-    handle, size = open_checked(path)
-    with handle:
-        if size > MAX_METADATA_BYTES:
-            raise _refuse(directory, f"{METADATA_NAME} is {size} bytes, absurdly large")
-        try:
-            raw = handle.read(MAX_METADATA_BYTES + 1)
-        except OSError as error:
-            raise _refuse(directory, f"{METADATA_NAME}: {describe_os_error(error)}") from None
-    problem = budget_problem(raw)
-    if problem is not None:
-        raise _refuse(directory, f"{METADATA_NAME}: {problem}")
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as error:
-        raise _refuse(directory, f"{METADATA_NAME} refused as unsafe or corrupt: {error}") from None
-    except MemoryError:
-        raise _refuse(directory, f"{METADATA_NAME}: not enough memory to unpickle it") from None
-    except Exception as error:  # noqa: BLE001 - hostile bytes: whatever the unpickler raises
-        detail = " ".join(str(error).split())[:120]
-        raise _refuse(
-            directory, f"{METADATA_NAME} is truncated or corrupt ({type(error).__name__}: {detail})"
-        ) from None
-    if type(metadata).__name__ != "Metadata" or not isinstance(metadata, _Record):
-        raise _refuse(directory, f"{METADATA_NAME} does not hold DCP checkpoint metadata")
-    return metadata
 
 
 @dataclass(frozen=True)
@@ -268,7 +147,7 @@ def _storage_map(directory: str, metadata: Any) -> dict[tuple[str, tuple[int, ..
     sizes: dict[str, int] = {}
     found: dict[tuple[str, tuple[int, ...]], Chunk] = {}
     for index, info in storage.items():
-        if not isinstance(index, _Record) or not isinstance(info, _Record):
+        if not isinstance(index, Record) or not isinstance(info, Record):
             raise _refuse(directory, "metadata's storage map is malformed")
         fqn, offset = index.get("fqn"), index.get("offset")
         key_offset = () if offset is None else _ints(offset)
@@ -325,7 +204,7 @@ def plan_checkpoint(directory: str) -> tuple[list[DcpTensor | Skipped], dict[str
     paths = planner if isinstance(planner, dict) else {}
     plan: list[DcpTensor | Skipped] = []
     for fqn, entry in entries.items():
-        if not isinstance(fqn, str) or not isinstance(entry, _Record):
+        if not isinstance(fqn, str) or not isinstance(entry, Record):
             raise _refuse(directory, "metadata's state dict is malformed")
         kind = type(entry).__name__
         if kind == "BytesStorageMetadata":
@@ -341,13 +220,13 @@ def plan_checkpoint(directory: str) -> tuple[list[DcpTensor | Skipped], dict[str
 def _tensor(
     directory: str,
     fqn: str,
-    entry: _Record,
+    entry: Record,
     storage: dict[tuple[str, tuple[int, ...]], Chunk],
     path: object,
 ) -> DcpTensor:
     properties = entry.get("properties")
-    dtype = properties.get("dtype") if isinstance(properties, _Record) else None
-    if dtype is None and isinstance(properties, _Record):  # pickled by TensorProperties' state
+    dtype = properties.get("dtype") if isinstance(properties, Record) else None
+    if dtype is None and isinstance(properties, Record):  # pickled by TensorProperties' state
         state = properties.get("_state")
         dtype = state[0] if isinstance(state, tuple) and state else None
     shape = _ints(entry.get("size"))
@@ -362,8 +241,8 @@ def _tensor(
         )
     chunks = []
     for raw in raw_chunks:
-        offsets = _ints(raw.get("offsets")) if isinstance(raw, _Record) else None
-        sizes = _ints(raw.get("sizes")) if isinstance(raw, _Record) else None
+        offsets = _ints(raw.get("offsets")) if isinstance(raw, Record) else None
+        sizes = _ints(raw.get("sizes")) if isinstance(raw, Record) else None
         if offsets is None or sizes is None:
             raise _refuse(directory, f"metadata entry {show(fqn)} has a malformed chunk")
         where = storage.get((fqn, offsets))

@@ -18,25 +18,17 @@ accounts for everything else as :class:`~gradaudit.results.Skipped`:
   skipped: it is a count, not a gradient statistic, and would otherwise be "exploding" after
   100 steps.
 
-**Optimizer state -> parameter.** ``torch.optim`` keys its state by parameter index. When
-the index can be tied to a parameter name without guessing, the tensor's name gets it in
-parentheses: ``optimizer.state.3.exp_avg (encoder.weight)``. The rules, strictest first:
-
-1. the param group lists ``param_names`` (``torch.optim`` does since PyTorch 2.5 when the
-   optimizer was built from ``named_parameters()``): those names, exactly;
-2. otherwise only by position, and only when nothing else is possible: a single param
-   group whose ``params`` are ``0..n-1``, exactly one flat state dict elsewhere in the
-   checkpoint with exactly ``n`` floating-point tensors, and every optimizer state entry
-   holding a tensor of exactly its parameter's shape. Several param groups (which may list
-   parameters in any order), a second state dict (an EMA copy) or any shape mismatch means
-   no annotation rather than a plausible wrong one.
-
-``--include``/``--exclude`` patterns are matched against the path name, without the
-parenthesised parameter.
+An optimizer state tensor's name gets its parameter in parentheses where the checkpoint
+ties the two without guessing (``optimizer.state.3.exp_avg (encoder.weight)``; the rules
+and each tensor's role hint: :mod:`gradaudit.io.optimizer_state`). ``--include``/
+``--exclude`` patterns are matched against the path name, without the parenthesised
+parameter. The tree itself (containers, children, the walk's plan) is
+:mod:`gradaudit.io.checkpoint_tree`.
 
 **Without torch.** The same walk serves the structure :mod:`gradaudit.io.zip_checkpoint`
 unpickles without torch, whose tensors are :class:`~gradaudit.io.zip_checkpoint.StoredTensor`
-records: every question asked of a tensor here (:func:`is_tensor`, :func:`_tensor_key`,
+records: every question asked of a tensor
+(:func:`~gradaudit.io.checkpoint_tree.is_tensor`, :func:`_tensor_key`,
 :func:`_stored_elements` ...) has the same answer for both, so the names, skips and hints
 of both scan paths are one implementation. This module never imports torch: a
 ``torch.Tensor`` can only exist once torch is imported, so it is looked up in
@@ -46,42 +38,26 @@ of both scan paths are one implementation. This module never imports torch: a
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from collections.abc import Iterator
 
 from gradaudit.io.base import Excluded, Select, SourceItem
-from gradaudit.io.files import plain_number, show
+from gradaudit.io.checkpoint_tree import (
+    MAX_DEPTH,
+    Node,
+    Tensor,
+    is_container,
+    is_tensor,
+    plan,
+    tensor_bearing,
+)
+from gradaudit.io.files import show
+from gradaudit.io.optimizer_state import find_optimizers, role_hint
 from gradaudit.io.zip_checkpoint import StoredTensor
-from gradaudit.policy import Role
 from gradaudit.results import Skipped
-from gradaudit.results.roles import EstimateBasis, TensorHint
-from gradaudit.roles import OPTIMIZER_STATE_ROLES, container_hint
+from gradaudit.results.roles import TensorHint
 
 #: The name of a tensor saved on its own (``torch.save(tensor, path)``).
 ROOT_NAME = "<root>"
-
-#: Containers nested deeper than this are skipped rather than walked: a hostile pickle can
-#: nest lists a million deep, and no real checkpoint comes close.
-MAX_DEPTH = 64
-
-#: A ``torch.Tensor`` or a :class:`StoredTensor` (annotated loosely: torch is not imported).
-Tensor = Any
-
-
-def is_tensor(value: object) -> TypeGuard[Tensor]:
-    """Whether ``value`` is a tensor: a :class:`StoredTensor`, or a ``torch.Tensor`` once
-    torch is imported (none can exist before)."""
-    if type(value) is StoredTensor:
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _is_floating(tensor: Tensor) -> bool:
-    if type(tensor) is StoredTensor:
-        return tensor.is_floating_point
-    return bool(tensor.dtype.is_floating_point)
 
 
 def _hides_values(tensor: Tensor) -> bool:
@@ -122,7 +98,7 @@ def _bookkeeping(root: object) -> dict[int, str]:
     found = {
         id(root[key]): what
         for key, what in LIGHTNING_BOOKKEEPING.items()
-        if key in root and _is_container(root[key]) and key != "callbacks"
+        if key in root and is_container(root[key]) and key != "callbacks"
     }
     callbacks = root.get("callbacks")
     if isinstance(callbacks, dict):
@@ -132,46 +108,13 @@ def _bookkeeping(root: object) -> dict[int, str]:
         scalar_only = {
             key: value
             for key, value in callbacks.items()
-            if _is_container(value) and all(t.dim() == 0 for t in iter_tensors(value))
+            if is_container(value) and all(t.dim() == 0 for t in iter_tensors(value))
         }
         if len(scalar_only) == len(callbacks):
             found[id(callbacks)] = LIGHTNING_BOOKKEEPING["callbacks"]
         else:
             found.update({id(v): LIGHTNING_BOOKKEEPING["callbacks"] for v in scalar_only.values()})
     return found
-
-
-def _is_container(value: object) -> bool:
-    # torch.Size is a tuple of ints: a value, not a structure to walk.
-    if isinstance(value, dict | list):
-        return True
-    if not isinstance(value, tuple):
-        return False
-    torch = sys.modules.get("torch")
-    return torch is None or not isinstance(value, torch.Size)
-
-
-def _key_text(key: object) -> str:
-    """A path component for a dict key; keys that are not text or numbers get their type."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, bool | int | float) or key is None:
-        return str(key)
-    return f"<{type(key).__name__}>"
-
-
-def _child_name(parent: str | None, key: object) -> str:
-    text = _key_text(key)
-    return text if parent is None else f"{parent}.{text}"
-
-
-def _children(value: object) -> list[tuple[object, object]]:
-    """``(key, child)`` pairs of a container, in their stored order."""
-    if isinstance(value, dict):
-        return list(value.items())
-    if isinstance(value, list | tuple):
-        return list(enumerate(value))
-    return []
 
 
 def _describe(value: object) -> str:
@@ -181,278 +124,6 @@ def _describe(value: object) -> str:
     if isinstance(value, list | tuple):
         return f"{type(value).__name__} of {len(value)} value{'' if len(value) == 1 else 's'}"
     return f"{type(value).__name__} value"
-
-
-def _tensor_bearing(root: object) -> set[int]:
-    """Ids of the containers with at least one tensor somewhere beneath them.
-
-    Iterative post-order walk: a hostile pickle may nest deeper than Python's recursion
-    limit, and may be cyclic (a list that contains itself), so every container is entered
-    once.
-    """
-    bearing: set[int] = set()
-    entered: set[int] = set()
-    stack: list[tuple[object, bool]] = [(root, False)]
-    while stack:
-        value, leaving = stack.pop()
-        if leaving:
-            if any(is_tensor(child) or id(child) in bearing for _, child in _children(value)):
-                bearing.add(id(value))
-            continue
-        if not _is_container(value) or id(value) in entered:
-            continue
-        entered.add(id(value))
-        stack.append((value, True))
-        stack.extend((child, False) for _, child in _children(value) if _is_container(child))
-    return bearing
-
-
-@dataclass(frozen=True)
-class _Node:
-    name: str | None  # None for the root
-    value: object
-    depth: int
-    #: The parameter an optimizer state entry belongs to, inherited by what it holds.
-    param: str | None = None
-    #: Whether this node sits directly in an optimizer's per-parameter state entry.
-    in_optimizer_entry: bool = False
-    #: The id of that state entry (to find its param group and step), when it does.
-    entry: int | None = None
-
-
-@dataclass(frozen=True)
-class _Optimizers:
-    """What :func:`_find_optimizers` learnt: state entries by id, and their parameters."""
-
-    entry_ids: frozenset[int] = frozenset()
-    params: Mapping[int, str] = field(default_factory=dict)
-    #: State entry id -> (its param group, the entry), for roles and gradient estimates.
-    entries: Mapping[int, tuple[dict[object, object], dict[object, object]]] = field(
-        default_factory=dict
-    )
-
-
-def _plan(
-    root: object, bearing: set[int], optimizers: _Optimizers | None = None
-) -> Iterator[_Node]:
-    """Visit the root and the children of every tensor-bearing container, depth first, in order.
-
-    Tensor-free containers and leaves are yielded but not entered; a container reached a
-    second time is yielded again (the caller reports it) but not entered again.
-    """
-    optimizers = optimizers or _Optimizers()
-    entered: set[int] = set()
-    stack = [_Node(None, root, 0)]
-    while stack:
-        node = stack.pop()
-        yield node
-        value = node.value
-        if not _is_container(value) or id(value) in entered or node.depth >= MAX_DEPTH:
-            continue
-        if node.name is not None and id(value) not in bearing:
-            continue
-        entered.add(id(value))
-        is_entry = id(value) in optimizers.entry_ids
-        param = optimizers.params.get(id(value), node.param)
-        entry = id(value) if is_entry else None
-        stack.extend(
-            reversed(
-                [
-                    _Node(
-                        _child_name(node.name, key), child, node.depth + 1, param, is_entry, entry
-                    )
-                    for key, child in _children(value)
-                ]
-            )
-        )
-
-
-def _optimizer_groups(value: object) -> list[object] | None:
-    """The ``param_groups`` of a ``torch.optim`` state dict, or None if ``value`` is not one."""
-    if not isinstance(value, dict):
-        return None
-    state, groups = value.get("state"), value.get("param_groups")
-    if not isinstance(state, dict) or not isinstance(groups, list):
-        return None
-    if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
-        return None
-    return groups
-
-
-def _floating_tensors(value: dict[object, object]) -> list[tuple[str, Tensor]] | None:
-    """The floating-point tensors of a flat state dict (text keys, tensor values), else None."""
-    pairs = [(k, v) for k, v in value.items() if isinstance(k, str) and is_tensor(v)]
-    if not pairs or len(pairs) != len(value):
-        return None
-    floats = [(k, v) for k, v in pairs if _is_floating(v)]
-    return floats or None
-
-
-def _names_from_groups(groups: list[object]) -> dict[object, str]:
-    """Rule 1: ``param_names`` listed next to ``params`` in each group."""
-    mapping: dict[object, str] = {}
-    for group in groups:
-        if not isinstance(group, dict):
-            continue
-        params, names = group.get("params"), group.get("param_names")
-        if (
-            isinstance(params, list)
-            and isinstance(names, list)
-            and len(names) == len(params)
-            and all(isinstance(n, str) for n in names)
-        ):
-            for index, name in zip(params, names, strict=True):
-                if isinstance(index, int | str):
-                    mapping[index] = name
-    return mapping
-
-
-def _names_by_position(
-    state: dict[object, object],
-    groups: list[object],
-    models: list[tuple[str | None, list[tuple[str, Tensor]]]],
-) -> dict[object, str]:
-    """Rule 2: position in the only state dict, when counts and every shape agree."""
-    if len(groups) != 1 or len(models) != 1 or not isinstance(groups[0], dict):
-        return {}
-    model_name, tensors = models[0]
-    if groups[0].get("params") != list(range(len(tensors))):
-        return {}
-    checked = 0
-    for index, entry in state.items():
-        if type(index) is not int or not 0 <= index < len(tensors):
-            return {}
-        non_scalar = [t for _, t in _children(entry) if is_tensor(t) and t.dim() > 0]
-        if not non_scalar:
-            continue
-        if not any(t.shape == tensors[index][1].shape for t in non_scalar):
-            return {}
-        checked += 1
-    if not checked:
-        return {}
-    return {i: _child_name(model_name, key) for i, (key, _) in enumerate(tensors)}
-
-
-def _find_optimizers(root: object, bearing: set[int]) -> _Optimizers:
-    """Find ``torch.optim`` state dicts; tie their entries to parameter names where unambiguous."""
-    optimizers: list[tuple[dict[object, object], list[object]]] = []
-    flat: list[tuple[str | None, int, list[tuple[str, Tensor]]]] = []
-    seen: set[int] = set()
-    for node in _plan(root, bearing):
-        value = node.value
-        if not isinstance(value, dict) or id(value) in seen:
-            continue
-        seen.add(id(value))
-        groups = _optimizer_groups(value)
-        if groups is not None:
-            optimizers.append((value, groups))
-            continue
-        floats = _floating_tensors(value)
-        if floats is not None:
-            flat.append((node.name, id(value), floats))
-    entry_ids = {
-        id(entry)
-        for optimizer, _ in optimizers
-        for entry in _state(optimizer).values()
-        if isinstance(entry, dict)
-    }
-    # A flat dict inside an optimizer's state is one parameter's state, not a model.
-    models = [(name, floats) for name, ident, floats in flat if ident not in entry_ids]
-    params: dict[int, str] = {}
-    entries: dict[int, tuple[dict[object, object], dict[object, object]]] = {}
-    for optimizer, groups in optimizers:
-        state = _state(optimizer)
-        names = _names_from_groups(groups) or _names_by_position(state, groups, models)
-        group_of: dict[object, dict[object, object]] = {}
-        for group in groups:
-            if isinstance(group, dict) and isinstance(group.get("params"), list):
-                for index in group["params"]:
-                    if isinstance(index, int | str):
-                        group_of.setdefault(index, group)
-        for index, entry in state.items():
-            if isinstance(entry, dict) and isinstance(index, int | str):
-                entries[id(entry)] = (group_of.get(index, {}), entry)
-            if isinstance(entry, dict) and isinstance(index, int | str) and index in names:
-                params[id(entry)] = names[index]
-    return _Optimizers(frozenset(entry_ids), params, entries)
-
-
-def _estimate_basis(
-    key: str, tensor: Tensor, group: dict[object, object], entry: dict[object, object]
-) -> EstimateBasis | None:
-    """How to read a gradient estimate from the state tensor ``entry[key]``, if one can be.
-
-    Hyperparameters come from the parameter's group (plain numbers only: a tensor beta
-    is left alone rather than read); the step from the entry, a number or a 0-d tensor
-    whose value travels with the one host read.
-    """
-    step_value = entry.get("step")
-    step = plain_number(step_value)
-    step_tensor = step_value if is_tensor(step_value) and step_value.numel() == 1 else None
-    betas = group.get("betas")
-    beta1 = beta2 = None
-    if isinstance(betas, list | tuple) and len(betas) == 2:
-        beta1, beta2 = plain_number(betas[0]), plain_number(betas[1])
-    if key == "exp_avg_sq" and beta2 is not None:
-        return EstimateBasis("ema_sq", decay=beta2, step=step, step_tensor=step_tensor)
-    if key == "square_avg":
-        decay = plain_number(group.get("alpha", group.get("rho")))
-        if decay is not None:
-            return EstimateBasis("ema_sq", decay=decay, step=step, step_tensor=step_tensor)
-    if key == "sum":
-        initial = plain_number(group.get("initial_accumulator_value")) or 0.0
-        return EstimateBasis(
-            "sum_sq",
-            initial=initial,
-            scale=float(tensor.numel()),
-            step=step,
-            step_tensor=step_tensor,
-        )
-    if key == "row_var":
-        columns = entry.get("col_var")
-        if is_tensor(columns) and columns.dim() >= 1:
-            return EstimateBasis(
-                "mean_sq", scale=float(columns.shape[-1]), step=step, step_tensor=step_tensor
-            )
-    if key == "variance":
-        return EstimateBasis("mean_sq", step=step, step_tensor=step_tensor)
-    if key == "exp_avg" and beta1 is not None:
-        return EstimateBasis("ema", decay=beta1, step=step, step_tensor=step_tensor)
-    if key == "momentum_buffer" and "alpha" not in group:
-        momentum = plain_number(group.get("momentum"))
-        if momentum:
-            dampening = plain_number(group.get("dampening")) or 0.0
-            return EstimateBasis(
-                "momentum", decay=momentum, dampening=dampening, step=step, step_tensor=step_tensor
-            )
-    return None
-
-
-def _role_hint(node: _Node, tensor: Tensor, optimizers: _Optimizers) -> TensorHint | None:
-    """What the structure around a tensor says it is (see :mod:`gradaudit.roles`)."""
-    name = node.name or ""
-    if node.entry is not None:
-        key = name.rsplit(".", 1)[-1]
-        group, entry = optimizers.entries.get(node.entry, ({}, {}))
-        role = OPTIMIZER_STATE_ROLES.get(key, Role.UNKNOWN)
-        what = "a known" if key in OPTIMIZER_STATE_ROLES else "an unknown"
-        return TensorHint(
-            role,
-            f"torch.optim state, {what} key {key!r}",
-            node.param,
-            _estimate_basis(key, tensor, group, entry),
-        )
-    by_container = container_hint(name)
-    if by_container is not None:
-        return by_container
-    if optimizers.entry_ids:
-        return TensorHint(Role.WEIGHT, "beside optimizer state (a training checkpoint's model)")
-    return None
-
-
-def _state(optimizer: dict[object, object]) -> dict[object, object]:
-    state = optimizer["state"]
-    return state if isinstance(state, dict) else {}
 
 
 class _Names:
@@ -521,7 +192,7 @@ def expanded_view(tensor: Tensor) -> str | None:
 
 
 def _tensor_skip_reason(
-    node: _Node, tensor: Tensor, seen: dict[tuple[object, ...], str]
+    node: Node, tensor: Tensor, seen: dict[tuple[object, ...], str]
 ) -> str | None:
     """Why a tensor is not audited here (dtype and layout are left to the engine)."""
     if type(tensor) is not StoredTensor:
@@ -554,18 +225,18 @@ def walk_checkpoint(
     when given, receives what the structure says about each yielded tensor (its role,
     its parameter, how to read a gradient estimate from it) before the tensor is yielded.
     """
-    bearing = _tensor_bearing(obj)
+    bearing = tensor_bearing(obj)
     bookkeeping = _bookkeeping(obj)
     bearing -= bookkeeping.keys()  # listed, never entered: nothing in them is judged
     names = _Names()
     containers: dict[int, str] = {}
     tensors: dict[tuple[object, ...], str] = {}
-    optimizers = _find_optimizers(obj, bearing)
-    for node in _plan(obj, bearing, optimizers):
+    optimizers = find_optimizers(obj, bearing)
+    for node in plan(obj, bearing, optimizers.entry_ids, optimizers.params):
         value = node.value
         name = ROOT_NAME if node.name is None else node.name
         container_reason = None
-        if _is_container(value):
+        if is_container(value):
             first = containers.setdefault(id(value), name)
             if first != name:
                 container_reason = f"the same object as {show(first)}; listed once"
@@ -602,7 +273,7 @@ def walk_checkpoint(
                 # NaN/Inf, which the integer codes alone would hide.
                 value = value.dequantize()
             if hints is not None:
-                hint = _role_hint(node, value, optimizers)
+                hint = role_hint(node, value, optimizers)
                 if hint is not None:
                     hints[shown] = hint
             yield shown, value
@@ -612,6 +283,6 @@ def walk_checkpoint(
 
 def iter_tensors(obj: object) -> Iterator[Tensor]:
     """Every tensor object in a loaded checkpoint (meta ones included), each container once."""
-    for node in _plan(obj, _tensor_bearing(obj)):
+    for node in plan(obj, tensor_bearing(obj)):
         if is_tensor(node.value):
             yield node.value

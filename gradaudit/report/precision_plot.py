@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from gradaudit.precision import FORMATS, PrecisionReport
+from gradaudit.precision.formats import FORMATS
+from gradaudit.precision.judging import PrecisionReport
 from gradaudit.report.plot import PlotFormat, _figure, _save, _style
 
 if TYPE_CHECKING:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from gradaudit.precision import FORMATS, Headroom, Precision, PrecisionReport
+from gradaudit.precision.formats import FORMATS, Precision
+from gradaudit.precision.headroom import Headroom
+from gradaudit.precision.judging import PrecisionReport
 from gradaudit.report.fit import shorten_left
 from gradaudit.report.text import count, printable
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from gradaudit.policy import FindingKind, LimitKind, Role, Severity, Thresholds
 
 if TYPE_CHECKING:
-    from gradaudit.precision import ExponentHistogram, PrecisionReport
+    from gradaudit.precision.formats import ExponentHistogram
+    from gradaudit.precision.judging import PrecisionReport
 
 
 @dataclass(frozen=True, init=False)

@@ -12,7 +12,7 @@ from enum import Enum
 
 from gradaudit.grouping import GroupBy
 from gradaudit.policy import DEFAULT_VANISHING_THRESHOLD, Severity
-from gradaudit.precision import Headroom
+from gradaudit.precision.headroom import Headroom
 from gradaudit.results import InputProblem
 
 #: ``__metadata__`` key of a monitor's dump: the step whose stats showed NaN/Inf, when that

@@ -23,7 +23,7 @@ from gradaudit.io.discover import BadInput, Expanded, SkippedPath
 from gradaudit.io.trainer_state import LoggedStep, describe_history
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram
+from gradaudit.precision.formats import ExponentHistogram
 from gradaudit.results import FileResult, InputProblem, LoggedHistory, Report, Skipped
 from gradaudit.results.roles import FileEvidence, TensorHint
 from gradaudit.results.row import NAN, NEG_INF, POS_INF, merge_rows, row_norm

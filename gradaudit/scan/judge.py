@@ -28,12 +28,8 @@ from gradaudit.policy import (
     Thresholds,
     fraction_exceeds,
 )
-from gradaudit.precision import (
-    DEFAULT_MAX_UNDERFLOW,
-    Precision,
-    as_findings,
-    precision_report,
-)
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.judging import DEFAULT_MAX_UNDERFLOW, as_findings, precision_report
 from gradaudit.results import (
     FileResult,
     Finding,

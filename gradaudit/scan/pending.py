@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import array
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from gradaudit.engine.bulk import native_segments
 from gradaudit.engine.devices import resolve_device
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.dtypes import (
@@ -43,53 +42,24 @@ from gradaudit.engine.triton_plan import release_finished
 from gradaudit.io.base import TensorRun
 from gradaudit.no_gc import paused_gc
 from gradaudit.policy import Role, Thresholds
-from gradaudit.precision import ExponentHistogram
+from gradaudit.precision.formats import ExponentHistogram
 from gradaudit.results import InputProblem, Report, Skipped
 from gradaudit.results.roles import TensorHint
+from gradaudit.scan.batches import QueuedBatch, native_batches, planned_batch, run_batch
 from gradaudit.scan.collected import Collected, Routing
+from gradaudit.scan.derived import derived_rows
 from gradaudit.scan.layout import LayoutCache
 from gradaudit.scan.readback import Readback
 from gradaudit.scan.reading import read_file
+from gradaudit.scan.tensor_input import TensorInput, names_and_tensors
 
 _CPU = torch.device("cpu")
 #: dtype -> its name in results; a dict lookup is cheaper than dtype_name's cache per tensor.
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
-#: What ``audit`` and ``collect_async`` accept: a mapping of names to tensors
-#: (a state dict) or an iterable of ``(name, tensor)`` pairs.
-TensorInput = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype) or _DTYPE_NAMES.setdefault(dtype, dtype_name(dtype))
-
-
-def _named(tensors: TensorInput) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(tensors, Mapping):
-        yield from tensors.items()
-        return
-    for item in tensors:
-        name, tensor = item
-        yield str(name), tensor
-
-
-def _split(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], list[torch.Tensor]]:
-    """The names (``str()`` of each) and the tensors of ``(name, tensor)`` pairs, as
-    :func:`_named` gives them, in C loops where every item is a pair: a Python step per
-    item was ~0.3 us a tensor on each of a monitor's steps (issue 28 item 9)."""
-    items = list(tensors)
-    try:
-        pairs = set(map(len, items)) == {2}
-    except TypeError:  # an item with no length: _named says what is wrong
-        pairs = False
-    if not pairs:
-        named = list(_named(items))
-        return [name for name, _ in named], [tensor for _, tensor in named]
-    firsts, values = zip(*items, strict=True)
-    # Names are nearly always str already: one type check in C, not a str() call each.
-    names = list(firsts) if set(map(type, firsts)) == {str} else list(map(str, firsts))
-    return names, list(values)
 
 
 @dataclass(frozen=True)
@@ -273,60 +243,42 @@ class PendingStats(Collected):
         self._devices[device] = None
 
     def queue_run(self, run: TensorRun, source: str | None = None) -> None:
-        """:meth:`queue` for every tensor of a reader's run, in one native call when it can.
-
-        The per-tensor facts are appended column by column; no tensor object is
-        made. Runs bound for another device, a dtype the native kernel does not
-        take go through :meth:`queue` one tensor at a time.
+        """:meth:`queue` for every tensor of a reader's run, in one native call when it can
+        (:func:`~gradaudit.scan.batches.run_batch`: no tensor object is made). Runs bound
+        for another device, a dtype the native kernel does not take go through
+        :meth:`queue` one tensor at a time.
         """
         on_cpu = self.device is None or self.device.type == "cpu"
-        tickets = (
-            self._collector.submit_run(run.pointers, run.counts, run.dtype, run.data)
-            if on_cpu
-            else None
-        )
-        if tickets is None:
+        batch = run_batch(self._collector, run) if on_cpu else None
+        if batch is None:
             for name, tensor in run.tensors():
                 self.queue(name, tensor, source)
             return
-        count = len(tickets)
-        self._names += run.names
-        self._ranks += run.ranks
-        self._dims += run.dims
-        self._dtypes += [dtype_name(run.dtype)] * count
+        self._append(batch, source)
+
+    def _append(self, batch: QueuedBatch, source: str | None) -> None:
+        """Record the tensors of one bulk call, a column at a time."""
+        count = len(batch.tickets)
+        self._names += batch.names
+        self._ranks += batch.ranks
+        self._dims += batch.dims
+        self._dtypes += batch.dtypes
         self._sources += [source] * count
-        self._tickets.extend(tickets)
+        tickets = batch.tickets
+        self._tickets.frombytes(np.arange(tickets.start, tickets.stop, dtype=np.int64).tobytes())
         self._hints += [None] * count
-        if self.histograms:
+        if self.histograms:  # never for a planned batch: the collector plans none then
             self._histograms += array.array("b", [1]) * count
-        self._devices[run.data.device] = None
+        self._devices[batch.device] = None
 
     def queue_derived(
         self, name: str, tensor: torch.Tensor, hint: TensorHint, source: str | None = None
     ) -> None:
-        """Queue the one-element rows an optimizer state tensor's checks and estimate need.
-
-        Not audited themselves, they ride along with the one host read (and travel with
-        the entries between ranks): a second moment's sum (``sum``, for the gradient
-        estimate) and its minimum clamped to 0 (``neg``: nonzero exactly when an element
-        is negative), and the state's step counter (``step``); each row's max |x| is the
-        value. Reductions, not an element-wise root: a square root of the subnormal
-        values that fill a second moment cost 30x a sum on x86 (measured).
-        """
-        if not_audited_reason(tensor) is not None or tensor.numel() == 0:
-            return
-        basis = hint.basis
-        values: list[tuple[str, torch.Tensor]] = []
-        if hint.role is Role.OPTIMIZER_SECOND_MOMENT:
-            values.append(("neg", _serial_reduce(tensor, "amin").clamp(max=0)))
-        if basis is not None and basis.second_moment:
-            values.append(("sum", _serial_reduce(tensor, "sum")))
-        step = None if basis is None else basis.step_tensor
-        if step is not None and step.dtype is not torch.bool and not step.dtype.is_complex:
-            values.append(("step", step.reshape(()).to(torch.float64)))
-        for kind, value in values:
-            aux = TensorHint(None, "", aux=kind, aux_for=name)
-            self.queue(f"{name}#{kind}", value.reshape(1), source, aux)
+        """Queue the one-element rows an optimizer state tensor's checks and estimate need
+        (:func:`~gradaudit.scan.derived.derived_rows`: a second moment's sum and sign, the
+        state's step), to ride along with the one host read."""
+        for row_name, value, aux in derived_rows(name, tensor, hint):
+            self.queue(row_name, value, source, aux)
 
     def queue_with_hint(
         self, name: str, tensor: torch.Tensor, source: str | None, hint: TensorHint | None
@@ -387,11 +339,7 @@ class PendingStats(Collected):
 
     def add_all(self, tensors: TensorInput, source: str | None = None) -> None:
         """:meth:`add` for each tensor; every value is taken before this returns."""
-        if isinstance(tensors, Mapping):
-            names: list[str] = list(tensors.keys())
-            values: list[torch.Tensor] = list(tensors.values())
-        else:
-            names, values = _split(tensors)
+        names, values = names_and_tensors(tensors)
         self.add_tensors(names, values, source)
 
     def add_tensors(
@@ -405,78 +353,22 @@ class PendingStats(Collected):
             # Nothing built here forms a cycle, and a collection set off meanwhile
             # would walk every tensor of the caller's model (gradaudit.no_gc).
             with paused_gc():
-                if self.device is None and self._add_planned(names, tensors, source):
-                    return
-                if self.device is None or self.device.type == "cpu":
-                    self._add_columns(names, tensors, source)
+                batch = (
+                    planned_batch(self._collector, names, tensors) if self.device is None else None
+                )
+                if batch is not None:
+                    self._append(batch, source)
+                elif self.device is None or self.device.type == "cpu":
+                    for item in native_batches(self._collector, names, tensors):
+                        if isinstance(item, int):
+                            self.queue(names[item], tensors[item], source)
+                        else:
+                            self._append(item, source)
                 else:
                     for name, tensor in zip(names, tensors, strict=True):
                         self.queue(name, tensor, source)
         finally:
             self.settle()
-
-    def _add_planned(
-        self, names: list[str], tensors: list[torch.Tensor], source: str | None
-    ) -> bool:
-        """:meth:`add_tensors` as one Triton flush planned once per list
-        (:meth:`StatsCollector.submit_planned`: a training loop's gradients on a GPU), the
-        facts appended a column at a time from the plan; ``False`` when the list is not
-        for it (nothing was queued then)."""
-        taken = self._collector.submit_planned(tensors if type(tensors) is list else list(tensors))
-        if taken is None:
-            return False
-        tickets, plan = taken
-        count = len(tickets)
-        self._names += names
-        self._ranks += plan.ranks
-        self._dims += plan.dims
-        self._dtypes += plan.dtype_names
-        self._sources += [source] * count
-        self._tickets.frombytes(np.arange(tickets.start, tickets.stop, dtype=np.int64).tobytes())
-        self._hints += [None] * count
-        self._devices[plan.device] = None
-        return True
-
-    def _add_columns(
-        self, names: list[str], values: list[torch.Tensor], source: str | None
-    ) -> None:
-        """:meth:`add_tensors` without a Python call per tensor where it can.
-
-        Plain contiguous CPU tensors the native kernel takes as they are go to it as
-        columns (:func:`~gradaudit.engine.bulk.native_segments`), and their facts are
-        appended a column at a time; every other tensor goes through :meth:`queue`,
-        in its place in the order.
-        """
-        codes = self._collector.cpu_native_codes
-        segments, others = native_segments(values, codes)
-        spelled = {code: _dtype_name(dtype) for dtype, code in codes.items()}
-        done = 0
-        for segment in segments:
-            while done < len(others) and others[done] < segment.start:
-                index = others[done]
-                self.queue(names[index], values[index], source)
-                done += 1
-            part = values[segment.start : segment.stop]
-            tickets = self._collector.submit_native(
-                segment.pointers, segment.counts, segment.codes, segment.nbytes, part
-            )
-            count = len(tickets)
-            self._names += names[segment.start : segment.stop]
-            self._ranks += segment.ranks
-            self._dims += segment.dims
-            kinds = segment.codes
-            if kinds.count(kinds[0]) == count:  # C speed: one dtype, no lookup per tensor
-                self._dtypes += [spelled[kinds[0]]] * count
-            else:
-                self._dtypes += map(spelled.__getitem__, kinds)
-            self._sources += [source] * count
-            self._tickets.extend(tickets)
-            self._hints += [None] * count
-            if self.histograms:
-                self._histograms += array.array("b", [1]) * count
-            self._devices[_CPU] = None
-        for index in others[done:]:
-            self.queue(names[index], values[index], source)
 
     def child(self) -> PendingStats:
         """An empty collection sharing this one's device and scratch buffers.
@@ -605,31 +497,6 @@ class PendingStats(Collected):
         if self.device is not None:
             devices = dict.fromkeys([str(self.device), *devices])
         return ",".join(devices) or "none"
-
-
-#: CPU reductions for derived rows run in pieces this long, below torch's grain size
-#: (32768), so each runs on the calling thread: with the native kernel's threads busy,
-#: torch's own pool made the same sums 3-10x slower (measured on a 270 MB checkpoint).
-_PIECE = 16384
-
-
-def _pieces(flat: torch.Tensor) -> list[torch.Tensor]:
-    return [flat[start : start + _PIECE] for start in range(0, flat.numel(), _PIECE)]
-
-
-def _serial_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
-    """``sum`` (accumulated in float64) or ``amin`` of ``tensor``, as a float64 0-d tensor.
-
-    On the CPU piece by piece on the calling thread; elsewhere in one call.
-    """
-    flat = tensor.reshape(-1)
-    if how == "sum":
-        if flat.device.type != "cpu" or flat.numel() <= _PIECE:
-            return flat.sum(dtype=torch.float64)
-        return torch.stack([p.sum(dtype=torch.float64) for p in _pieces(flat)]).sum()
-    if flat.device.type != "cpu" or flat.numel() <= _PIECE:
-        return flat.amin().to(torch.float64)
-    return torch.stack([p.amin() for p in _pieces(flat)]).amin().to(torch.float64)
 
 
 def collect_async(

@@ -20,7 +20,7 @@ import torch
 
 from gradaudit.engine.host_read import blocks_by_device, read_blocks, wait_for
 from gradaudit.engine.stats import StatsCollector
-from gradaudit.precision import layout
+from gradaudit.precision.formats import layout
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from gradaudit.policy import FindingKind, Role, Severity, Thresholds
-from gradaudit.precision import FORMATS, Precision
+from gradaudit.precision.formats import FORMATS, Precision
 from gradaudit.results import Finding, TensorStats
 from gradaudit.results.stats_table import StatsTable
 

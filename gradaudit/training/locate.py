@@ -41,9 +41,7 @@ import inspect
 import warnings
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -57,7 +55,7 @@ if TYPE_CHECKING:
 
     from gradaudit.results import Report
 
-__all__ = ["Location", "ModuleEvent", "NanLocator", "StepReplay", "TensorCount"]
+__all__ = ["Location", "ModuleEvent", "NanLocator", "TensorCount"]
 
 #: Slots of the device buffer allocated at once; it grows by this much when full.
 DEFAULT_CAPACITY = 4096
@@ -87,25 +85,19 @@ class _Call:
     end: int = 0
 
 
-def _leaves(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor | None]]:
+def hook_leaves(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor | None]]:
     """Flattened ``(path, tensor)`` of a hook argument, depth first; non-float tensors and
     ``None`` give ``None`` (they hold a position), other leaves are skipped."""
     if isinstance(value, torch.Tensor):
         yield path, value if value.is_floating_point() else None
     elif isinstance(value, tuple | list):
         for position, item in enumerate(value):
-            yield from _leaves(item, f"{path}[{position}]")
+            yield from hook_leaves(item, f"{path}[{position}]")
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _leaves(item, f"{path}[{key!r}]")
+            yield from hook_leaves(item, f"{path}[{key!r}]")
     elif value is None:
         yield path, None
-
-
-def _tensors(value: Any) -> Iterator[tuple[int, torch.Tensor | None]]:
-    """Flattened ``(index, tensor)`` of a hook argument; non-float leaves give ``None``."""
-    for index, (_path, tensor) in enumerate(_leaves(value, "")):
-        yield index, tensor
 
 
 def _argument_names(module: torch.nn.Module, args: tuple[Any, ...]) -> list[str]:
@@ -256,7 +248,7 @@ class NanLocator:
         """Count every float tensor of ``value``; ``path`` names them (top-level inputs)."""
         counted = []
         with torch.no_grad():
-            for index, (name, tensor) in enumerate(_leaves(value, path), start):
+            for index, (name, tensor) in enumerate(hook_leaves(value, path), start):
                 if tensor is None or tensor.numel() == 0:
                     continue
                 label = name if path or name else None
@@ -439,141 +431,3 @@ class NanLocator:
                 for index, flag in zip(indices, flags.tolist(), strict=True):
                     bad[index] = bool(flag)
         return tuple(name for (name, _), flag in zip(named, bad, strict=True) if flag)
-
-
-@dataclass
-class _Saved:
-    """One forward call of the root, kept to replay it: its arguments, the random state it
-    ran with, and the gradients that flowed into its outputs."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    rng: tuple[torch.Tensor, torch.Tensor | None]
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)
-
-
-def _rng_state() -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The CPU generator's state and the current CUDA device's (host copies: no sync)."""
-    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1])
-
-
-@contextmanager
-def _as_it_ran(
-    model: torch.nn.Module, rng: tuple[torch.Tensor, torch.Tensor | None]
-) -> Iterator[None]:
-    """Run with the random state a step had (dropout draws the same masks), then put the
-    random state and the buffers (BatchNorm's running stats) back as they were."""
-    now = _rng_state()
-    buffers = [(b, b.clone()) for b in model.buffers()]
-    _set_rng_state(rng)
-    try:
-        yield
-    finally:
-        _set_rng_state(now)
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
-
-
-def _keep(grads: dict[int, torch.Tensor], index: int, grad: torch.Tensor) -> None:
-    grads[index] = grad
-
-
-class StepReplay:
-    """Keeps the batch of each forward call of ``model`` so a step can be located after it ran.
-
-    Two hooks on the root module only, cheap enough to stay armed: the forward pre-hook
-    keeps a reference to the arguments (no copy) and the random state; the forward hook
-    puts a tensor hook on each output that needs a gradient, which keeps the gradient
-    the loss sent into it. :meth:`replay` runs the same forward under an armed
-    :class:`NanLocator`, then the same backward (``torch.autograd.grad`` from the kept
-    output gradients to the parameters: the parameters' ``.grad`` are left alone), with
-    the random state restored and the buffers put back after. Costs the memory of what it
-    keeps (the batch and the gradients of the model's outputs, until :meth:`clear`).
-
-    Not kept: forward calls under ``torch.no_grad()`` (evaluation), calls while compiling
-    (``torch.compile`` traces hooks once; a compiled model's steps are located by arming the
-    locator for the next steps instead), calls made by :meth:`replay` itself.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = unwrap_module(model)
-        self._saved: list[_Saved] = []
-        self._handles: list[RemovableHandle] = []
-        self._replaying = False
-
-    @property
-    def armed(self) -> bool:
-        return bool(self._handles)
-
-    @property
-    def saved(self) -> int:
-        """Forward calls kept since the last :meth:`clear`."""
-        return len(self._saved)
-
-    def arm(self) -> None:
-        if self.armed:
-            return
-        self._handles.append(self.model.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-        self._handles.append(self.model.register_forward_hook(self._post_hook))
-
-    def disarm(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self.clear()
-
-    def clear(self) -> None:
-        self._saved = []
-
-    def _pre_hook(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        if self._replaying or not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return
-        self._saved.append(_Saved(tuple(args), dict(kwargs), _rng_state()))
-
-    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._replaying or not self._saved or torch.compiler.is_compiling():
-            return
-        saved = self._saved[-1]
-        for index, tensor in _tensors(output):
-            if tensor is not None and tensor.requires_grad:
-                tensor.register_hook(partial(_keep, saved.grads, index))  # type: ignore[no-untyped-call]
-
-    def replay(self, locator: NanLocator, report: Report | None = None) -> Location | None:
-        """Run the kept calls again under ``locator``, first to last, until one is located.
-
-        ``None`` when nothing was kept or no replayed call held NaN/Inf (a NaN that does
-        not reproduce: a non-deterministic op, a NaN that came from outside the model).
-        """
-        saved, self._saved = self._saved, []
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for entry in saved:
-            self._replaying = True
-            try:
-                with _as_it_ran(self.model, entry.rng), locator:
-                    self._run(entry, params)
-            finally:
-                self._replaying = False
-            location = locator.read(report)
-            # The report's poisoned gradients alone say nothing about this replay.
-            if location.forward or location.backward or (location.found and not locator.backward):
-                return replace(location, replayed=True)
-        return None
-
-    def _run(self, entry: _Saved, params: list[torch.nn.Parameter]) -> None:
-        with torch.enable_grad():
-            output = self.model(*entry.args, **entry.kwargs)
-            outputs, grads = [], []
-            for index, tensor in _tensors(output):
-                if index in entry.grads and tensor is not None and tensor.requires_grad:
-                    outputs.append(tensor)
-                    grads.append(entry.grads[index])
-            if outputs and params:
-                torch.autograd.grad(outputs, params, grads, allow_unused=True)

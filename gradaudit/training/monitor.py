@@ -60,7 +60,7 @@ from gradaudit.training.gradients import (
     named_gradients,
     named_parameters,
 )
-from gradaudit.training.locate import Location, NanLocator, StepReplay
+from gradaudit.training.locate import Location, NanLocator
 from gradaudit.training.messages import (
     divergence_metadata,
     dump_note,
@@ -70,6 +70,7 @@ from gradaudit.training.messages import (
     nonfinite_metadata,
 )
 from gradaudit.training.record import MonitorRecord
+from gradaudit.training.replay import StepReplay
 from gradaudit.training.replicas import (
     GatheredDigests,
     gather_digests,

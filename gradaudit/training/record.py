@@ -16,7 +16,7 @@ import numpy as np
 
 from gradaudit._compat import cached_property
 from gradaudit.policy import FindingKind, Severity
-from gradaudit.precision import StepHeadroom
+from gradaudit.precision.judging import StepHeadroom
 from gradaudit.results import Finding, Report, TensorStats
 from gradaudit.results.replicas import ReplicaCheck
 from gradaudit.results.stats_table import StatsTable

@@ -45,7 +45,9 @@ from gradaudit.errors import UsageError
 from gradaudit.grouping import GroupBy, group_layers, model_order, resolve
 from gradaudit.io.discover import FileInput, expand_inputs, input_kind
 from gradaudit.policy import InputKind, Thresholds
-from gradaudit.precision import Headroom, Precision, precision_report
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.headroom import Headroom
+from gradaudit.precision.judging import precision_report
 from gradaudit.results import FileResult, InputProblem, Report
 from gradaudit.results.trend import (
     MIN_COLLAPSE_STEPS,

@@ -14,7 +14,8 @@ import torch
 
 from gradaudit import ExitCode, scan_paths
 from gradaudit.cli import app
-from gradaudit.precision import Precision, precision_report
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.judging import precision_report
 from tests.conftest import FIXTURES, WriteDump, runner
 
 LONG = "model.encoder.layers.11.self_attention.query_key_value.weight"

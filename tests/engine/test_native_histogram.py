@@ -16,7 +16,7 @@ import torch
 
 from gradaudit.engine import native, native_rows
 from gradaudit.engine.histogram import exponent_histogram
-from gradaudit.precision import layout
+from gradaudit.precision.formats import layout
 from gradaudit.scan.pending import PendingStats
 from tests.engine.test_native import PATHS, on_path
 

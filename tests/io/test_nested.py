@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from gradaudit.io.base import Excluded
-from gradaudit.io.nested import MAX_DEPTH, ROOT_NAME, iter_tensors, walk_checkpoint
+from gradaudit.io.checkpoint_tree import MAX_DEPTH
+from gradaudit.io.nested import ROOT_NAME, iter_tensors, walk_checkpoint
 from gradaudit.results import Skipped
 from tests.torch_features import requires_named_optimizers
 

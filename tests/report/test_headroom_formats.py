@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from gradaudit import Report, Thresholds
-from gradaudit.precision import IN_MEMORY, Precision
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.judging import IN_MEMORY
 from gradaudit.report import OutputFormat, RenderOptions, render_text
 from gradaudit.scan.judge import with_headroom
 from gradaudit.scan.pending import PendingStats

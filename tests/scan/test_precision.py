@@ -16,15 +16,9 @@ import pytest
 import torch
 
 from gradaudit.engine.histogram import exponent_histogram
-from gradaudit.precision import (
-    FORMATS,
-    ExponentHistogram,
-    Precision,
-    headroom,
-    judge,
-    layout,
-    scale_log2,
-)
+from gradaudit.precision.formats import FORMATS, ExponentHistogram, Precision, layout
+from gradaudit.precision.headroom import headroom, scale_log2
+from gradaudit.precision.judging import judge
 from tests.reference import reference_rounding
 from tests.torch_features import requires_saturating_fp8
 

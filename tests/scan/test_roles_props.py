@@ -29,7 +29,7 @@ _TORCH = {
 
 @pytest.mark.parametrize("target", CAST_TARGETS)
 def test_cast_targets_are_the_precision_formats(target: str) -> None:
-    from gradaudit.precision import Precision
+    from gradaudit.precision.formats import Precision
 
     assert Precision(target).value == target
     assert {p.value for p in Precision} == set(CAST_TARGETS)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from gradaudit.engine import native_rows
-from gradaudit.precision import FORMATS, Precision
+from gradaudit.precision.formats import FORMATS, Precision
 from tests.cli.test_startup import run_cli
 from tests.samples import KERNEL_DTYPES
 from tests.scan.test_torch_free import assert_same_both_ways, needs_native

@@ -23,7 +23,9 @@ from gradaudit.cli import app
 from gradaudit.engine import stats as engine_stats
 from gradaudit.engine.native_rows import NativeBatch
 from gradaudit.integrations.scalars import record_scalars
-from gradaudit.precision import Headroom, Precision, precision_report
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.headroom import Headroom
+from gradaudit.precision.judging import precision_report
 from gradaudit.training import monitor as monitor_module
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.record import MonitorRecord

@@ -7,7 +7,8 @@ from pathlib import Path
 from fixtures.make_series import STEPS
 from gradaudit import ExitCode, scan_paths
 from gradaudit.cli import app
-from gradaudit.precision import Precision, precision_report
+from gradaudit.precision.formats import Precision
+from gradaudit.precision.judging import precision_report
 from gradaudit.trend.builder import trend_paths
 from tests.conftest import runner
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gradaudit.policy import Severity
-from gradaudit.precision import PrecisionReport
+from gradaudit.precision.judging import PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,

@@ -26,7 +26,9 @@ from typing import Any, Literal
 from gradaudit import __version__
 from gradaudit.grouping import GroupMode
 from gradaudit.policy import DEFAULT_OUTLIER_DECADES, FindingKind, Thresholds
-from gradaudit.precision import FORMATS, Headroom, PrecisionReport
+from gradaudit.precision.formats import FORMATS
+from gradaudit.precision.headroom import Headroom
+from gradaudit.precision.judging import PrecisionReport
 from gradaudit.report.base import Renderers, RenderOptions
 from gradaudit.report.compare_text import (
     ALL,

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from gradaudit._compat import assert_never
 from gradaudit.errors import ExitCode
 from gradaudit.policy import FindingKind, LimitKind, Severity
-from gradaudit.precision import PrecisionReport
+from gradaudit.precision.judging import PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.compare_text import (
     ab_mode,

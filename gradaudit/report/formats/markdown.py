@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from gradaudit.errors import ExitCode
 from gradaudit.policy import ALWAYS_FAILING, FindingKind, LimitKind, Severity
-from gradaudit.precision import PrecisionFinding, PrecisionReport
+from gradaudit.precision.judging import PrecisionFinding, PrecisionReport
 from gradaudit.report.base import MAX_FLAGGED_ROWS, Renderers, RenderOptions, more_flagged
 from gradaudit.report.columns import (
     CHANGE_NUMBERS,
