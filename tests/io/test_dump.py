@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 from gradaudit import ExitCode, save_gradients, scan_paths
 from gradaudit.cli import app
+from gradaudit.io import safetensors_writer
 from gradaudit.io.safetensors_header import read_header
 from gradaudit.io.safetensors_writer import (
     WRITE_ALIGNMENT,
@@ -120,18 +121,24 @@ def test_chunked_writes_are_identical(tmp_path: Path) -> None:
     assert small.read_bytes() == large.read_bytes()
 
 
-@pytest.mark.parametrize("chunk_bytes", [3, 1 << 20, 64 << 20])
+@pytest.mark.parametrize(
+    ("alignment", "chunk_bytes"),
+    # 3-byte host blocks against a 4 KiB alignment (the same rule, 512x fewer pieces than
+    # against 2 MiB: 3-byte blocks of 6 MB took 5 s); then the real 2 MiB.
+    [(4096, 3), (WRITE_ALIGNMENT, 1 << 20), (WRITE_ALIGNMENT, 64 << 20)],
+)
 def test_writes_end_at_multiples_of_the_alignment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alignment: int, chunk_bytes: int
 ) -> None:
     """Every write but the last ends at a multiple of 2 MiB of the file (so the page cache
     holds it in huge folios), small pieces and large ones alike; the bytes are the format's."""
     gen = torch.Generator().manual_seed(5)
+    scale = alignment // 4096  # the sizes below are for a 4 KiB alignment
     tensors = [
         ("small", torch.randn(3, generator=gen)),
-        ("large", torch.randn(1_300_000, generator=gen)),  # 5.2 MB: spans several blocks
+        ("large", torch.randn(2_539 * scale, generator=gen)),  # spans several alignments
         ("many", torch.randn(700, 5, generator=gen).t()),  # non-contiguous
-        ("half", torch.randn(600_001, generator=gen).half()),
+        ("half", torch.randn(1_171 * scale + 1, generator=gen).half()),
         ("f64", torch.randn(2, generator=gen, dtype=torch.float64)),
     ]
     writes: list[int] = []
@@ -142,6 +149,7 @@ def test_writes_end_at_multiples_of_the_alignment(
         writes.append(count)
         return count
 
+    monkeypatch.setattr(safetensors_writer, "WRITE_ALIGNMENT", alignment)
     monkeypatch.setattr(os, "write", record)
     path = write_safetensors(tmp_path / "g.safetensors", tensors, chunk_bytes=chunk_bytes)
     monkeypatch.undo()
@@ -150,10 +158,10 @@ def test_writes_end_at_multiples_of_the_alignment(
     expected = struct.pack("<Q", len(header)) + header
     expected += b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for _, t in ordered)
     assert path.read_bytes() == expected
-    assert len(expected) > 3 * WRITE_ALIGNMENT
+    assert len(expected) > 3 * alignment
     ends = [sum(writes[: i + 1]) for i in range(len(writes))]
     assert ends[-1] == len(expected)
-    assert all(end % WRITE_ALIGNMENT == 0 for end in ends[:-1])
+    assert all(end % alignment == 0 for end in ends[:-1])
 
 
 @pytest.mark.parametrize("step", [1, 4, 7, 1000])
