@@ -8,6 +8,7 @@ every path the CPU runs, thread splits inside tensors, and the row left bit for 
 from __future__ import annotations
 
 import array
+import functools
 import math
 
 import numpy as np
@@ -279,16 +280,24 @@ def _aliasing_cases() -> dict[str, torch.Tensor]:
     return cases
 
 
+@functools.cache
+def _aliasing_cases_and_counts() -> tuple[dict[str, torch.Tensor], tuple[list[int], ...]]:
+    """The cases and their NumPy counts, made once for every path (1.4 s of the 1.7 s each
+    path's test took)."""
+    cases = _aliasing_cases()
+    return cases, tuple(_numpy_counts(tensor) for tensor in cases.values())
+
+
 @pytest.mark.parametrize("name", PATHS)
 def test_every_exponent_field_and_cut_distance_inside_a_window_matches_numpy(name: str) -> None:
     if name not in native.paths():
         pytest.skip(f"this CPU has no {name} path")
-    cases = _aliasing_cases()
+    cases, expected = _aliasing_cases_and_counts()
     tensors = list(cases.values())
     with on_path(name):
         _, histograms = native_rows.rows_and_histograms(*_columns(tensors), 1)
-    for label, tensor, counts in zip(cases, tensors, histograms.tolist(), strict=True):
-        assert counts == _numpy_counts(tensor), label
+    for label, counts, reference in zip(cases, histograms.tolist(), expected, strict=True):
+        assert counts == reference, label
 
 
 @pytest.mark.parametrize("name", PATHS)
