@@ -12,15 +12,15 @@ Assertions live in ``tests/test_dcp.py``; this process only has to finish.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from tests.ranks import finish_rank
 
 
 def planted() -> dict[str, torch.Tensor]:
@@ -110,11 +110,7 @@ def main() -> None:
         result = scan_split(out)
     finally:
         dist.destroy_process_group()
-    (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-    # As in tests/distributed_worker.py: skip interpreter finalisation (a gloo thread race).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank(out, rank, result)
 
 
 if __name__ == "__main__":

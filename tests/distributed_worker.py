@@ -9,9 +9,7 @@ the tests, so a failure names the case; this process only has to finish.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from tests.ranks import finish_rank
 
 #: Where the flat tensors of the ``group=`` case are cut between rank 0 and rank 1.
 CUTS = {
@@ -202,14 +202,7 @@ def main() -> None:
         }
     finally:
         dist.destroy_process_group()
-    (out / f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")
-    # Leave without interpreter finalisation: device meshes keep their gloo groups
-    # alive in a global registry, and a gloo worker thread that releases a finished
-    # all-gather during finalisation aborts the process ("terminate called without
-    # an active exception", a PyTorch race seen in about one run in ten here).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank(out, rank, results)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ assertions live in ``tests/integrations/test_ddp.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tests.ranks import finish_rank
 
 #: Optimizer steps trained; the step (numbered as the hook numbers it) whose gradient
 #: rank 1 perturbs.
@@ -195,12 +196,7 @@ def main() -> None:
         str(w.message) for w in caught if w.category is gradaudit.ReplicaDivergenceWarning
     ]
     result["told"] = [str(w.message) for w in caught if "across ranks" in str(w.message)]
-    (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-    # Lightning and the Trainer leave the process group up after training: torn down at
-    # interpreter exit instead, gloo's threads can end the process in std::terminate
-    # ("terminate called without an active exception"; seen once in CI on rank 0).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    finish_rank(out, rank, result)
 
 
 if __name__ == "__main__":

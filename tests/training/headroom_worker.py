@@ -13,8 +13,6 @@ names the case.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch.distributed as dist
 from gradaudit import GradientMonitor
 from gradaudit.precision import Headroom, Precision
 from gradaudit.training.distributed import collect_sharded_with_histograms
+from tests.ranks import finish_rank
 
 #: Where the ``group=`` case cuts each flat (or 2-D, by rows) tensor between rank 0 and 1.
 CUTS = {
@@ -238,12 +237,7 @@ def main() -> None:
         }
     finally:
         dist.destroy_process_group()
-    (out / f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")
-    # As in tests/distributed_worker.py: device meshes keep their gloo groups in a global
-    # registry, and interpreter finalisation can race a gloo thread; leave without it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank(out, rank, results)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ with dumps. Each rank writes what it saw to ``DIR/rank{RANK}.json``; the asserti
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.distributed as dist
 
 import gradaudit
 from gradaudit.integrations.scalars import record_scalars
+from tests.ranks import finish_rank
 
 #: The gradient one rank perturbs in the ``perturbed`` case (the second Linear's weight).
 PERTURBED = "2.weight"
@@ -146,7 +146,7 @@ def main() -> None:
         }
     finally:
         dist.destroy_process_group()
-    (out / f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")
+    finish_rank(out, rank, results)
 
 
 if __name__ == "__main__":
