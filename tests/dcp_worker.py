@@ -13,14 +13,13 @@ Assertions live in ``tests/test_dcp.py``; this process only has to finish.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from tests.ranks import finish_rank
+from tests.ranks import finish_rank, start_rank
 
 
 def planted() -> dict[str, torch.Tensor]:
@@ -65,11 +64,7 @@ def scan_split(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
-    )
+    rank, world, out = start_rank()
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     from torch.distributed.device_mesh import init_device_mesh

@@ -10,7 +10,6 @@ the tests, so a failure names the case; this process only has to finish.
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.ranks import finish_rank
+from tests.ranks import finish_rank, start_rank
 
 #: Where the flat tensors of the ``group=`` case are cut between rank 0 and rank 1.
 CUTS = {
@@ -188,11 +187,7 @@ def run_scan(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    torch.set_num_threads(1)  # the test's single-process scan uses one thread too
-    dist.init_process_group(
-        "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
-    )
+    rank, world, out = start_rank()
     try:
         results = {
             "group": run_group(rank),

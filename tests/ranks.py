@@ -55,6 +55,22 @@ def run_ranks(module: str, out: Path, what: str, env: dict[str, str] | None = No
     return [json.loads((out / f"rank{r}.json").read_text("utf-8")) for r in range(WORLD)]
 
 
+def start_rank() -> tuple[int, int, Path]:
+    """A worker's first step, run as ``python -m module RANK WORLD OUT`` by
+    :func:`run_ranks`: one thread (every rank takes the same engine path, as a test's
+    single-process reference does) and a gloo process group met through a file in ``OUT``.
+    Returns ``(rank, world, out)``."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
+    )
+    return rank, world, out
+
+
 def finish_rank(out: Path, rank: int, result: Any) -> None:
     """A worker's last step: the process group destroyed (where it is still up: Lightning
     and the Trainer leave theirs), ``OUT/rank{rank}.json`` written for :func:`run_ranks`,

@@ -13,8 +13,6 @@ names the case.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +21,7 @@ import torch.distributed as dist
 from gradaudit import GradientMonitor
 from gradaudit.precision import Headroom, Precision
 from gradaudit.training.distributed import collect_sharded_with_histograms
-from tests.ranks import finish_rank
+from tests.ranks import finish_rank, start_rank
 
 #: Where the ``group=`` case cuts each flat (or 2-D, by rows) tensor between rank 0 and 1.
 CUTS = {
@@ -224,11 +222,7 @@ def run_fsdp(world: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
-    )
+    rank, world, out = start_rank()
     try:
         results = {
             "group": run_group(rank),

@@ -9,7 +9,6 @@ with dumps. Each rank writes what it saw to ``DIR/rank{RANK}.json``; the asserti
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import torch.distributed as dist
 
 import gradaudit
 from gradaudit.integrations.scalars import record_scalars
-from tests.ranks import finish_rank
+from tests.ranks import finish_rank, start_rank
 
 #: The gradient one rank perturbs in the ``perturbed`` case (the second Linear's weight).
 PERTURBED = "2.weight"
@@ -131,11 +130,7 @@ def healthy_dump(rank: int, out: Path) -> str:
 
 
 def main() -> None:
-    rank, world, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    torch.set_num_threads(1)  # the same engine path and thread count on every rank
-    dist.init_process_group(
-        "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world
-    )
+    rank, _, out = start_rank()
     try:
         results = {
             "healthy": healthy(rank),
