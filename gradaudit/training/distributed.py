@@ -17,7 +17,6 @@ same parameters in the same order.
 
 from __future__ import annotations
 
-import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gradaudit.engine.bulk import native_segments
 from gradaudit.engine.collectives import all_reduce_rows, all_reduce_rows_and_counts
 from gradaudit.engine.dtensor import is_dtensor
 from gradaudit.engine.dtypes import dtype_name, hides_values, not_audited_reason
@@ -224,36 +224,25 @@ def _rows_and_histograms(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The stats row and the exponent histogram of every local shard, each on its device.
 
-    The CPU shards the collector hands to the native kernel get both from one read, in one
-    call for all of them, as the tensors of one process do (:meth:`StatsCollector.submit`:
-    a call per shard cost ~10 us each, most of a small shard's time); any other shard gets
-    its row from the collector and its histogram from one more pass
-    (:func:`~gradaudit.engine.histogram.exponent_histogram`).
+    The shards the native kernel reads as they are (:func:`~gradaudit.engine.bulk.native_segments`:
+    plain contiguous CPU tensors of its dtypes) get both from one read, in one call per
+    segment, as the tensors of one process do (a call per shard cost ~10 us each, most of a
+    small shard's time); any other shard gets its row from the collector and its histogram
+    from one more pass (:func:`~gradaudit.engine.histogram.exponent_histogram`).
     """
-    codes = collector.cpu_native_codes
-    native = [
-        index
-        for index, shard in enumerate(shards)
-        if shard.dtype in codes and shard.is_cpu and shard.is_contiguous() and shard.numel()
-    ]
-    rows: list[torch.Tensor | None] = [None] * len(shards)
-    counts: list[torch.Tensor | None] = [None] * len(shards)
-    if native:
+    segments, others = native_segments(shards, collector.cpu_native_codes)
+    rows: list[torch.Tensor] = [torch.empty(0)] * len(shards)
+    counts: list[torch.Tensor] = [torch.empty(0)] * len(shards)
+    for segment in segments:
         host_rows, host_counts = rows_and_histograms(
-            array.array("Q", [shards[i].data_ptr() for i in native]),
-            array.array("Q", [shards[i].numel() for i in native]),
-            array.array("i", [codes[shards[i].dtype] for i in native]),
-            native_threads(),
+            segment.pointers, segment.counts, segment.codes, native_threads()
         )
-        native_rows, native_counts = torch.from_numpy(host_rows), torch.from_numpy(host_counts)
-        for position, index in enumerate(native):
-            rows[index] = native_rows[position]
-            counts[index] = native_counts[position]
-    for index, shard in enumerate(shards):
-        if rows[index] is None:
-            rows[index] = collector.row(shard)
-            counts[index] = exponent_histogram(shard)
-    return [row for row in rows if row is not None], [c for c in counts if c is not None]
+        rows[segment.start : segment.stop] = torch.from_numpy(host_rows).unbind()
+        counts[segment.start : segment.stop] = torch.from_numpy(host_counts).unbind()
+    for index in others:
+        rows[index] = collector.row(shards[index])
+        counts[index] = exponent_histogram(shards[index])
+    return rows, counts
 
 
 def _local_view(
