@@ -36,6 +36,9 @@ class Bucket:
     """Zero-padded rows of small tensors waiting to be reduced together."""
 
     buffer: torch.Tensor
+    #: The CUDA stream its rows were copied in on (``None`` off CUDA): the bucket is
+    #: reduced there, after those copies, whatever stream is current at the flush.
+    stream: torch.cuda.Stream | None = None
     #: (ticket, numel) of each filled row, in row order.
     tickets: list[tuple[int, int]] = field(default_factory=list)
 

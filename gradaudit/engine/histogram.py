@@ -33,9 +33,19 @@ _pattern_tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 def _boundary_tensor(device: torch.device) -> torch.Tensor:
     table = _boundaries.get(device)
     if table is None:
-        table = torch.tensor(layout().boundaries, dtype=torch.int32, device=device)
+        table = _to_device(torch.tensor(layout().boundaries, dtype=torch.int32), device)
         _boundaries[device] = table
     return table
+
+
+def _to_device(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host table copied to ``device`` without a sync: a plain copy to a CUDA device
+    waits for the stream, and the first histogram of a training step would wait for
+    its backward pass. From pinned memory the copy is queued; the pinned allocator keeps
+    the host block until the copy has run."""
+    if device.type != "cuda":
+        return table.to(device)
+    return table.pin_memory().to(device, non_blocking=True)
 
 
 def _pattern_bins(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -48,7 +58,7 @@ def _pattern_bins(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         patterns = torch.arange(1 << (bits - 1), dtype=torch.int32).to(int_type)
         values = patterns.view(dtype).to(torch.float32).view(torch.int32)
         table = torch.bucketize(values, _boundary_tensor(torch.device("cpu")), right=True)
-        table = table.to(device)
+        table = _to_device(table, device)
         _pattern_tables[key] = table
     return table
 

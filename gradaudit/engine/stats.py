@@ -295,7 +295,8 @@ class StatsCollector:
             while self._buckets and self._bucket_bytes + nbytes > self.bucket_budget:
                 self._evict_oldest_bucket()
             buffer = torch.zeros((rows, length), dtype=key[1], device=tensor.device)
-            bucket = self._buckets[key] = Bucket(buffer)
+            stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
+            bucket = self._buckets[key] = Bucket(buffer, stream)
             self._bucket_bytes += nbytes
             self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._bucket_bytes)
         target = bucket.buffer[len(bucket.tickets), :numel]
@@ -408,13 +409,16 @@ class StatsCollector:
         self._routes.forget_routes()
         if self._touched:
             for device in self._touched:
-                stream = torch.cuda.current_stream(device)
-                key = (device, stream.stream_id)
-                event = self._settled.get(key)
-                if event is None:
-                    event = self._settled[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
+                self._record_settled(torch.cuda.current_stream(device))
             self._touched = {}
+
+    def _record_settled(self, stream: torch.cuda.Stream) -> None:
+        """Record the settle event of ``stream``: readers wait for what is queued on it."""
+        key = (stream.device, stream.stream_id)
+        event = self._settled.get(key)
+        if event is None:
+            event = self._settled[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(stream)
 
     def settled(self) -> dict[torch.device, list[torch.cuda.Event]]:
         """The settle events of each CUDA device, for readers to wait on (on the device)."""
@@ -550,6 +554,21 @@ class StatsCollector:
         self._batch = NativeBatch()
 
     def _reduce_bucket(self, bucket: Bucket) -> None:
+        """Reduce a bucket's filled rows on the stream they were copied in on.
+
+        A flush or an eviction may come while another stream is current (a monitor
+        that collects on a side stream and reads on the default one): there the
+        reduction would not wait for the copies, and that stream gets a settle event.
+        """
+        stream = bucket.stream
+        if stream is None or stream == torch.cuda.current_stream(stream.device):
+            self._reduce_bucket_here(bucket)
+            return
+        with torch.cuda.stream(stream):
+            self._reduce_bucket_here(bucket)
+            self._record_settled(stream)
+
+    def _reduce_bucket_here(self, bucket: Bucket) -> None:
         used = bucket.buffer[: len(bucket.tickets)]
         length = used.shape[1]
         self._add_block(

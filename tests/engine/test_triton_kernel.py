@@ -556,7 +556,7 @@ def test_sum_of_squares_error_on_adversarial_data_is_within_the_documented_bound
     bound = per_dtype[dtype] if fp32_sums else 1e-13
     monkeypatch.setattr(triton_kernel, "FP32_ACCUMULATE", fp32_sums)
     tensor = _adversarial(dtype)
-    batch = triton_kernel.TritonBatch(tensor.device, sms=1)  # MAX_SPAN: 130 per lane
+    batch = triton_kernel.TritonBatch(DEVICE, sms=1)  # MAX_SPAN: 130 per lane
     assert batch.add(tensor.to(DEVICE), 0)
     out, _ = batch.launch()
     row = out[0].cpu().tolist()
