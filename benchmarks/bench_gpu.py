@@ -144,6 +144,14 @@ class _NoopKernel:
         return lambda *args, **kwargs: None
 
 
+def noop_kernels() -> None:
+    """Route CPU tensors to the Triton flush (as ``TRITON_INTERPRET=1`` does) with both
+    kernels replaced by launchers that do nothing: the host side alone, on a CPU. For a
+    process that measures only that (the caller restores what it needs)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    triton_kernel._kernels = lambda: (_NoopKernel(), _NoopKernel())  # type: ignore[assignment]
+
+
 def host_cost_rows(
     device: torch.device, gib: float, tiny: int, repeats: int
 ) -> list[dict[str, object]]:
@@ -164,8 +172,7 @@ def host_cost_rows(
     workloads.append((f"{tiny}-tiny", [torch.empty(int(n), device=device) for n in sizes]))
     saved = (os.environ.get("TRITON_INTERPRET"), triton_kernel._kernels, TritonPlan.launch)
     if not real:
-        os.environ["TRITON_INTERPRET"] = "1"
-        triton_kernel._kernels = lambda: (_NoopKernel(), _NoopKernel())  # type: ignore[assignment]
+        noop_kernels()
     # When the planned path's launch starts: what comes before it is its queue.
     marks: list[float] = []
 

@@ -429,6 +429,7 @@ STEPS: tuple[Step, ...] = (
     Step("correctness", "probes.txt", 120, plan_probe("correctness")),
     Step("bandwidth", "bench.txt", 150, plan_probe("bandwidth")),
     Step("host-cost", "bench.txt", 60, plan_probe("host-cost")),
+    Step("host-profile", "bench.txt", 60, plan_probe("host-profile")),
     Step("tests-triton-cold", "tests.txt", 100, plan_tests("triton", cold=True)),
     Step("tests-eager", "tests.txt", 100, plan_tests("eager", cold=False)),
     Step("tests-kernel", "tests.txt", 120, plan_kernel_tests),

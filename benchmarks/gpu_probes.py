@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 import gradaudit
-from benchmarks.bench_gpu import host_cost_rows
+from benchmarks.bench_gpu import host_cost_rows, noop_kernels
 from benchmarks.bench_scan import table, transformer_layout
 from benchmarks.gpu_check import spec_hbm
 from gradaudit.engine import triton_kernel
@@ -518,12 +518,64 @@ def host_cost(probe: Probe) -> int:
     return 0
 
 
+def host_profile(probe: Probe) -> int:
+    """Where a planned flush's host time goes with real launches: ``cProfile`` of a training
+    loop's steady state (the 420-tensor transformer, float32, and 10,000 tiny tensors), the
+    functions that take the most time of their own. ``host-cost`` says how much; this, why."""
+    import cProfile
+    import pstats
+
+    from gradaudit.engine.stats import StatsCollector
+
+    gib, tiny, steps = (0.002, 100, 5) if probe.dry else (2.0, 10_000, 200)
+    if not probe.cuda:
+        noop_kernels()
+    sizes = torch.randint(1000, 10_000, (tiny,), generator=torch.Generator().manual_seed(1))
+    workloads = {
+        "transformer-float32": [
+            torch.empty(shape, device=probe.device)
+            for _, shape in transformer_layout(int(gib * 1024 * 2**20), 4)
+        ],
+        f"{tiny}-tiny": [torch.empty(int(n), device=probe.device) for n in sizes],
+    }
+    figures = []
+    for label, tensors in workloads.items():
+        names = [str(i) for i in range(len(tensors))]
+        collector = StatsCollector(engine="triton")
+
+        def step() -> None:
+            PendingStats(collector=collector.fresh()).add_tensors(names, tensors)  # noqa: B023
+
+        for _ in range(3):  # compile, then plan, then the plan taken
+            step()
+        probe.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = (time.perf_counter() - start) / steps
+        probe.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        profiler.disable()
+        probe.synchronize()
+        print(f"{label}: {len(tensors)} tensors, {wall * 1e3:.3f} ms per step unprofiled")
+        stats = pstats.Stats(profiler, stream=sys.stdout).strip_dirs()
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(15)
+        figures.append(f"{label} {wall * 1e3:.3f} ms/step")
+    print(f"figure: planned steps, host wall: {'; '.join(figures)}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Probe], int]] = {
     "env": env,
     "warm-up": warm_up,
     "correctness": correctness,
     "bandwidth": bandwidth,
     "host-cost": host_cost,
+    "host-profile": host_profile,
 }
 
 
