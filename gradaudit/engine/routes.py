@@ -203,7 +203,9 @@ class TritonRoutes:
         """Launch a list of tensors in one flush planned once per list of facts; the rows
         and the plan, or ``None`` when the list is not for this path
         (:meth:`~gradaudit.engine.stats.StatsCollector.submit_planned` says when)."""
-        if not (self.enabled and tensors) or not triton_plan.plain(tensors):
+        # Exact plain types are checked with the plan's other facts (in the native pass, or
+        # by _plan): a separate pass cost 0.19 ms a step for 10,000 tensors on an H200's host.
+        if not (self.enabled and tensors):
             return None
         device = tensors[0].device
         if device.type not in self.devices:
@@ -246,9 +248,9 @@ class TritonRoutes:
     def _plan(self, tensors: list[torch.Tensor]) -> triton_plan.TritonPlan | None:
         """A new plan for ``tensors`` (kept for the next list), or ``None`` when the Triton
         kernel would not take each of them as it is."""
-        if not triton_plan.takes_dtypes(tensors) or not all(
-            map(torch.Tensor.is_contiguous, tensors)
-        ):
+        if not triton_plan.plain(tensors) or not triton_plan.takes_dtypes(tensors):
+            return None
+        if not all(map(torch.Tensor.is_contiguous, tensors)):
             return None
         if 0 in map(torch.Tensor.numel, tensors):
             return None

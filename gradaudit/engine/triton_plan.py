@@ -155,7 +155,7 @@ class TritonPlan:
                 tensors, _PLAIN, self.dtypes, self.shapes, self.device_indices
             )
             return None if found is None else np.frombuffer(found, dtype=np.int64)
-        return pointers(tensors) if self.matches(tensors) else None
+        return pointers(tensors) if plain(tensors) and self.matches(tensors) else None
 
     def table(self, pointers: np.ndarray) -> torch.Tensor | None:
         """The flush's host buffer for tensors at ``pointers`` (int64, in list order), or

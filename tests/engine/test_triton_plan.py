@@ -193,6 +193,16 @@ def test_lists_the_plan_does_not_take_go_the_per_tensor_way(plans: list[Any]) ->
     empty["head.bias"] = torch.empty(0, dtype=torch.float16, device=DEVICE)
     check(collector, empty, plans, made=0, took=False)
     check(collector, gradients(3), plans, made=1)
+    # A subclass (a DTensor, a wrapper) with every other fact of the plan: its type is
+    # checked with those facts, and the list goes the per-tensor way; the plan stays.
+    wrapped = gradients(4)
+    wrapped["layer1.weight"] = wrapped["layer1.weight"].as_subclass(_Wrapped)
+    check(collector, wrapped, plans, made=0, took=False)
+    check(collector, gradients(5), plans, made=0)
+
+
+class _Wrapped(torch.Tensor):
+    """A tensor subclass that changes nothing but its type."""
 
 
 def test_tensors_dropped_right_after_queuing_are_read_correctly() -> None:
