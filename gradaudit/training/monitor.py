@@ -23,21 +23,14 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict, cast, get_args
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from gradaudit.engine.dtensor import any_dtensor, is_dtensor
 from gradaudit.engine.stats import StatsCollector
-from gradaudit.errors import (
-    GradientFindingError,
-    GradientFindingWarning,
-    NonFiniteGradientError,
-    NonFiniteGradientWarning,
-    ReplicaDivergenceError,
-    ReplicaDivergenceWarning,
-)
+from gradaudit.errors import NonFiniteGradientWarning
 from gradaudit.policy import Thresholds
 from gradaudit.precision import (
     DEFAULT_MAX_UNDERFLOW,
@@ -50,6 +43,12 @@ from gradaudit.results import Report
 from gradaudit.results.stats_table import StatsTable
 from gradaudit.scan.judge import with_findings
 from gradaudit.scan.layout import LayoutCache
+from gradaudit.training.acting import (
+    FindingRateLimit,
+    act_on_divergence,
+    act_on_findings,
+    act_on_nonfinite,
+)
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.gradients import (
     GradientLister,
@@ -61,13 +60,15 @@ from gradaudit.training.gradients import (
     named_parameters,
 )
 from gradaudit.training.locate import Location, NanLocator
-from gradaudit.training.messages import (
-    divergence_metadata,
-    dump_note,
-    finding_message,
-    finding_metadata,
-    nonfinite_message,
-    nonfinite_metadata,
+from gradaudit.training.messages import divergence_metadata, finding_metadata, nonfinite_metadata
+from gradaudit.training.monitor_options import (
+    AdapterOptions,
+    DivergenceAction,
+    FindingAction,
+    LocateMode,
+    MonitorOptions,
+    NonFiniteAction,
+    check_options,
 )
 from gradaudit.training.record import MonitorRecord
 from gradaudit.training.replay import StepReplay
@@ -89,66 +90,10 @@ __all__ = [
     "DivergenceAction",
     "FindingAction",
     "GradientMonitor",
+    "LocateMode",
     "MonitorOptions",
     "NonFiniteAction",
 ]
-
-#: What a monitor does when a collected step has NaN or Inf gradients:
-#: ``dump`` writes a dump and warns; ``raise`` writes a dump and raises
-#: :class:`~gradaudit.NonFiniteGradientError`; ``warn`` only warns; ``ignore``
-#: only records it in the history.
-NonFiniteAction = Literal["dump", "raise", "warn", "ignore"]
-#: What a monitor does about a collected step's other findings (exploding, vanishing,
-#: outlier …): ``warn`` (default) issues a :class:`~gradaudit.GradientFindingWarning`
-#: for findings new since the previous collected step; ``dump`` warns and writes a dump
-#: when a finding fails (``Thresholds.fail_on``: ``exploding`` by default); ``raise``
-#: warns, dumps and raises :class:`~gradaudit.GradientFindingError` on a failing one;
-#: ``ignore`` only records them (history, logged counts).
-FindingAction = Literal["dump", "raise", "warn", "ignore"]
-#: What a monitor of a ``DistributedDataParallel`` model does when a replicated gradient is
-#: not bit-identical on every rank (:mod:`gradaudit.training.replicas`): ``dump`` (default)
-#: writes each rank's dump and warns; ``raise`` dumps and raises
-#: :class:`~gradaudit.ReplicaDivergenceError`; ``warn`` only warns; ``ignore`` only records
-#: it (``record.replicas``, the logged count); ``off`` does not check (no collective).
-DivergenceAction = Literal["dump", "raise", "warn", "ignore", "off"]
-#: When a monitor arms a :class:`~gradaudit.NanLocator` (see ``docs/locate.md``):
-#: never, from the first collected NaN/Inf until a step is located, or every
-#: ``locate_every`` steps.
-LocateMode = Literal["off", "on_nonfinite", "always"]
-
-
-class AdapterOptions(TypedDict, total=False):
-    """:class:`GradientMonitor`'s keyword options but ``every``, for adapters that build monitors.
-
-    The framework callbacks (:mod:`gradaudit.integrations`) take these as
-    ``**options`` and hand them to the monitors they build, so a new monitor option
-    reaches every adapter without being declared again; the monitor's signature
-    holds the defaults and :class:`GradientMonitor` checks the values. ``every`` is
-    each callback's own argument: by default they collect the steps their trainer logs.
-    """
-
-    dump_dir: str | Path | None
-    on_nonfinite: NonFiniteAction
-    on_finding: FindingAction
-    on_divergence: DivergenceAction
-    sync: bool
-    history: int
-    max_dumps: int
-    thresholds: Thresholds | None
-    locate: LocateMode
-    locate_every: int
-    precision: Precision | str | None
-    max_underflow: float
-
-
-class MonitorOptions(AdapterOptions, total=False):
-    """Every keyword option of :class:`GradientMonitor`."""
-
-    every: int
-
-
-#: A finding on one tensor warns again only after this many collected steps.
-_QUIET_RECORDS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,33 +172,19 @@ class GradientMonitor:
         precision: Precision | str | None = None,
         max_underflow: float = DEFAULT_MAX_UNDERFLOW,
     ) -> None:
-        if precision is not None and precision not in tuple(Precision):
-            choices = ", ".join(repr(p.value) for p in Precision)
-            raise ValueError(f"precision must be None or one of {choices}; got {precision!r}")
-        if not 0 <= max_underflow <= 1:
-            raise ValueError(f"max_underflow must be in [0, 1]; got {max_underflow!r}")
-        if locate not in get_args(LocateMode):
-            choices = ", ".join(repr(a) for a in get_args(LocateMode))
-            raise ValueError(f"locate must be one of {choices}; got {locate!r}")
-        if locate != "off" and not isinstance(model, torch.nn.Module):
-            raise ValueError("locate needs the model itself (an nn.Module) to hook its modules")
-        if locate_every < 1:
-            raise ValueError("locate_every must be >= 1")
-        if every < 1:
-            raise ValueError("every must be >= 1")
-        if history < 1:
-            raise ValueError("history must be >= 1")
-        if max_dumps < 0:
-            raise ValueError("max_dumps must be >= 0")
-        if on_nonfinite not in get_args(NonFiniteAction):
-            choices = ", ".join(repr(a) for a in get_args(NonFiniteAction))
-            raise ValueError(f"on_nonfinite must be one of {choices}; got {on_nonfinite!r}")
-        if on_finding not in get_args(FindingAction):
-            choices = ", ".join(repr(a) for a in get_args(FindingAction))
-            raise ValueError(f"on_finding must be one of {choices}; got {on_finding!r}")
-        if on_divergence not in get_args(DivergenceAction):
-            choices = ", ".join(repr(a) for a in get_args(DivergenceAction))
-            raise ValueError(f"on_divergence must be one of {choices}; got {on_divergence!r}")
+        check_options(
+            every=every,
+            on_nonfinite=on_nonfinite,
+            on_finding=on_finding,
+            on_divergence=on_divergence,
+            history=history,
+            max_dumps=max_dumps,
+            locate=locate,
+            locate_every=locate_every,
+            precision=precision,
+            max_underflow=max_underflow,
+            hooks_modules=isinstance(model, torch.nn.Module),
+        )
         # A generator of parameters would be used up by the first collection.
         self._params: ParametersInput = model
         if not isinstance(model, torch.nn.Module | Mapping | list | tuple):
@@ -263,9 +194,7 @@ class GradientMonitor:
         self.on_nonfinite: NonFiniteAction = on_nonfinite
         self.on_finding: FindingAction = on_finding
         self.on_divergence: DivergenceAction = on_divergence
-        # The rate limit of finding warnings: (kind, tensor) -> the record that last warned.
-        self._warned_at: dict[tuple[str, str], int] = {}
-        self._acted = 0  # records acted on
+        self._finding_warnings = FindingRateLimit()
         self.sync = sync
         self.max_dumps = max_dumps
         self.thresholds = thresholds or Thresholds()
@@ -515,68 +444,12 @@ class GradientMonitor:
         return step_headroom(names, counts, max_abs, self.precision, self.max_underflow)
 
     def _act(self, record: MonitorRecord, now: int) -> None:
-        """Warn or raise about NaN/Inf, then about the other findings, pointing at the
-        caller of ``step()``/``flush()``."""
-        if record.nonfinite and self.on_nonfinite != "ignore":
-            location = self._location_of(record.step)
-            message = nonfinite_message(record, now, location)
-            if self.on_nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    record.step, record.nonfinite, record.dump, message, location
-                )
-            warnings.warn(message, NonFiniteGradientWarning, stacklevel=3)
-        self._act_on_divergence(record, now)
-        self._act_on_findings(record, now)
-
-    def _act_on_divergence(self, record: MonitorRecord, now: int) -> None:
-        """Warn or raise about replicated gradients that differ across ranks: on every
-        collected step that shows it (a diverged replica rarely comes back)."""
-        divergence = None if record.replicas is None else record.replicas.divergence
-        if divergence is None or self.on_divergence == "ignore":
-            return
-        message = f"step {record.step}: {divergence.describe()}" + dump_note(record, now)
-        if self.on_divergence == "raise":
-            raise ReplicaDivergenceError(
-                record.step,
-                divergence.tensor,
-                divergence.ranks,
-                divergence.tensors,
-                record.dump,
-                message,
-            )
-        warnings.warn(message, ReplicaDivergenceWarning, stacklevel=4)
-
-    def _act_on_findings(self, record: MonitorRecord, now: int) -> None:
-        """Findings warn (rate-limited); failing ones raise if asked.
-
-        The rate limit: a finding on one tensor (a dead attention bias, a layer that keeps
-        exploding, an outlier that comes and goes) warns when it first appears and then at
-        most once per ``_QUIET_RECORDS`` collected steps; its count is in every record (and
-        every logged row) meanwhile.
-        """
-        self._acted += 1
-        if self.on_finding == "ignore":
-            return
-        new = []
-        for finding in record.findings:
-            pair = (finding.kind.value, finding.tensor)
-            last = self._warned_at.get(pair)
-            if last is None or self._acted - last >= _QUIET_RECORDS:
-                self._warned_at[pair] = self._acted
-                new.append(finding)
-        failing = record.failing_findings
-        if self.on_finding == "raise" and failing:
-            raise GradientFindingError(
-                record.step,
-                tuple((f.kind.value, f.tensor) for f in failing),
-                record.dump,
-                finding_message(record, failing, now, new=False),
-            )
-        if new:
-            new.sort(key=lambda f: not f.failing)  # exploding (failing) before the warnings
-            warnings.warn(
-                finding_message(record, new, now, new=True), GradientFindingWarning, stacklevel=4
-            )
+        """Warn or raise about NaN/Inf, then about divergent replicas, then about the other
+        findings (:mod:`gradaudit.training.acting`)."""
+        location = self._location_of(record.step) if record.nonfinite else None
+        act_on_nonfinite(record, now, self.on_nonfinite, location)
+        act_on_divergence(record, now, self.on_divergence)
+        act_on_findings(record, now, self.on_finding, self._finding_warnings)
 
     def _dump(self, record: MonitorRecord, now: int, metadata: dict[str, str]) -> MonitorRecord:
         if self.dump_dir is None or self.dumps_written >= self.max_dumps:

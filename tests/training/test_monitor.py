@@ -242,11 +242,27 @@ def test_findings_warn_rate_limited_and_are_in_the_record() -> None:
             assert [(f.kind.value, f.tensor) for f in record.findings] == [
                 ("exploding", "1.weight")
             ]
-    messages = [str(w.message) for w in caught if w.category is GradientFindingWarning]
+    found = [w for w in caught if w.category is GradientFindingWarning]
+    messages = [str(w.message) for w in found]
     assert len(messages) == 2
     assert messages[0].startswith("step 0: 1 gradient finding (global norm ")
     assert "exploding 1.weight (norm " in messages[0]
     assert messages[1].startswith("step 10: ")
+    assert {w.filename for w in found} == {__file__}  # points at the caller of step()
+
+
+def test_a_finding_read_by_flush_warns_at_the_caller_of_flush() -> None:
+    from gradaudit import GradientFindingWarning
+
+    loop = Loop()
+    monitor = GradientMonitor(loop.model, every=1, dump_dir=None)  # read one call late
+    _explode(loop, 1e6)
+    assert monitor.step() is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = monitor.flush()
+    assert record is not None
+    assert [w.filename for w in caught if w.category is GradientFindingWarning] == [__file__]
 
 
 def test_on_finding_raise_dump_and_ignore(tmp_path: Path) -> None:
