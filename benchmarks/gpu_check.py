@@ -466,12 +466,33 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def tree() -> str:
+    """Git's id of the files as they are (every file git does not ignore, through a scratch
+    index), or ``unknown``. It equals a commit's tree id (``git log --format='%h %T'``)
+    when the files are that commit's, whatever commit the checkout's ``.git`` names: a lent
+    machine's copy of ``.git`` can be older than the files sent with it (on 2026-11-27 the
+    header said ``7b80a51-dirty`` for the files of ``c561162``)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        done = None
+        for argv in (["git", "add", "--all"], ["git", "write-tree"]):
+            try:
+                done = subprocess.run(
+                    argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                return "unknown"
+            if done.returncode:
+                return "unknown"
+    return done.stdout.strip()[:12] if done else "unknown"
+
+
 def run(
     context: Context, deadline: Deadline, steps: Sequence[Step], only: Sequence[str] = ()
 ) -> Summary:
     dry = " (DRY RUN on the CPU: figures mean nothing)" if context.dry_run else ""
     header = [
-        f"gradaudit GPU check{dry}, commit {commit()}",
+        f"gradaudit GPU check{dry}, commit {commit()}, tree {tree()}",
         f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, budget {deadline.budget_s:.0f}s",
         "status  step                  time  figure  [log]",
     ]

@@ -278,6 +278,7 @@ def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (out / "summary.txt").read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith("# gradaudit GPU check (DRY RUN")
+    assert re.search(r", tree [0-9a-f]{12}$", lines[0]), lines[0]
     steps = {
         line.split()[1]: line.split()[0] for line in lines if not line.startswith(("#", "total"))
     }
@@ -306,6 +307,42 @@ def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path
     )
     bench = (out / "bench.txt").read_text(encoding="utf-8")
     assert bench.count("| yes") == 12  # one bandwidth row per layout and dtype
+
+
+def test_the_gpu_checks_tree_id_is_the_files_not_the_checkouts_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's ``tree``: git's id of the files as sent, equal to the tree of the commit
+    they are, even where the checkout's ``.git`` still names an older commit (a lent
+    machine's copy), and different once a file differs."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    old_head = git("rev-parse", "HEAD")
+    (tmp_path / "a.txt").write_text("two\n")
+    (tmp_path / "b.txt").write_text("new\n")
+    git("add", "--all")
+    git("commit", "-qm", "two")
+    files_tree = git("rev-parse", "HEAD^{tree}")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    assert gpu_check.tree() == files_tree[:12]
+    git("reset", "-q", "--soft", old_head)  # .git names the older commit; the files are "two"
+    assert gpu_check.tree() == files_tree[:12]
+    assert gpu_check.commit().endswith("-dirty")
+    (tmp_path / "b.txt").write_text("changed\n")
+    assert gpu_check.tree() not in (files_tree[:12], "unknown")
 
 
 def test_force_engine_pins_auto_except_for_tests_of_autos_own_choice(tmp_path: Path) -> None:
