@@ -11,7 +11,12 @@ import sys
 import pytest
 
 from gradaudit.engine import triton_kernel
-from tests.triton_interpreter import CHECKED_TRITON, skip_repatching_in_device_calls, triton_release
+from tests.triton_interpreter import (
+    CHECKED_TRITON,
+    coverage_paused,
+    skip_repatching_in_device_calls,
+    triton_release,
+)
 
 
 @pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed")
@@ -28,3 +33,28 @@ def test_the_installed_triton_is_one_the_shortcut_was_checked_against() -> None:
     assert release in CHECKED_TRITON
     assert skip_repatching_in_device_calls()
     assert "triton.runtime.interpreter" in sys.modules
+
+
+def test_coverage_is_paused_during_a_launch_and_no_other_tracer() -> None:
+    """``coverage_paused``: coverage's tracer is off inside and back after; any other tracer
+    (a debugger's) stays on."""
+    original = sys.gettrace()
+    coverage_like = type(
+        "CTracer", (), {"__module__": "coverage.tracer", "__call__": lambda self, *args: None}
+    )
+    tracer = coverage_like()
+
+    def debugger(*args: object) -> None:
+        return None
+
+    try:
+        sys.settrace(tracer)
+        with coverage_paused():
+            assert sys.gettrace() is None
+        assert sys.gettrace() is tracer
+        sys.settrace(debugger)
+        with coverage_paused():
+            assert sys.gettrace() is debugger
+        assert sys.gettrace() is debugger
+    finally:
+        sys.settrace(original)
