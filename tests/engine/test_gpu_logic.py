@@ -7,7 +7,10 @@ What a CPU can prove about the CUDA path (``docs/gpu.md`` lists what it cannot):
   with the kernel launches replaced by no-ops, every line of host code of the
   path runs, table building and placements included;
 * an element count that another rank's NCCL collective produced stays on the
-  device and is read with the rows, in the one read.
+  device and is read with the rows, in the one read;
+* a bucket of small tensors is reduced on the stream its rows were copied in on, whatever
+  stream is current at the flush (streams and events faked: which stream the work is
+  queued on is host logic).
 """
 
 from __future__ import annotations
@@ -236,3 +239,78 @@ def test_a_cold_route_ends_at_the_settle(
     collector.flush()
     assert triton_on_meta == [-(-100_000 // triton_kernel.span_for(100_000)), 2]
     assert collector.engine_used == "eager+triton"
+
+
+class _FakeStream:
+    """A CUDA stream as the collector sees one: a device, an id, equality."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.device = torch.device("cuda", 0)
+        self.stream_id = stream_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FakeStream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return self.stream_id
+
+
+def test_a_bucket_is_reduced_on_the_stream_its_rows_were_copied_in_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Small tensors collected on a side stream are reduced there even when the flush comes
+    with the default stream current (the H200 found the eager kernel reading a bucket before
+    the side stream had copied into it: zeros where a -Inf was), and readers get a settle
+    event on that stream; a bucket of the current stream is reduced where it is."""
+    from gradaudit.engine.buckets import Bucket
+    from gradaudit.results.row import NAN, NEG_INF, POS_INF, ZEROS
+
+    side, default = _FakeStream(7), _FakeStream(0)
+    current = [default]
+    entered: list[int] = []
+    recorded: list[int] = []
+
+    class Switch:
+        def __init__(self, stream: _FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            entered.append(self.stream.stream_id)
+            self.saved = current[0]
+            current[0] = self.stream
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.saved
+
+    class Event:
+        def record(self, stream: _FakeStream) -> None:
+            recorded.append(stream.stream_id)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "stream", Switch)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    collector = StatsCollector(engine="eager")
+    reduced_on: list[int] = []
+    block_rows = collector._block_rows
+
+    def noting(block: torch.Tensor) -> torch.Tensor:
+        reduced_on.append(current[0].stream_id)
+        return block_rows(block)
+
+    monkeypatch.setattr(collector, "_block_rows", noting)
+    values = torch.tensor([1.0, -math.inf, 0.0])
+    for stream in (side, default):
+        bucket = Bucket(torch.zeros((2, 64)), stream)  # type: ignore[arg-type]
+        ticket = collector._layout.new_ticket()
+        bucket.buffer[0, :3] = values
+        bucket.tickets.append((ticket, 3))
+        collector._reduce_bucket(bucket)
+        assert not bucket.tickets
+        assert not bucket.buffer.any()  # zeroed for the next rows
+        (row,) = collector.gather([ticket], collector._blocks).tolist()
+        # NaN, +Inf, -Inf, zeros (the padding's taken out):
+        assert [row[i] for i in (NAN, POS_INF, NEG_INF, ZEROS)] == [0, 0, 1, 1]
+    assert reduced_on == [7, 0]
+    assert entered == [7]  # only the side stream's bucket switched streams
+    assert recorded == [7]  # ...and gave its stream a settle event
+    assert current[0] == default
