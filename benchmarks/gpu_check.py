@@ -474,17 +474,14 @@ def tree() -> str:
     header said ``7b80a51-dirty`` for the files of ``c561162``)."""
     with tempfile.TemporaryDirectory() as scratch:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        done = None
-        for argv in (["git", "add", "--all"], ["git", "write-tree"]):
-            try:
+        try:
+            for argv in (["git", "add", "--all"], ["git", "write-tree"]):
                 done = subprocess.run(
-                    argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+                    argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=True
                 )
-            except (OSError, subprocess.TimeoutExpired):
-                return "unknown"
-            if done.returncode:
-                return "unknown"
-    return done.stdout.strip()[:12] if done else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+    return done.stdout.strip()[:12]
 
 
 def run(
