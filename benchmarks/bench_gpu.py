@@ -43,17 +43,21 @@ Both paths to the flush are measured, alternately: ``per-tensor`` (one
 loop's columns through ``PendingStats.add_tensors`` with the same collector every
 step, as ``GradientMonitor`` does: the flush planned once, :mod:`gradaudit.engine.
 triton_plan`); for it ``queue`` is everything before its launch, and ``planning
-step`` the step that makes the plan (the collector's second list).
+step`` the step that makes the plan (the collector's second list). The planned path
+runs twice: each step's facts read through torch's C shim (``planned``, where
+:mod:`gradaudit.engine.torch_shim` binds it) and through torch's binding (``planned,
+binding``, what runs where it does not).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,7 @@ from safetensors.torch import save_file
 import gradaudit
 from benchmarks.bench_scan import best_of as cpu_best_of
 from benchmarks.bench_scan import many_tiny, table, transformer_layout, transformer_like
-from gradaudit.engine import native, triton_kernel
+from gradaudit.engine import native, torch_shim, triton_kernel
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.engine.triton_plan import TritonPlan
 from gradaudit.scan.pending import PendingStats
@@ -132,9 +136,23 @@ def engine_rows(
 H100_HBM = 3.35e12
 
 
-#: The two ways a list of tensors reaches the Triton flush: one ``PendingStats.queue`` per
-#: tensor (a scan, ``audit``), and a training loop's columns (``add_tensors``, planned once).
-PATHS = ("per-tensor", "planned")
+#: The ways a list of tensors reaches the Triton flush: one ``PendingStats.queue`` per
+#: tensor (a scan, ``audit``), and a training loop's columns (``add_tensors``, planned once),
+#: whose facts are read through torch's C shim where it is bound (``planned``) or through
+#: torch's binding (``planned, binding``: what runs where the shim is not bound).
+PATHS = ("per-tensor", "planned", "planned, binding")
+
+
+@contextlib.contextmanager
+def binding_reader(on: bool) -> Iterator[None]:
+    """While ``on``, plans are made without the C shim's signature (they ask torch's binding)."""
+    saved = torch_shim.signature
+    if on:
+        torch_shim.signature = lambda tensors: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch_shim.signature = saved  # type: ignore[assignment]
 
 
 class _NoopKernel:
@@ -186,9 +204,10 @@ def host_cost_rows(
         for label, tensors in workloads:
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
             names = [str(i) for i in range(len(tensors))]
-            collector = StatsCollector(engine="triton")  # the plan is kept between steps
+            # The plan is kept between steps, one collector per planned path.
+            collectors = {path: StatsCollector(engine="triton") for path in PATHS}
             best = {path: (math.inf, math.inf) for path in PATHS}
-            first = math.inf
+            first = {path: math.nan for path in PATHS}
             # The first step compiles on a GPU; on the planned path it goes the per-tensor way
             # (a collector's first list is not planned) and the second one plans.
             for repeat in range(repeats + 2):
@@ -203,15 +222,16 @@ def host_cost_rows(
                         queued = time.perf_counter()
                         pending.settle()
                     else:
-                        pending = PendingStats(collector=collector.fresh())
-                        pending.add_tensors(names, tensors)
+                        pending = PendingStats(collector=collectors[path].fresh())
+                        with binding_reader(path == "planned, binding"):
+                            pending.add_tensors(names, tensors)
                         if not repeat:
                             continue
                         assert len(marks) == 1, "the planned path did not take the list"
                         queued = marks[0]
                     done = time.perf_counter()
-                    if repeat == 1 and path == "planned":
-                        first = done - start
+                    if repeat == 1 and path != "per-tensor":
+                        first[path] = done - start
                     elif repeat:
                         queue, launch = best[path]
                         best[path] = (min(queue, queued - start), min(launch, done - queued))
@@ -230,7 +250,7 @@ def host_cost_rows(
                         "H100 HBM read ms": hbm * 1e3,
                         "launch × HBM": launch / hbm,
                         "queue+launch × HBM": (queue + launch) / hbm,
-                        "planning step ms": (first if path == "planned" else math.nan) * 1e3,
+                        "planning step ms": first[path] * 1e3,
                     }
                 )
     finally:

@@ -55,7 +55,7 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) 
             ("transformer-bfloat16", "10"),
             ("20-tiny", "20"),
         ]
-        for path in ("per-tensor", "planned")
+        for path in ("per-tensor", "planned", "planned, binding")
     ]
     assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in costs)
 

@@ -28,7 +28,7 @@
 #include <string.h>
 
 /* Bumped whenever the Python side's expectations change: a stale build is ignored. */
-#define NATIVE_ABI 5
+#define NATIVE_ABI 6
 
 enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3, DT_E4M3 = 4, DT_E5M2 = 5 };
 
@@ -2688,6 +2688,235 @@ static PyObject *py_planned_pointers(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- a tensor's facts through torch's C shim, with no Python per tensor ----------------
+ *
+ * planned_pointers asks each tensor five questions through torch's Python binding: about
+ * 0.3-0.7 us a tensor, 3-7 ms a step for 10,000 gradients. torch also answers them in C:
+ * the shim AOTInductor's compiled models call (aoti_torch_get_dtype, _sizes, _data_ptr,
+ * ...: extern "C", exported by libtorch, a stable interface), given an at::Tensor *. A
+ * tensor's Python object holds its at::Tensor right after the object's header; where it
+ * does (torch_shim.py checks that against torch's own answers on probe tensors before
+ * binding, and binds nothing otherwise), each question is a C call of a few nanoseconds.
+ * The functions' addresses are handed in by torch_shim.py (ctypes), so this file needs
+ * no torch headers and links nothing. */
+
+typedef int32_t (*shim_pointer_fn)(void *, void **);
+typedef int32_t (*shim_array_fn)(void *, int64_t **);
+typedef int32_t (*shim_i64_fn)(void *, int64_t *);
+typedef int32_t (*shim_i32_fn)(void *, int32_t *);
+typedef int32_t (*shim_bool_fn)(void *, _Bool *);
+
+static struct {
+    Py_ssize_t offset; /* of the at::Tensor in a tensor's Python object; 0: not bound */
+    int32_t strided;   /* the strided layout's code */
+    shim_pointer_fn data_ptr;
+    shim_i64_fn dim;
+    shim_array_fn sizes;
+    shim_i32_fn dtype, device_type, device_index, layout;
+    shim_bool_fn contiguous;
+} shim;
+
+/* A tensor's facts: 0 when read, 1 when torch could not answer (a layout without strides
+ * or contiguity: the caller's slow path decides), never a Python error. */
+typedef struct {
+    int32_t dtype, device_type, device_index, layout;
+    _Bool contiguous;
+    int64_t dim;
+    const int64_t *sizes;
+    void *address;
+} shim_facts_t;
+
+static int shim_read(PyObject *t, shim_facts_t *f) {
+    void *h = (char *)t + shim.offset;
+    if (shim.dtype(h, &f->dtype) || shim.device_type(h, &f->device_type) ||
+        shim.device_index(h, &f->device_index) || shim.layout(h, &f->layout)) {
+        return 1;
+    }
+    if (f->layout != shim.strided) return 1;
+    int64_t *sizes = NULL;
+    if (shim.dim(h, &f->dim) || shim.sizes(h, &sizes) || shim.contiguous(h, &f->contiguous) ||
+        shim.data_ptr(h, &f->address)) {
+        return 1;
+    }
+    f->sizes = sizes;
+    return 0;
+}
+
+static int plain_type(PyObject *t, PyObject *plain) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
+        if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) return 1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(bind_shim_doc,
+    "bind_shim(offset, strided, data_ptr, dim, sizes, dtype, device_type, device_index,\n"
+    "          layout, is_contiguous) -> None\n\n"
+    "Bind the aoti_torch_* functions at these addresses (0 offset: unbind), to be called\n"
+    "with the at::Tensor at `offset` bytes into a tensor's Python object.");
+
+static PyObject *py_bind_shim(PyObject *self, PyObject *args) {
+    Py_ssize_t offset;
+    int strided;
+    unsigned long long f[8];
+    (void)self;
+    if (!PyArg_ParseTuple(args, "niKKKKKKKK", &offset, &strided, &f[0], &f[1], &f[2], &f[3],
+                          &f[4], &f[5], &f[6], &f[7])) {
+        return NULL;
+    }
+    for (int k = 0; k < 8 && offset; k++) {
+        if (f[k] == 0) {
+            PyErr_SetString(PyExc_ValueError, "a shim function's address is 0");
+            return NULL;
+        }
+    }
+    if (offset < 0 || (offset && offset < (Py_ssize_t)sizeof(PyObject))) {
+        PyErr_SetString(PyExc_ValueError, "the offset is inside the object's header");
+        return NULL;
+    }
+    shim.offset = 0;
+    shim.strided = strided;
+    shim.data_ptr = (shim_pointer_fn)(uintptr_t)f[0];
+    shim.dim = (shim_i64_fn)(uintptr_t)f[1];
+    shim.sizes = (shim_array_fn)(uintptr_t)f[2];
+    shim.dtype = (shim_i32_fn)(uintptr_t)f[3];
+    shim.device_type = (shim_i32_fn)(uintptr_t)f[4];
+    shim.device_index = (shim_i32_fn)(uintptr_t)f[5];
+    shim.layout = (shim_i32_fn)(uintptr_t)f[6];
+    shim.contiguous = (shim_bool_fn)(uintptr_t)f[7];
+    shim.offset = offset;
+    Py_RETURN_NONE;
+}
+
+static int shim_unbound(void) {
+    if (shim.offset) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "torch's C shim is not bound (bind_shim)");
+    return 1;
+}
+
+PyDoc_STRVAR(shim_facts_doc,
+    "shim_facts(tensor) -> (dtype, device_type, device_index, layout, contiguous, sizes,\n"
+    "                      address) | None\n\n"
+    "One tensor's facts as torch's C shim gives them (codes as torch numbers them; sizes a\n"
+    "tuple), None where it gives none (a layout without strides). For checking the binding.");
+
+static PyObject *py_shim_facts(PyObject *self, PyObject *t) {
+    (void)self;
+    if (shim_unbound()) return NULL;
+    if (Py_TYPE(t)->tp_basicsize < shim.offset + (Py_ssize_t)sizeof(void *)) {
+        PyErr_SetString(PyExc_TypeError, "not an object with a tensor at the bound offset");
+        return NULL;
+    }
+    shim_facts_t f;
+    if (shim_read(t, &f)) Py_RETURN_NONE;
+    PyObject *sizes = PyTuple_New((Py_ssize_t)f.dim);
+    if (sizes == NULL) return NULL;
+    for (int64_t d = 0; d < f.dim; d++) {
+        PyObject *size = PyLong_FromLongLong(f.sizes[d]);
+        if (size == NULL) {
+            Py_DECREF(sizes);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(sizes, (Py_ssize_t)d, size);
+    }
+    return Py_BuildValue("(iiiiNNK)", f.dtype, f.device_type, f.device_index, f.layout,
+                         PyBool_FromLong(f.contiguous), sizes,
+                         (unsigned long long)(uintptr_t)f.address);
+}
+
+/* A list's signature: per tensor dtype, device type, device index, rank, then its sizes
+ * (int64 each). 1: some tensor has none (not of a plain type, not contiguous, no
+ * strides), -1: out of memory. */
+static int shim_signature(PyObject *tensors, PyObject *plain, growbuf_t *out) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tensors); i++) {
+        PyObject *t = PyList_GET_ITEM(tensors, i);
+        shim_facts_t f;
+        if (!plain_type(t, plain) || shim_read(t, &f) || !f.contiguous) return 1;
+        int64_t head[4] = {f.dtype, f.device_type, f.device_index, f.dim};
+        if (grow_put(out, head, sizeof head) ||
+            (f.dim && grow_put(out, f.sizes, sizeof(int64_t) * (size_t)f.dim))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(shim_signature_doc,
+    "shim_signature(tensors, plain) -> bytes | None\n\n"
+    "What shim_pointers checks a later list against: each tensor's dtype, device and\n"
+    "shape (int64s); None when a tensor is not of an exact type in plain, not contiguous or\n"
+    "not strided.");
+
+static PyObject *py_shim_signature(PyObject *self, PyObject *args) {
+    PyObject *tensors, *plain;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &tensors, &PyTuple_Type, &plain)) {
+        return NULL;
+    }
+    if (shim_unbound()) return NULL;
+    growbuf_t out = {NULL, 0, 0};
+    int found = shim_signature(tensors, plain, &out);
+    PyObject *result = NULL;
+    if (found < 0) goto done;
+    if (found) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
+done:
+    free(out.data);
+    return result;
+}
+
+PyDoc_STRVAR(shim_pointers_doc,
+    "shim_pointers(tensors, plain, signature) -> bytes | None\n\n"
+    "Every tensor's address (int64, native order) when the list has this signature\n"
+    "(shim_signature's) and each tensor is of an exact type in plain and contiguous; None at\n"
+    "the first difference. No Python is called: the list cannot change while it is read.");
+
+static PyObject *py_shim_pointers(PyObject *self, PyObject *args) {
+    PyObject *tensors, *plain;
+    const char *signature;
+    Py_ssize_t length;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!y#", &PyList_Type, &tensors, &PyTuple_Type, &plain,
+                          &signature, &length)) {
+        return NULL;
+    }
+    if (shim_unbound()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(tensors);
+    const int64_t *expected = (const int64_t *)signature;
+    size_t left = (size_t)length / sizeof(int64_t);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (out == NULL) return NULL;
+    int64_t *pointers = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+#if defined(__GNUC__)
+        if (i + 2 < n) __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2));
+#endif
+        PyObject *t = PyList_GET_ITEM(tensors, i);
+        shim_facts_t f;
+        int same = plain_type(t, plain) && !shim_read(t, &f) && f.contiguous && left >= 4 &&
+                   expected[0] == f.dtype && expected[1] == f.device_type &&
+                   expected[2] == f.device_index && expected[3] == f.dim &&
+                   left - 4 >= (size_t)f.dim &&
+                   (f.dim == 0 || !memcmp(expected + 4, f.sizes, sizeof(int64_t) * (size_t)f.dim));
+        if (!same) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        expected += 4 + f.dim;
+        left -= 4 + (size_t)f.dim;
+        pointers[i] = (int64_t)(intptr_t)f.address;
+    }
+    if (left) { /* a signature of a longer list */
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"set_path", py_set_path, METH_O, set_path_doc},
     {"set_layout", py_set_layout, METH_O, set_layout_doc},
@@ -2698,6 +2927,10 @@ static PyMethodDef methods[] = {
     {"header_columns", py_header_columns, METH_VARARGS, header_columns_doc},
     {"tensor_facts", py_tensor_facts, METH_VARARGS, tensor_facts_doc},
     {"planned_pointers", py_planned_pointers, METH_VARARGS, planned_pointers_doc},
+    {"bind_shim", py_bind_shim, METH_VARARGS, bind_shim_doc},
+    {"shim_facts", py_shim_facts, METH_O, shim_facts_doc},
+    {"shim_signature", py_shim_signature, METH_VARARGS, shim_signature_doc},
+    {"shim_pointers", py_shim_pointers, METH_VARARGS, shim_pointers_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ from gradaudit.results.row import ROW_WIDTH
 
 #: The ABI this module speaks; a stale build of the extension (an older
 #: checkout's ``.so``) is ignored rather than trusted.
-ABI = 5
+ABI = 6
 
 #: Tensors handed to the native kernel in one call, at most (count, and bytes once
 #: exceeded). One call splits its bytes between threads, so batching large tensors

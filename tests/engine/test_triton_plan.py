@@ -19,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from gradaudit.engine import native, triton_kernel, triton_plan
+from gradaudit.engine import native, torch_shim, triton_kernel, triton_plan
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.results import TensorStats
 from gradaudit.scan.pending import PendingStats
@@ -34,10 +34,16 @@ pytestmark = [
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture(autouse=True, params=["in C", "a pass per fact"])
+@pytest.fixture(autouse=True, params=["the C shim", "the binding in C", "a pass per fact"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each step's facts and addresses read both ways: one pass in the native extension,
-    and one ``map`` per fact where it is not built."""
+    """Each step's facts and addresses read all three ways: through torch's C shim, through
+    torch's binding in one pass of the native extension (where the shim is not bound), and
+    one ``map`` per fact (where the extension is not built)."""
+    if request.param == "the C shim":
+        if not torch_shim.bound():
+            pytest.skip("torch's C shim is not bound with this torch (test_torch_shim.py)")
+        return str(request.param)
+    monkeypatch.setattr(triton_plan.torch_shim, "signature", lambda tensors: None)
     if request.param == "a pass per fact":
         monkeypatch.setattr(triton_plan.native, "available", lambda: False)
     elif not native.available():
