@@ -6,8 +6,9 @@ is one op dispatch (~1.5 µs here), and every attribute a Python loop reads from
 tensor (``.dtype``, ``.shape``, ``.data_ptr()`` ...) costs a few tenths of that —
 most of it waiting on memory, as each tensor's objects are a few cache misses away
 from the previous one's. So the five facts the native kernel needs are read in one
-pass over the list by the native extension (``tensor_facts`` in ``_native.c``,
-through torch's public attributes, no torch headers), straight into the columns
+pass over the list by the native extension (``tensor_facts`` in ``_native.c``: through
+torch's C shim where :mod:`~gradaudit.engine.torch_shim` binds it, with no Python per
+tensor, else through torch's public attributes; no torch headers), straight into the columns
 the kernel and the results take: address, element count, kernel code, rank and
 dimensions. Every decision is then taken once per *segment*, a run of tensors the
 kernel reads as they are (plain, contiguous CPU tensors of its dtypes: nearly every

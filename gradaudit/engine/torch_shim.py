@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,3 +156,27 @@ def pointers(tensors: Sequence[torch.Tensor], expected: bytes) -> np.ndarray | N
         tensors if isinstance(tensors, list) else list(tensors), PLAIN, expected
     )
     return None if found is None else np.frombuffer(found, dtype=np.int64)
+
+
+def code_table(codes: Mapping[torch.dtype, int]) -> tuple[bytes, int] | None:
+    """For ``tensor_facts`` through the shim: the native kernel's code of each torch scalar
+    type (int32, indexed by the shim's dtype number; -1 where ``codes`` has none) and the
+    shim's CPU device number; ``None`` when the shim is not bound."""
+    return _code_table(tuple(codes.items()))
+
+
+@functools.cache
+def _code_table(codes: tuple[tuple[torch.dtype, int], ...]) -> tuple[bytes, int] | None:
+    module = native_rows.module()
+    if module is None or not bound():
+        return None
+    numbers = {}
+    for dtype, code in codes:
+        facts = module.shim_facts(torch.empty(0, dtype=dtype))
+        if facts is None:
+            return None
+        numbers[facts[0]] = code
+    table = np.full(max(numbers, default=-1) + 1, -1, dtype=np.int32)
+    for number, code in numbers.items():
+        table[number] = code
+    return table.tobytes(), int(module.shim_facts(torch.empty(0))[1])

@@ -8,12 +8,24 @@ import pytest
 import torch
 
 from gradaudit import audit, collect_async
-from gradaudit.engine import native
+from gradaudit.engine import native, torch_shim
 from gradaudit.engine.bulk import native_segments
 from tests.engine.test_stats import assert_matches_reference
 from tests.reference import reference_stats
 
 needs_native = pytest.mark.skipif(not native.available(), reason="the native kernel is not built")
+
+
+@pytest.fixture(autouse=True, params=["the C shim", "the binding"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with the facts read both ways: through torch's C shim (where it is bound)
+    and through torch's binding."""
+    if request.param == "the C shim":
+        if torch_shim.code_table(native.codes()) is None:
+            pytest.skip("torch's C shim is not bound with this torch (test_torch_shim.py)")
+    else:
+        monkeypatch.setattr(native.torch_shim, "code_table", lambda codes: None)
+    return str(request.param)
 
 
 def mixed() -> dict[str, torch.Tensor]:

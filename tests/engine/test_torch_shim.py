@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from gradaudit.engine import native_rows, torch_shim
+from gradaudit.engine import native, native_rows, torch_shim
+from tests.engine.test_bulk import mixed
 
 _module = native_rows.module()
 
@@ -181,3 +182,25 @@ def test_bind_shim_refuses_an_offset_in_the_header_and_null_functions() -> None:
         _module.bind_shim(8, 0, *[1] * 8)
     with pytest.raises(ValueError, match="address is 0"):
         _module.bind_shim(object.__basicsize__, 0, *[1] * 7, 0)
+
+
+@bound
+def test_the_columns_of_in_memory_tensors_are_the_bindings() -> None:
+    """``tensor_facts`` (the native kernel's columns for ``audit``) through the shim and
+    through torch's binding, on runs of every kernel dtype broken by tensors it does not
+    take as they are."""
+    tensors = [
+        *mixed().values(),
+        torch.empty(3, 4, device="meta"),  # plain and contiguous, but not on the CPU
+        torch.zeros(2, 1, 3, 1, 2, 1, 2),  # sizes past the 5 torch keeps inline
+        torch.zeros(4, dtype=torch.int32),  # a dtype the kernel does not take
+    ]
+    plain = (torch.Tensor, torch.nn.Parameter)
+    shim = torch_shim.code_table(native.codes())
+    assert shim is not None
+    module = _module
+    assert module is not None
+    through_shim = module.tensor_facts(tensors, {}, plain, *shim)
+    through_binding = module.tensor_facts(tensors, dict(native.codes()), plain)
+    assert through_shim == through_binding
+    assert through_shim[0][-3:] == b"\x00\x01\x00"
