@@ -2434,7 +2434,7 @@ done:
  * memory: each tensor's objects are a few cache misses away from the previous one's,
  * so the next tensor's Python object is prefetched while this one is asked. Where torch's
  * C shim is bound (shim_tensor_facts, below) the same facts are read with no Python at
- * all: 15 instead of 49 ms for 100,000 tiny tensors.
+ * all: 8.5 instead of 49 ms for 100,000 tiny tensors.
  *
  * A tensor the kernel cannot read as it is (not of an exact type in `plain`, a dtype not
  * in `codes`, not on the CPU, not contiguous, or a layout whose is_contiguous() or
@@ -2539,6 +2539,7 @@ static int shim_tensor_facts(PyObject *t, const int32_t *shim_codes, size_t know
                              int32_t cpu, PyObject *plain, uint64_t *pointer, uint64_t *count,
                              int32_t *code, int64_t *rank, growbuf_t *dims);
 static int shim_unbound(void);
+static inline void shim_prefetch(PyObject *tensors, PyObject *plain, Py_ssize_t i);
 
 static PyObject *py_tensor_facts(PyObject *self, PyObject *args) {
     PyObject *tensors, *codes, *plain;
@@ -2578,8 +2579,13 @@ static PyObject *py_tensor_facts(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_RuntimeError, "the list of tensors changed while read");
             goto done;
         }
+        if (shim_codes != NULL) {
+            shim_prefetch(tensors, plain, i);
+        }
 #if defined(__GNUC__)
-        if (i + 2 < PyList_GET_SIZE(tensors)) __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2));
+        else if (i + 2 < PyList_GET_SIZE(tensors)) {
+            __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2));
+        }
 #endif
         PyObject *t = PyList_GET_ITEM(tensors, i);
         Py_INCREF(t);
@@ -2779,6 +2785,28 @@ static int plain_type(PyObject *t, PyObject *plain) {
     return 0;
 }
 
+/* Tensor i + SHIM_AHEAD's TensorImpl fetched ahead (its address is in the tensor's
+ * object, read from a plain tensor only), and the object itself twice as far: with a list
+ * cold in cache (a backward pass between two steps) each tensor's TensorImpl, sizes and
+ * storage are fetched from memory one after the other. shim_pointers over 10,000 tensors
+ * after a 64 MiB pass over other memory: 1.6-1.8 ms without, 1.0-1.2 with (ahead 8; 4 to
+ * 64 ahead, and more lines of the TensorImpl, did no better). */
+#define SHIM_AHEAD 8
+static inline void shim_prefetch(PyObject *tensors, PyObject *plain, Py_ssize_t i) {
+#if defined(__GNUC__)
+    Py_ssize_t n = PyList_GET_SIZE(tensors);
+    if (i + 2 * SHIM_AHEAD < n) __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2 * SHIM_AHEAD));
+    if (i + SHIM_AHEAD < n) {
+        PyObject *ahead = PyList_GET_ITEM(tensors, i + SHIM_AHEAD);
+        if (plain_type(ahead, plain)) {
+            __builtin_prefetch(*(const char *const *)((const char *)ahead + shim.offset));
+        }
+    }
+#else
+    (void)tensors, (void)plain, (void)i;
+#endif
+}
+
 static int shim_tensor_facts(PyObject *t, const int32_t *shim_codes, size_t known_types,
                              int32_t cpu, PyObject *plain, uint64_t *pointer, uint64_t *count,
                              int32_t *code, int64_t *rank, growbuf_t *dims) {
@@ -2947,9 +2975,7 @@ static PyObject *py_shim_pointers(PyObject *self, PyObject *args) {
     if (out == NULL) return NULL;
     int64_t *pointers = (int64_t *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
-#if defined(__GNUC__)
-        if (i + 2 < n) __builtin_prefetch(PyList_GET_ITEM(tensors, i + 2));
-#endif
+        shim_prefetch(tensors, plain, i);
         PyObject *t = PyList_GET_ITEM(tensors, i);
         shim_facts_t f;
         int same = plain_type(t, plain) && !shim_read(t, &f) && f.contiguous && left >= 4 &&
