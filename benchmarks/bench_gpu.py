@@ -43,7 +43,8 @@ Both paths to the flush are measured, alternately: ``per-tensor`` (one
 loop's columns through ``PendingStats.add_tensors`` with the same collector every
 step, as ``GradientMonitor`` does: the flush planned once, :mod:`gradaudit.engine.
 triton_plan`); for it ``queue`` is everything before its launch, and ``planning
-step`` the step that makes the plan (the collector's second list). The planned path
+step`` the step that makes the plan (the collector's first list where torch's C shim is
+bound, else its second). The planned path
 runs twice: each step's facts read through torch's C shim (``planned``, where
 :mod:`gradaudit.engine.torch_shim` binds it) and through torch's binding (``planned,
 binding``, what runs where it does not).
@@ -145,14 +146,15 @@ PATHS = ("per-tensor", "planned", "planned, binding")
 
 @contextlib.contextmanager
 def binding_reader(on: bool) -> Iterator[None]:
-    """While ``on``, plans are made without the C shim's signature (they ask torch's binding)."""
-    saved = torch_shim.signature
+    """While ``on``, plans are made and checked as where torch's C shim is not bound (through
+    torch's binding)."""
+    saved = torch_shim.bound
     if on:
-        torch_shim.signature = lambda tensors: None  # type: ignore[assignment]
+        torch_shim.bound = lambda: False  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch_shim.signature = saved  # type: ignore[assignment]
+        torch_shim.bound = saved  # type: ignore[method-assign]
 
 
 class _NoopKernel:
@@ -208,8 +210,13 @@ def host_cost_rows(
             collectors = {path: StatsCollector(engine="triton") for path in PATHS}
             best = {path: (math.inf, math.inf) for path in PATHS}
             first = {path: math.nan for path in PATHS}
-            # The first step compiles on a GPU; on the planned path it goes the per-tensor way
-            # (a collector's first list is not planned) and the second one plans.
+            # The first step compiles on a GPU (on the per-tensor path, which runs first). A
+            # collector plans its first list where torch's C shim is bound (planning is then
+            # cheaper than the per-tensor flush), else its second (the first goes the
+            # per-tensor way): that step is the planning step, the later ones are timed.
+            planning = {
+                path: 0 if path == "planned" and torch_shim.bound() else 1 for path in PATHS
+            }
             for repeat in range(repeats + 2):
                 for path in PATHS:
                     synchronize(device)
@@ -225,12 +232,12 @@ def host_cost_rows(
                         pending = PendingStats(collector=collectors[path].fresh())
                         with binding_reader(path == "planned, binding"):
                             pending.add_tensors(names, tensors)
-                        if not repeat:
+                        if repeat < planning[path]:
                             continue
                         assert len(marks) == 1, "the planned path did not take the list"
                         queued = marks[0]
                     done = time.perf_counter()
-                    if repeat == 1 and path != "per-tensor":
+                    if repeat == planning[path] and path != "per-tensor":
                         first[path] = done - start
                     elif repeat:
                         queue, launch = best[path]

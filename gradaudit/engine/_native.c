@@ -2442,14 +2442,15 @@ done:
  * (rank 0) and the caller sends it the per-tensor way. */
 
 PyDoc_STRVAR(tensor_facts_doc,
-    "tensor_facts(tensors, codes, plain, shim_codes=None, cpu=0)\n"
+    "tensor_facts(tensors, codes, plain, shim_codes=None, device_type=0, device_index=-1)\n"
     "    -> (ok, pointers, counts, codes, ranks, dims, nbytes)\n\n"
     "Columns of a list of tensors: ok (uint8 per tensor), pointers and counts (uint64),\n"
     "kernel codes (int32), ranks (int64), dims (int64, every ok tensor's shape back to\n"
     "back) and the bytes of the ok tensors in all. codes maps torch dtypes to kernel codes;\n"
     "plain is a tuple of the exact types taken. With shim_codes (int32 per torch scalar\n"
     "type: its kernel code or -1) the facts are read through torch's C shim (bind_shim),\n"
-    "cpu being the CPU's device type code, and codes is not used.");
+    "of tensors on the device of that type and index as the shim numbers them (the CPU's\n"
+    "by default), and codes is not used.");
 
 static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_data_ptr, *s_shape;
 
@@ -2536,8 +2537,9 @@ static int one_tensor_facts(PyObject *t, PyObject *codes, PyObject *plain, uint6
 
 /* As one_tensor_facts, through torch's C shim (defined with it, below). */
 static int shim_tensor_facts(PyObject *t, const int32_t *shim_codes, size_t known_types,
-                             int32_t cpu, PyObject *plain, uint64_t *pointer, uint64_t *count,
-                             int32_t *code, int64_t *rank, growbuf_t *dims);
+                             int32_t device_type, int32_t device_index, PyObject *plain,
+                             uint64_t *pointer, uint64_t *count, int32_t *code, int64_t *rank,
+                             growbuf_t *dims);
 static int shim_unbound(void);
 static inline void shim_prefetch(PyObject *tensors, PyObject *plain, Py_ssize_t i);
 
@@ -2545,10 +2547,11 @@ static PyObject *py_tensor_facts(PyObject *self, PyObject *args) {
     PyObject *tensors, *codes, *plain;
     const char *shim_codes = NULL;
     Py_ssize_t shim_length = 0;
-    int cpu = 0;
+    int device_type = 0, device_index = -1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!|z#i", &PyList_Type, &tensors, &PyDict_Type, &codes,
-                          &PyTuple_Type, &plain, &shim_codes, &shim_length, &cpu)) {
+    if (!PyArg_ParseTuple(args, "O!O!O!|z#ii", &PyList_Type, &tensors, &PyDict_Type, &codes,
+                          &PyTuple_Type, &plain, &shim_codes, &shim_length, &device_type,
+                          &device_index)) {
         return NULL;
     }
     if (shim_codes != NULL) {
@@ -2591,7 +2594,8 @@ static PyObject *py_tensor_facts(PyObject *self, PyObject *args) {
         Py_INCREF(t);
         int taken = shim_codes != NULL
                         ? shim_tensor_facts(t, (const int32_t *)shim_codes,
-                                            (size_t)shim_length / sizeof(int32_t), (int32_t)cpu,
+                                            (size_t)shim_length / sizeof(int32_t),
+                                            (int32_t)device_type, (int32_t)device_index,
                                             plain, &pointers[i], &counts[i], &dtype_codes[i],
                                             &ranks[i], &dims)
                         : one_tensor_facts(t, codes, plain, &pointers[i], &counts[i],
@@ -2808,10 +2812,12 @@ static inline void shim_prefetch(PyObject *tensors, PyObject *plain, Py_ssize_t 
 }
 
 static int shim_tensor_facts(PyObject *t, const int32_t *shim_codes, size_t known_types,
-                             int32_t cpu, PyObject *plain, uint64_t *pointer, uint64_t *count,
-                             int32_t *code, int64_t *rank, growbuf_t *dims) {
+                             int32_t device_type, int32_t device_index, PyObject *plain,
+                             uint64_t *pointer, uint64_t *count, int32_t *code, int64_t *rank,
+                             growbuf_t *dims) {
     shim_facts_t f;
-    if (!plain_type(t, plain) || shim_read(t, &f) || !f.contiguous || f.device_type != cpu ||
+    if (!plain_type(t, plain) || shim_read(t, &f) || !f.contiguous ||
+        f.device_type != device_type || f.device_index != device_index ||
         f.dtype < 0 || (size_t)f.dtype >= known_types || shim_codes[f.dtype] < 0) {
         return 0;
     }

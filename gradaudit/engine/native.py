@@ -24,6 +24,9 @@ _module = native_rows.module()
 _CODES: dict[torch.dtype, int] = {
     getattr(torch, name): code for name, code in native_rows.codes_by_name().items()
 }
+_DTYPES = {code: dtype for dtype, code in _CODES.items()}
+#: A CPU tensor, for the C shim's number of the CPU device.
+_CPU_PROBE = torch.empty(0)
 
 
 def available() -> bool:
@@ -108,12 +111,37 @@ def tensor_facts(
     # Through torch's C shim where it is bound (no Python per tensor: 5,000 tiny tensors'
     # facts in 0.9 instead of 2.4 ms, 100,000 in 8.5 instead of 49), else through the binding.
     shim = torch_shim.code_table(codes)
+    cpu = None if shim is None else torch_shim.device_numbers(_CPU_PROBE)
     facts: tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] = (
         _module.tensor_facts(tensors, dict(codes), plain)
-        if shim is None
-        else _module.tensor_facts(tensors, {}, plain, *shim)
+        if shim is None or cpu is None
+        else _module.tensor_facts(tensors, {}, plain, shim, *cpu)
     )
     return facts
+
+
+def device_columns(
+    tensors: list[torch.Tensor], plain: tuple[type, ...]
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] | None:
+    """:func:`tensor_facts` of a list on the first tensor's device (any device: ``ok`` is 0
+    for a tensor elsewhere), with every dtype the extension has a code for; through torch's
+    C shim only, ``None`` where it is not bound. For planning a flush on a GPU from one C
+    pass (:mod:`~gradaudit.engine.triton_plan`)."""
+    if _module is None or not tensors:
+        return None
+    shim = torch_shim.code_table(_CODES)
+    where = None if shim is None else torch_shim.device_numbers(tensors[0])
+    if shim is None or where is None:
+        return None
+    facts: tuple[bytes, bytes, bytes, bytes, bytes, bytes, int] = _module.tensor_facts(
+        tensors, {}, plain, shim, *where
+    )
+    return facts
+
+
+def dtype_of(code: int) -> torch.dtype:
+    """The dtype of an extension's code (see :func:`code`)."""
+    return _DTYPES[code]
 
 
 def planned_pointers(

@@ -372,7 +372,9 @@ class StatsCollector:
         Launched now: the values are read in stream order, as :meth:`settle` would. Returns
         the tickets (in list order) and the plan (its shape columns are the caller's), or
         ``None`` when the list is not for this path: the first list of this collector and
-        its fresh ones on that device (a one-off audit plans nothing), an empty list, a
+        its fresh ones on that device where torch's C shim is not bound (a one-off audit
+        then plans nothing: planning through torch's binding costs more than the
+        per-tensor flush), an empty list, a
         tensor the Triton kernel would not take as it is (another device or dtype,
         strided, empty, a subclass), a route the collector would not send to Triton now
         (``auto`` waiting to compile), histograms asked for, or addresses the plan cannot

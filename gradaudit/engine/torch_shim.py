@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -106,10 +107,19 @@ def _answers_as_torch(module: Any, library: ctypes.CDLL, strided: int) -> bool:
     return True
 
 
+_binding = threading.Lock()
+
+
 @functools.cache
 def bound() -> bool:
     """Whether the native loops read tensors' facts through the shim (bound and checked on
-    the first call, see the module doc)."""
+    the first call, see the module doc). One thread binds and checks; another asking
+    meanwhile waits for its answer rather than use a binding not yet checked."""
+    with _binding:
+        return _bind()
+
+
+def _bind() -> bool:
     module = native_rows.module()
     if module is None or not hasattr(module, "bind_shim"):
         return False
@@ -158,15 +168,15 @@ def pointers(tensors: Sequence[torch.Tensor], expected: bytes) -> np.ndarray | N
     return None if found is None else np.frombuffer(found, dtype=np.int64)
 
 
-def code_table(codes: Mapping[torch.dtype, int]) -> tuple[bytes, int] | None:
+def code_table(codes: Mapping[torch.dtype, int]) -> bytes | None:
     """For ``tensor_facts`` through the shim: the native kernel's code of each torch scalar
-    type (int32, indexed by the shim's dtype number; -1 where ``codes`` has none) and the
-    shim's CPU device number; ``None`` when the shim is not bound."""
+    type (int32, indexed by the shim's dtype number; -1 where ``codes`` has none); ``None``
+    when the shim is not bound."""
     return _code_table(tuple(codes.items()))
 
 
 @functools.cache
-def _code_table(codes: tuple[tuple[torch.dtype, int], ...]) -> tuple[bytes, int] | None:
+def _code_table(codes: tuple[tuple[torch.dtype, int], ...]) -> bytes | None:
     module = native_rows.module()
     if module is None or not bound():
         return None
@@ -179,4 +189,14 @@ def _code_table(codes: tuple[tuple[torch.dtype, int], ...]) -> tuple[bytes, int]
     table = np.full(max(numbers, default=-1) + 1, -1, dtype=np.int32)
     for number, code in numbers.items():
         table[number] = code
-    return table.tobytes(), int(module.shim_facts(torch.empty(0))[1])
+    return table.tobytes()
+
+
+def device_numbers(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """``tensor``'s device as the shim numbers it (device type, index: the CPU's is -1), or
+    ``None`` when the shim is not bound or has no facts of ``tensor``."""
+    module = native_rows.module()
+    if module is None or not bound() or type(tensor) not in PLAIN:
+        return None
+    facts = module.shim_facts(tensor)
+    return None if facts is None else (int(facts[1]), int(facts[2]))

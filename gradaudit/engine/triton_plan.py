@@ -74,6 +74,62 @@ class _PlanGroup:
     first_row: int
 
 
+@dataclass(frozen=True)
+class ListFacts:
+    """What a plan is made from, as columns: the list's dtypes (each once, in the order
+    they first come), each tensor's (an index into them), element count and shape (each
+    rank, then every dimension)."""
+
+    dtypes: list[torch.dtype]
+    codes: np.ndarray
+    numels: np.ndarray
+    ranks: array.array[int]
+    dims: array.array[int]
+
+    @classmethod
+    def asked(cls, tensors: Sequence[torch.Tensor], shapes: list[torch.Size]) -> ListFacts:
+        """The facts through torch's binding: a pass per fact."""
+        dtypes = list(map(_DTYPE, tensors))
+        order = list(dict.fromkeys(dtypes))
+        return cls(
+            order,
+            np.array([order.index(dtype) for dtype in dtypes], dtype=np.int64),
+            np.array(list(map(_NUMEL, tensors)), dtype=np.int64),
+            array.array("q", map(len, shapes)),
+            array.array("q", [size for shape in shapes for size in shape]),
+        )
+
+    @classmethod
+    def read(cls, tensors: list[torch.Tensor]) -> ListFacts | None:
+        """The facts in one C pass through torch's C shim, when every tensor is plain,
+        contiguous, on the first one's device and of a dtype the extension has a code for;
+        ``None`` when one is not, or the shim is not bound."""
+        columns = native.device_columns(tensors, _PLAIN)
+        if columns is None:
+            return None
+        ok, _, counts, kinds, ranks, dims, _ = columns
+        if ok.count(1) != len(tensors):
+            return None
+        kernel_codes = np.frombuffer(kinds, dtype=np.int32)
+        distinct, firsts, inverse = np.unique(kernel_codes, return_index=True, return_inverse=True)
+        by_first = np.argsort(firsts)  # the dtypes in the order they first come
+        rank_of = np.empty(len(distinct), dtype=np.int64)
+        rank_of[by_first] = np.arange(len(distinct))
+        return cls(
+            [native.dtype_of(int(code)) for code in distinct[by_first]],
+            rank_of[inverse.reshape(-1)],
+            np.frombuffer(counts, dtype=np.uint64).astype(np.int64),
+            _int64_column(ranks),
+            _int64_column(dims),
+        )
+
+
+def _int64_column(data: bytes) -> array.array[int]:
+    column = array.array("q")
+    column.frombytes(data)
+    return column
+
+
 class TritonPlan:
     """The flush of one list of tensors, all but their addresses (see the module doc).
 
@@ -81,27 +137,35 @@ class TritonPlan:
     facts, :meth:`launch` queues the flush of a matching list.
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], sms: int) -> None:
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], sms: int, facts: ListFacts | None = None
+    ) -> None:
         first = tensors[0]
         self.device = first.device
-        self.dtypes: list[torch.dtype] = list(map(_DTYPE, tensors))
-        self.shapes: list[torch.Size] = list(map(_SHAPE, tensors))
-        self.numels: list[int] = list(map(_NUMEL, tensors))
-        self.device_indices: list[int] = list(map(_DEVICE_INDEX, tensors))
-        shapes = self.shapes
+        #: Each tensor's shape and device index from torch's binding, for the binding's
+        #: checks of later lists (a plan made from the C shim's facts is checked by the
+        #: shim, against its signature).
+        self._asked: tuple[list[torch.Size], list[int]] | None = None
+        if facts is None:
+            shapes = list(map(_SHAPE, tensors))
+            self._asked = (shapes, list(map(_DEVICE_INDEX, tensors)))
+            facts = ListFacts.asked(tensors, shapes)
+        order = facts.dtypes
+        codes = facts.codes
+        numels = facts.numels
         #: The shapes as a collection keeps them: each rank, then every dimension.
-        self.ranks = array.array("q", map(len, shapes))
-        self.dims = array.array("q", [size for shape in shapes for size in shape])
-        self.dtype_names = [dtype_name(dtype) for dtype in self.dtypes]
+        self.ranks = facts.ranks
+        self.dims = facts.dims
+        self.dtypes: list[torch.dtype] = np.array(order, dtype=object)[codes].tolist()
+        self.dtype_names: list[str] = np.array(
+            [dtype_name(dtype) for dtype in order], dtype=object
+        )[codes].tolist()
         self._fp32_accumulate = triton_kernel.fp32_accumulate(self.device)
-        order = list(dict.fromkeys(self.dtypes))
-        codes = np.array([order.index(dtype) for dtype in self.dtypes], dtype=np.int64)
-        numels = np.array(self.numels, dtype=np.int64)
         tables: list[torch.Tensor] = []
         maps: list[torch.Tensor] = []
         self._groups: list[_PlanGroup] = []
         #: The row of each tensor in the flush's stats rows (its group's rows, then a sentinel).
-        self.rows_of = np.empty(len(tensors), dtype=np.int64)
+        self.rows_of = np.empty(len(codes), dtype=np.int64)
         programs = rows = 0
         for code, dtype in enumerate(order):
             indices = np.flatnonzero(codes == code)
@@ -136,16 +200,22 @@ class TritonPlan:
         self.firsts = [int(group.indices[0]) for group in self._groups]
 
     def __len__(self) -> int:
-        return len(self.dtypes)
+        return len(self.rows_of)
 
     def matches(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether ``tensors`` have this plan's facts: dtypes, shapes and device, and are
         contiguous (each fact read in one C loop over the list)."""
+        if self._asked is None:
+            return (
+                self._signature is not None
+                and torch_shim.pointers(list(tensors), self._signature) is not None
+            )
+        shapes, device_indices = self._asked
         return (
             len(tensors) == len(self.dtypes)
             and list(map(_DTYPE, tensors)) == self.dtypes
-            and list(map(_SHAPE, tensors)) == self.shapes
-            and list(map(_DEVICE_INDEX, tensors)) == self.device_indices
+            and list(map(_SHAPE, tensors)) == shapes
+            and list(map(_DEVICE_INDEX, tensors)) == device_indices
             and all(map(_CONTIGUOUS, tensors))
         )
 
@@ -157,12 +227,20 @@ class TritonPlan:
         objects are fetched from memory once, not once per fact), else a pass per fact."""
         if self._signature is not None:
             return torch_shim.pointers(tensors, self._signature)
+        if self._asked is None:
+            return None
         if native.available():
-            found = native.planned_pointers(
-                tensors, _PLAIN, self.dtypes, self.shapes, self.device_indices
-            )
+            shapes, device_indices = self._asked
+            found = native.planned_pointers(tensors, _PLAIN, self.dtypes, shapes, device_indices)
             return None if found is None else np.frombuffer(found, dtype=np.int64)
         return pointers(tensors) if plain(tensors) and self.matches(tensors) else None
+
+    def first_pointers(self, tensors: list[torch.Tensor]) -> np.ndarray:
+        """The addresses of the list this plan was just made from: through the C shim where
+        the plan has its signature (a C loop over objects still in cache), else one
+        ``data_ptr`` call per tensor (the plan's checks were just made)."""
+        found = None if self._signature is None else torch_shim.pointers(tensors, self._signature)
+        return pointers(tensors) if found is None else found
 
     def table(self, pointers: np.ndarray) -> torch.Tensor | None:
         """The flush's host buffer for tensors at ``pointers`` (int64, in list order), or
@@ -207,6 +285,27 @@ def plain(tensors: Sequence[torch.Tensor]) -> bool:
 def takes_dtypes(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether the kernel takes every tensor's dtype."""
     return set(map(_DTYPE, tensors)) <= KINDS.keys()
+
+
+def plan_for(tensors: list[torch.Tensor], sms: int) -> TritonPlan | None:
+    """A plan for ``tensors``, or ``None`` when the Triton kernel would not take each of
+    them as it is (plain, contiguous, on one device, of its dtypes, not empty): their facts
+    read in one C pass where torch's C shim is bound (:class:`ListFacts`), else a pass per
+    fact through torch's binding."""
+    if torch_shim.bound():
+        facts = ListFacts.read(tensors)
+        if facts is None or not set(facts.dtypes) <= KINDS.keys() or not facts.numels.all():
+            return None
+        return TritonPlan(tensors, sms, facts)
+    if not plain(tensors) or not takes_dtypes(tensors):
+        return None
+    if not all(map(torch.Tensor.is_contiguous, tensors)):
+        return None
+    if 0 in map(torch.Tensor.numel, tensors):
+        return None
+    if len(set(map(torch.Tensor.get_device, tensors))) != 1:
+        return None
+    return TritonPlan(tensors, sms)
 
 
 def pointers(tensors: Sequence[torch.Tensor]) -> np.ndarray:

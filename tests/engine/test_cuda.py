@@ -411,7 +411,7 @@ def test_a_gradient_freed_before_the_side_stream_reads_it_keeps_its_values(
 def test_the_planned_flush_keeps_freed_gradients_until_its_kernels_read_them(
     side_stream: bool,
 ) -> None:
-    """The planned path (a training loop's second list on, no ``record_stream``): gradients
+    """The planned path (a training loop's lists once planned, no ``record_stream``): gradients
     freed right after the collection (``zero_grad(set_to_none=True)``) and their memory
     asked for again, while the kernels wait behind a sleep. On the default stream the new
     allocation's writes queue after the kernels; on a side stream the list is held until an
@@ -421,7 +421,8 @@ def test_the_planned_flush_keeps_freed_gradients_until_its_kernels_read_them(
     collector = StatsCollector(engine="triton")
     names = ["a", "b"]
     first = PendingStats(collector=collector.fresh())
-    first.add_tensors(names, [host.cuda() for host in hosts])  # the first list: not planned
+    # The first list (planned already where torch's C shim is bound).
+    first.add_tensors(names, [host.cuda() for host in hosts])
     first.materialize()
     grads = [host.cuda() for host in hosts]
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
