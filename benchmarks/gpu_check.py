@@ -401,7 +401,12 @@ def plan_tests(engine: str, cold: bool) -> Callable[[Context], Plan]:
 
 
 def plan_kernel_tests(context: Context) -> Plan:
-    files = ("tests/engine/test_triton_kernel.py", "tests/engine/test_gpu_logic.py")
+    files = (
+        "tests/engine/test_triton_kernel.py",
+        "tests/engine/test_gpu_logic.py",
+        # The planned flush on the GPU, its facts read through torch's C shim and its binding.
+        "tests/engine/test_triton_plan.py",
+    )
     return Plan((pytest_command(context, files, None, context.warm_cache, marker=False),))
 
 

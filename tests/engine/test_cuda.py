@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import gradaudit
 from gradaudit import audit, collect_async
-from gradaudit.engine import staging, triton_kernel, triton_plan, warmup
+from gradaudit.engine import native_rows, staging, torch_shim, triton_kernel, triton_plan, warmup
 from gradaudit.engine.dtypes import AUDITED_DTYPES, work_dtype
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.scan.paths import scan_paths
@@ -470,3 +470,38 @@ def test_byte_counters_do_not_carry_at_the_longest_span_with_the_real_sm_count()
         0,
     )
     assert (got["zeros"].nan, got["zeros"].zeros, got["zeros"].norm) == (0, length, 0.0)
+
+
+@requires_cuda
+def test_the_c_shims_facts_of_gpu_tensors_are_torchs() -> None:
+    """Through torch's C shim (bound once CUDA is in use, a CUDA probe among its checks):
+    each GPU tensor's device type and index, shape, contiguity and address are torch's,
+    and a planned list's signature refuses the same tensors on another device."""
+    torch.zeros(1, device="cuda")  # CUDA in use before the shim is bound
+    if not torch_shim.bound():
+        pytest.skip("torch's C shim is not bound with this torch (test_torch_shim.py)")
+    module = native_rows.module()
+    assert module is not None
+    tensors = [
+        torch.randn(3, 5, device="cuda"),
+        torch.zeros(9, dtype=torch.bfloat16, device="cuda")[2:],
+        torch.zeros(4, 6, dtype=torch.float16, device="cuda").t(),
+        torch.nn.Parameter(torch.ones(2, 3, device="cuda")),
+    ]
+    cpu_type = module.shim_facts(torch.zeros(1))[1]
+    for tensor in tensors:
+        _, device_type, index, _, contiguous, sizes, address = module.shim_facts(tensor)
+        assert device_type != cpu_type
+        assert (index, contiguous, sizes, address) == (
+            tensor.get_device(),
+            tensor.is_contiguous(),
+            tuple(tensor.shape),
+            tensor.data_ptr(),
+        )
+    plain = [tensors[0], tensors[1], tensors[3]]
+    signature = torch_shim.signature(plain)
+    assert signature is not None
+    found = torch_shim.pointers(plain, signature)
+    assert found is not None
+    assert found.tolist() == [t.data_ptr() for t in plain]
+    assert torch_shim.pointers([t.cpu() for t in plain], signature) is None
