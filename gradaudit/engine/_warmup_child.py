@@ -1,6 +1,7 @@
 """The background compile's child process (:mod:`gradaudit.engine.warmup`): compiles and
-runs every variant of the Triton kernels this GPU uses on tiny tensors, so that Triton's
-on-disk cache holds them, and leaves the marker a later ``compile_worth`` finds.
+runs every variant of the Triton kernels this GPU uses on tiny tensors (the exponent
+histogram's too), so that Triton's on-disk cache holds them, and leaves the marker a
+later ``compile_worth`` finds.
 
 Run as ``python -m gradaudit.engine._warmup_child DEVICE_INDEX``; exit status 0 when the
 kernels ran, anything else (with the cause on stderr) when they did not.
@@ -12,7 +13,7 @@ import sys
 
 import torch
 
-from gradaudit.engine import triton_kernel
+from gradaudit.engine import triton_histogram, triton_kernel
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +28,9 @@ def main(argv: list[str]) -> int:
     for ticket, dtype in enumerate(triton_kernel.KINDS):
         assert batch.add(torch.ones(4096, dtype=dtype, device=device), ticket)
     out, _ = batch.launch()
+    # The exponent histogram's kernel (``precision=``): one variant per kind of bits.
+    for dtype in (torch.float32, torch.bfloat16):
+        triton_histogram.counts(torch.ones(4096, dtype=dtype, device=device))
     torch.cuda.synchronize(device)
     if not bool(torch.isfinite(out).all()):
         print("the kernels ran but their rows are not finite", file=sys.stderr)

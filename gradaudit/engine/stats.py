@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from gradaudit.engine import native, triton_kernel, triton_plan
+from gradaudit.engine import native, triton_histogram, triton_kernel, triton_plan
 from gradaudit.engine.buckets import Bucket, RowLayout, bucket_length
 from gradaudit.engine.chunks import ChunkedKernel
 from gradaudit.engine.devices import stream_key
@@ -243,8 +243,19 @@ class StatsCollector:
         if self.histograms and ticket not in self._histogram_of:
             batch = self._batch.tickets
             if not (batch and batch[-1] == ticket):  # not the native kernel's: a pass of its own
-                self._histogram_of[ticket] = exponent_histogram(tensor)
+                self._histogram_of[ticket] = self._histogram(tensor)
         return ticket
+
+    def _histogram(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor's exponent histogram in a pass of its own: one Triton launch where the
+        Triton route takes the tensor now (:mod:`~gradaudit.engine.triton_histogram`), else
+        torch's ops (:func:`~gradaudit.engine.histogram.exponent_histogram`)."""
+        if triton_histogram.takes(tensor) and self._routes.takes(tensor):
+            try:
+                return triton_histogram.counts(tensor)
+            except Exception as error:  # noqa: BLE001 (a compile or launch failure, as in settle)
+                self._routes.failed(error)
+        return exponent_histogram(tensor)
 
     def histogram(self, ticket: int) -> torch.Tensor:
         """The exponent histogram of a submitted tensor (after :meth:`flush`), on its device."""
