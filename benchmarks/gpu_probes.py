@@ -1,6 +1,7 @@
 """What only a GPU shows about the Triton path: correctness probes and kernel-only bandwidth.
 
-    python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,host-cost} [--dry-run]
+    python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,histogram,host-cost,
+                                     host-profile} [--dry-run]
 
 ``benchmarks/gpu_check.py`` runs each subcommand under its own timeout. Each prints its
 details, then one ``figure: ...`` line that the check's summary quotes; it exits 1 when a
@@ -17,6 +18,8 @@ result is wrong, 2 without CUDA.
   flushed before each repeat, against a device-to-device copy (bytes read + written)
   and ``torch.sum`` of a flat buffer of the same bytes and dtype, and the card's spec
   HBM, for float32/bfloat16/float16 on four layouts.
+* ``histogram``: the exponent histogram's Triton launch and the torch ops it replaces,
+  × ``torch.sum`` of the same 256 MiB tensor, per dtype, and whether their counts agree.
 * ``host-cost``: ``bench_gpu.host_cost_rows`` with real launches, in µs per tensor.
 
 ``--dry-run``: on the CPU at tiny sizes, Triton through its interpreter (set here), one
@@ -501,6 +504,50 @@ def bandwidth(probe: Probe) -> int:
     return 0
 
 
+def histogram(probe: Probe) -> int:
+    """The exponent histogram's cost (``--precision``, a monitor's ``precision=``), × one
+    ``torch.sum`` of the same tensor: the Triton launch
+    (:func:`gradaudit.engine.triton_histogram.counts`) and the torch path it replaces
+    (:func:`gradaudit.engine.histogram.exponent_histogram`), 256 MiB of each dtype (kernel
+    time, CUDA events, L2 flushed), and whether the two give the same counts."""
+    from gradaudit.engine import triton_histogram
+    from gradaudit.engine.histogram import exponent_histogram
+
+    repeats = 1 if probe.dry else 10
+    timer = Timer(probe)
+    rows: list[dict[str, object]] = []
+    for dtype in DTYPES:
+        n = 4_099 if probe.dry else (256 * MIB) // dtype.itemsize
+        gen = torch.Generator(device=probe.device).manual_seed(5)
+        tensor = (torch.randn(n, generator=gen, device=probe.device) * 1e-3).to(dtype)
+        triton_histogram.counts(tensor)  # compiled before it is timed
+        probe.synchronize()
+        same = triton_histogram.counts(tensor).tolist() == exponent_histogram(tensor).tolist()
+        summed = timer.best(repeats, tensor.sum)
+        launched = timer.best(repeats, lambda t=tensor: triton_histogram.counts(t))
+        torch_ops = timer.best(repeats, lambda t=tensor: exponent_histogram(t))
+        rows.append(
+            {
+                "dtype": str(dtype).removeprefix("torch."),
+                "MiB": n * dtype.itemsize / MIB,
+                "sum ms": summed * 1e3,
+                "triton × sum": launched / summed,
+                "torch ops × sum": torch_ops / summed,
+                "counts": "agree" if same else "DIFFER",
+            }
+        )
+    print(table(rows, digits=2))
+    parts = [
+        f"{row['dtype']} {float(str(row['triton × sum'])):.2f}x"
+        f" (torch ops {float(str(row['torch ops × sum'])):.1f}x)"
+        for row in rows
+    ]
+    wrong = [str(row["dtype"]) for row in rows if row["counts"] != "agree"]
+    verdict = f"; counts DIFFER for {', '.join(wrong)}" if wrong else "; same counts"
+    print(f"figure: histogram x sum: {'; '.join(parts)}{verdict}")
+    return 1 if wrong else 0
+
+
 def host_cost(probe: Probe) -> int:
     """Host µs per tensor of one flush with real launches: 420 and 10,000 tensors, per-tensor
     and planned (a training loop's columns)."""
@@ -574,6 +621,7 @@ COMMANDS: dict[str, Callable[[Probe], int]] = {
     "warm-up": warm_up,
     "correctness": correctness,
     "bandwidth": bandwidth,
+    "histogram": histogram,
     "host-cost": host_cost,
     "host-profile": host_profile,
 }

@@ -307,6 +307,8 @@ def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path
     )
     bench = (out / "bench.txt").read_text(encoding="utf-8")
     assert bench.count("| yes") == 12  # one bandwidth row per layout and dtype
+    assert bench.count("| agree") == 3  # the histogram's two ways, per dtype
+    assert "histogram x sum: float32" in summary
 
 
 def test_the_gpu_checks_tree_id_is_the_files_not_the_checkouts_head(
