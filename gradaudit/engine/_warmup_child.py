@@ -28,9 +28,14 @@ def main(argv: list[str]) -> int:
     for ticket, dtype in enumerate(triton_kernel.KINDS):
         assert batch.add(torch.ones(4096, dtype=dtype, device=device), ticket)
     out, _ = batch.launch()
-    # The exponent histogram's kernel (``precision=``): one variant per kind of bits.
-    for dtype in (torch.float32, torch.bfloat16):
-        triton_histogram.counts(torch.ones(4096, dtype=dtype, device=device))
+    # The exponent histogram's kernel (``precision=``): one variant per kind of bits. Its
+    # failure is said and does not fail the warm-up: the stats kernels compiled, and a
+    # histogram that cannot launch is counted by torch's ops (StatsCollector._histogram).
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            triton_histogram.counts(torch.ones(4096, dtype=dtype, device=device))
+    except Exception as error:  # noqa: BLE001 (any compile or launch failure)
+        print(f"the exponent histogram's kernel did not compile: {error}", file=sys.stderr)
     torch.cuda.synchronize(device)
     if not bool(torch.isfinite(out).all()):
         print("the kernels ran but their rows are not finite", file=sys.stderr)

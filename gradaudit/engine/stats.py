@@ -249,12 +249,16 @@ class StatsCollector:
     def _histogram(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor's exponent histogram in a pass of its own: one Triton launch where the
         Triton route takes the tensor now (:mod:`~gradaudit.engine.triton_histogram`), else
-        torch's ops (:func:`~gradaudit.engine.histogram.exponent_histogram`)."""
+        torch's ops (:func:`~gradaudit.engine.histogram.exponent_histogram`). The launch
+        failing is a usage error where Triton was asked for; under ``auto`` every later
+        histogram takes torch's ops, and the stats kernels go on."""
         if triton_histogram.takes(tensor) and self._routes.takes(tensor):
             try:
                 return triton_histogram.counts(tensor)
             except Exception as error:  # noqa: BLE001 (a compile or launch failure, as in settle)
-                self._routes.failed(error)
+                if self._routes.asked:
+                    self._routes.failed(error)
+                triton_histogram.record_failure(error)
         return exponent_histogram(tensor)
 
     def histogram(self, ticket: int) -> torch.Tensor:

@@ -35,17 +35,33 @@ PROGRAMS_PER_SM = 4
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 1}
 _bin_tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+#: Why this kernel could not run, once per process (``None``: it has not failed). Its own:
+#: the stats kernels may still run where this one does not compile.
+_failure: str | None = None
 
 
 def takes(tensor: torch.Tensor) -> bool:
     """Whether :func:`counts` takes ``tensor`` (a float32, bfloat16 or float16 tensor on a
-    device the Triton kernels run on, contiguous)."""
+    device the Triton kernels run on, contiguous), neither kernel having failed."""
     return (
         tensor.dtype in _KINDS
+        and _failure is None
         and triton_kernel.runs_on(tensor.device)
         and triton_kernel.failure() is None
         and tensor.is_contiguous()
     )
+
+
+def record_failure(error: BaseException) -> None:
+    """Remember that this kernel failed: every later histogram takes torch's ops."""
+    global _failure
+    _failure = f"{type(error).__name__}: {error}"
+
+
+def reset_failure() -> None:
+    """Forget a failure (for tests)."""
+    global _failure
+    _failure = None
 
 
 def counts(tensor: torch.Tensor) -> torch.Tensor:

@@ -132,3 +132,18 @@ def test_a_failed_launch_asked_for_by_name_is_a_usage_error(
             _collected("triton", {"w": torch.randn(100).to(DEVICE)})
     finally:
         triton_kernel.reset_failure()
+
+
+def test_a_failure_of_this_kernel_leaves_the_stats_kernels_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once it failed, histograms take torch's ops; Triton's own failure stays unset."""
+    tensor = torch.randn(100).to(DEVICE)
+    assert triton_histogram.takes(tensor)
+    triton_histogram.record_failure(RuntimeError("tl.histogram not supported"))
+    try:
+        assert not triton_histogram.takes(tensor)
+        assert triton_kernel.failure() is None
+    finally:
+        triton_histogram.reset_failure()
+    assert triton_histogram.takes(tensor)
