@@ -18,6 +18,7 @@ pattern's bin, a float32's by a binary search of the same sorted boundary bits t
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -84,7 +85,7 @@ def counts(tensor: torch.Tensor) -> torch.Tensor:
         table = _bin_table(tensor.dtype, device)
     boundaries = len(layout().boundaries)
     programs = min(-(-n // BLOCK), triton_kernel.sms_of(device) * PROGRAMS_PER_SM)
-    context: Any = torch.cuda.device(device) if device.type == "cuda" else _NoContext()
+    context: Any = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
     with context:
         _kernel()[(programs,)](
             data,
@@ -115,11 +116,3 @@ def _kernel() -> Any:
     from gradaudit.engine._triton_histogram import tensor_histogram  # needs triton
 
     return tensor_histogram
-
-
-class _NoContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
