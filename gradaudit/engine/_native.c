@@ -2463,14 +2463,18 @@ static int runtime_error(PyObject *value) {
     return 1;
 }
 
+/* Whether `t` is of one of the exact types in the tuple `plain`. */
+static int plain_type(PyObject *t, PyObject *plain) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
+        if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) return 1;
+    }
+    return 0;
+}
+
 /* One tensor's facts; 1 when the kernel can read it as it is, 0 when not, -1 on error. */
 static int one_tensor_facts(PyObject *t, PyObject *codes, PyObject *plain, uint64_t *pointer,
                             uint64_t *count, int32_t *code, int64_t *rank, growbuf_t *dims) {
-    int known = 0;
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
-        if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) known = 1;
-    }
-    if (!known) return 0;
+    if (!plain_type(t, plain)) return 0;
     PyObject *dtype = PyObject_GetAttr(t, s_dtype);
     if (dtype == NULL) return -1;
     PyObject *value = PyDict_GetItemWithError(codes, dtype); /* borrowed */
@@ -2665,10 +2669,7 @@ static PyObject *py_planned_pointers(PyObject *self, PyObject *args) {
 #endif
         PyObject *t = PyList_GET_ITEM(tensors, i);
         Py_INCREF(t);
-        int same = 0, failed = 0;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
-            if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) same = 1;
-        }
+        int same = plain_type(t, plain), failed = 0;
         PyObject *value = NULL;
         if (same) {
             value = PyObject_GetAttr(t, s_dtype);
@@ -2782,12 +2783,6 @@ static int shim_read(PyObject *t, shim_facts_t *f) {
     return 0;
 }
 
-static int plain_type(PyObject *t, PyObject *plain) {
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(plain); k++) {
-        if ((PyObject *)Py_TYPE(t) == PyTuple_GET_ITEM(plain, k)) return 1;
-    }
-    return 0;
-}
 
 /* Tensor i + SHIM_AHEAD's TensorImpl (its first three cache lines) fetched ahead (its
  * address is in the tensor's object, read from a plain tensor only), and the object itself

@@ -30,11 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradaudit.engine import native
+from gradaudit.engine import native, torch_shim
 from gradaudit.no_gc import paused_gc
-
-#: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def native_segments(
     if not count or not codes or not native.available():
         return [], list(range(count))
     with paused_gc():
-        facts = native.tensor_facts(list(tensors), codes, _PLAIN)
+        facts = native.tensor_facts(list(tensors), codes, torch_shim.PLAIN)
     ok, pointers, counts, kinds, ranks, dims, nbytes = facts
     if ok.count(1) == count:  # the common case: one segment, the columns as they came
         return [_segment(0, count, pointers, counts, kinds, ranks, dims, nbytes)], []

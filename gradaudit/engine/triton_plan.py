@@ -51,9 +51,9 @@ from gradaudit.engine.triton_kernel import (
     plan_group,
 )
 
-#: Exact types whose instances are plain tensors (a subclass such as DTensor may not be).
-PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_PLAIN = tuple(PLAIN)
+#: Exact types whose instances are plain tensors (:data:`~gradaudit.engine.torch_shim.PLAIN`).
+PLAIN = frozenset(torch_shim.PLAIN)
+_PLAIN = torch_shim.PLAIN
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
 _NUMEL = torch.Tensor.numel
