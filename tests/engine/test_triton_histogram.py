@@ -24,7 +24,7 @@ from gradaudit.engine import triton_histogram, triton_kernel
 from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.errors import UsageError
 from gradaudit.precision.formats import layout
-from gradaudit.scan.pending import PendingStats
+from tests.engine.test_native_histogram import _collected_histograms
 
 #: Slow (not in the quick loop): the kernel through the interpreter.
 pytestmark = [
@@ -86,13 +86,6 @@ def test_what_it_does_not_take() -> None:
     assert not triton_histogram.takes(torch.zeros(4, 6, device=DEVICE).t())
 
 
-def _collected(engine: str, tensors: dict[str, torch.Tensor]) -> list[list[int]]:
-    pending = PendingStats(engine=engine, histograms=True)
-    pending.add_all(tensors)
-    report = pending.materialize()
-    return [list(h.counts) for h in report.histograms if h is not None]
-
-
 def test_a_collection_with_histograms_counts_them_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton's collection counts the histograms of the tensors it takes with this kernel
     (float64 and strided ones keep the torch path), the same counts as the eager engine's."""
@@ -112,10 +105,10 @@ def test_a_collection_with_histograms_counts_them_here(monkeypatch: pytest.Monke
         "d": torch.randn(50, generator=gen, dtype=torch.float64).to(DEVICE),
         "t": torch.randn(30, 20, generator=gen).to(DEVICE).t(),
     }
-    got = _collected("triton", tensors)
+    got = _collected_histograms("triton", tensors)
     assert sorted(map(str, launched)) == ["torch.bfloat16", "torch.float16", "torch.float32"]
     launched.clear()
-    assert got == _collected("eager", tensors)
+    assert got == _collected_histograms("eager", tensors)
     assert launched == []
 
 
@@ -129,7 +122,7 @@ def test_a_failed_launch_asked_for_by_name_is_a_usage_error(
     monkeypatch.setattr(triton_kernel, "_failure", None)
     try:
         with pytest.raises(UsageError, match="no compiler"):
-            _collected("triton", {"w": torch.randn(100).to(DEVICE)})
+            _collected_histograms("triton", {"w": torch.randn(100).to(DEVICE)})
     finally:
         triton_kernel.reset_failure()
 
