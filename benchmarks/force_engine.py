@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from gradaudit.engine import triton_kernel
+from gradaudit.engine import triton_kernel, triton_plan
 
 ENGINES = ("triton", "eager")
 #: Tests of ``auto``'s own choice between the kernels: forcing it would falsify them.
@@ -51,19 +51,23 @@ def pytest_report_header() -> str:
 
 
 def _counting(launch: Any) -> Any:
-    def counted(self: triton_kernel.TritonBatch) -> Any:
+    def counted(*args: Any) -> Any:
         _counts["triton flushes"] += 1
-        return launch(self)
+        return launch(*args)
 
     return counted
+
+
+#: What launches a flush: a batch, or the plan of a list planned once (where torch's C shim
+#: is bound, a collector's first list too).
+_LAUNCHERS = (triton_kernel.TritonBatch, triton_plan.TritonPlan)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            triton_kernel.TritonBatch, "launch", _counting(triton_kernel.TritonBatch.launch)
-        )
+        for owner in _LAUNCHERS:
+            patch.setattr(owner, "launch", _counting(owner.launch))
         if _forced is not None and not item.name.startswith(AUTO_TESTS):
             worth = _forced == "triton"
             patch.setattr(triton_kernel, "compile_worth", lambda device: worth)

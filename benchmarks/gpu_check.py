@@ -435,7 +435,7 @@ STEPS: tuple[Step, ...] = (
     Step("tests-triton-warm", "tests.txt", 120, plan_tests("triton", cold=False)),
     Step("correctness", "probes.txt", 120, plan_probe("correctness")),
     Step("bandwidth", "bench.txt", 150, plan_probe("bandwidth")),
-    Step("histogram", "bench.txt", 45, plan_probe("histogram")),
+    Step("histogram", "bench.txt", 90, plan_probe("histogram")),
     Step("host-cost", "bench.txt", 60, plan_probe("host-cost")),
     Step("host-profile", "bench.txt", 60, plan_probe("host-profile")),
     Step("tests-triton-cold", "tests.txt", 100, plan_tests("triton", cold=True)),

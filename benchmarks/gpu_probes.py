@@ -30,6 +30,7 @@ every line of logic runs, and the timings mean nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -37,8 +38,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -504,6 +506,38 @@ def bandwidth(probe: Probe) -> int:
     return 0
 
 
+#: Other shapes of the histogram launch, measured beside the shipped one (elements a
+#: program bins at once, programs per SM): where its time goes, for the next change.
+HISTOGRAM_VARIANTS = {"block 4096": (4096, 4), "16 programs/SM": (1024, 16)}
+
+
+@contextlib.contextmanager
+def _histogram_shape(module: Any, block: int, programs_per_sm: int) -> Iterator[None]:
+    saved = module.BLOCK, module.PROGRAMS_PER_SM
+    module.BLOCK, module.PROGRAMS_PER_SM = block, programs_per_sm
+    try:
+        yield
+    finally:
+        module.BLOCK, module.PROGRAMS_PER_SM = saved
+
+
+def _bins_then_bincount(tensor: torch.Tensor) -> torch.Tensor:
+    """Another way to the same counts, for comparison only: each element's bin written
+    out by torch ops, then ``torch.bincount`` (shared-memory atomics on CUDA; it reads the
+    largest bin back, a sync the product could not afford)."""
+    from gradaudit.engine import histogram
+
+    flat = tensor.reshape(-1)
+    if flat.element_size() == 2:
+        bins = histogram._pattern_bins(flat.dtype, flat.device)[
+            (flat.view(torch.int16) & 0x7FFF).int()
+        ]
+    else:
+        bits = flat.view(torch.int32) & 0x7FFFFFFF
+        bins = torch.bucketize(bits, histogram._boundary_tensor(flat.device), right=True)
+    return torch.bincount(bins, minlength=512)
+
+
 def histogram(probe: Probe) -> int:
     """The exponent histogram's cost (``--precision``, a monitor's ``precision=``), × one
     ``torch.sum`` of the same tensor: the Triton launch
@@ -526,16 +560,23 @@ def histogram(probe: Probe) -> int:
         summed = timer.best(repeats, tensor.sum)
         launched = timer.best(repeats, lambda t=tensor: triton_histogram.counts(t))
         torch_ops = timer.best(repeats, lambda t=tensor: exponent_histogram(t))
-        rows.append(
-            {
-                "dtype": str(dtype).removeprefix("torch."),
-                "MiB": n * dtype.itemsize / MIB,
-                "sum ms": summed * 1e3,
-                "triton × sum": launched / summed,
-                "torch ops × sum": torch_ops / summed,
-                "counts": "agree" if same else "DIFFER",
-            }
+        row: dict[str, object] = {
+            "dtype": str(dtype).removeprefix("torch."),
+            "MiB": n * dtype.itemsize / MIB,
+            "sum ms": summed * 1e3,
+            "triton × sum": launched / summed,
+            "torch ops × sum": torch_ops / summed,
+            "counts": "agree" if same else "DIFFER",
+        }
+        for label, variant in HISTOGRAM_VARIANTS.items():
+            with _histogram_shape(triton_histogram, *variant):
+                triton_histogram.counts(tensor)  # each shape compiles its own variant
+                took = timer.best(repeats, lambda t=tensor: triton_histogram.counts(t))
+            row[f"{label} × sum"] = took / summed
+        row["bins+bincount × sum"] = (
+            timer.best(repeats, lambda t=tensor: _bins_then_bincount(t)) / summed
         )
+        rows.append(row)
     print(table(rows, digits=2))
     parts = [
         f"{row['dtype']} {float(str(row['triton × sum'])):.2f}x"

@@ -49,13 +49,18 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> F
     if engine == "triton" and not triton_kernel.installed():
         pytest.skip("Triton is not installed")
     state = Forced(engine)
-    launch = triton_kernel.TritonBatch.launch
 
-    def counted(batch: triton_kernel.TritonBatch) -> Any:
-        state.flushes += 1
-        return launch(batch)
+    def counting(launch: Any) -> Any:
+        def counted(*args: Any) -> Any:
+            state.flushes += 1
+            return launch(*args)
 
-    monkeypatch.setattr(triton_kernel.TritonBatch, "launch", counted)
+        return counted
+
+    # A flush is launched by a batch or, for a list planned once (where torch's C shim is
+    # bound, a collector's first list too), by its plan: both count.
+    for owner in (triton_kernel.TritonBatch, triton_plan.TritonPlan):
+        monkeypatch.setattr(owner, "launch", counting(owner.launch))
     monkeypatch.setattr(triton_kernel, "compile_worth", lambda device: engine == "triton")
     return state
 
