@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import platform
@@ -506,36 +507,26 @@ def bandwidth(probe: Probe) -> int:
     return 0
 
 
-#: Other shapes of the histogram launch, measured beside the shipped one (elements a
-#: program bins at once, programs per SM): where its time goes, for the next change.
-HISTOGRAM_VARIANTS = {"block 4096": (4096, 4), "16 programs/SM": (1024, 16)}
+#: Other settings of the histogram launch, measured beside the shipped one: the full
+#: histogram for every block (``WINDOW`` 0, the launch of 2026-11-27), a narrower window,
+#: more programs per SM (what the time goes with, for the next change).
+HISTOGRAM_VARIANTS: dict[str, dict[str, int]] = {
+    "no window": {"WINDOW": 0},
+    "window 32": {"WINDOW": 32},
+    "16 programs/SM": {"PROGRAMS_PER_SM": 16},
+}
 
 
 @contextlib.contextmanager
-def _histogram_shape(module: Any, block: int, programs_per_sm: int) -> Iterator[None]:
-    saved = module.BLOCK, module.PROGRAMS_PER_SM
-    module.BLOCK, module.PROGRAMS_PER_SM = block, programs_per_sm
+def _settings(module: Any, settings: dict[str, int]) -> Iterator[None]:
+    saved = {name: getattr(module, name) for name in settings}
+    for name, value in settings.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
-        module.BLOCK, module.PROGRAMS_PER_SM = saved
-
-
-def _bins_then_bincount(tensor: torch.Tensor) -> torch.Tensor:
-    """Another way to the same counts, for comparison only: each element's bin written
-    out by torch ops, then ``torch.bincount`` (shared-memory atomics on CUDA; it reads the
-    largest bin back, a sync the product could not afford)."""
-    from gradaudit.engine import histogram
-
-    flat = tensor.reshape(-1)
-    if flat.element_size() == 2:
-        bins = histogram._pattern_bins(flat.dtype, flat.device)[
-            (flat.view(torch.int16) & 0x7FFF).int()
-        ]
-    else:
-        bits = flat.view(torch.int32) & 0x7FFFFFFF
-        bins = torch.bucketize(bits, histogram._boundary_tensor(flat.device), right=True)
-    return torch.bincount(bins, minlength=512)
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def histogram(probe: Probe) -> int:
@@ -550,10 +541,20 @@ def histogram(probe: Probe) -> int:
     repeats = 1 if probe.dry else 10
     timer = Timer(probe)
     rows: list[dict[str, object]] = []
-    for dtype in DTYPES:
+    for dtype, data in itertools.product(DTYPES, ("gradient-like", "random bits")):
         n = 4_099 if probe.dry else (256 * MIB) // dtype.itemsize
         gen = torch.Generator(device=probe.device).manual_seed(5)
-        tensor = (torch.randn(n, generator=gen, device=probe.device) * 1e-3).to(dtype)
+        if data == "random bits":  # every block beyond any window: the fallback's cost
+            tensor = torch.randint(
+                -(1 << 15),
+                1 << 15,
+                (n * dtype.itemsize // 2,),
+                generator=gen,
+                device=probe.device,
+                dtype=torch.int16,
+            ).view(dtype)
+        else:
+            tensor = (torch.randn(n, generator=gen, device=probe.device) * 1e-3).to(dtype)
         triton_histogram.counts(tensor)  # compiled before it is timed
         probe.synchronize()
         same = triton_histogram.counts(tensor).tolist() == exponent_histogram(tensor).tolist()
@@ -562,28 +563,29 @@ def histogram(probe: Probe) -> int:
         torch_ops = timer.best(repeats, lambda t=tensor: exponent_histogram(t))
         row: dict[str, object] = {
             "dtype": str(dtype).removeprefix("torch."),
+            "data": data,
             "MiB": n * dtype.itemsize / MIB,
             "sum ms": summed * 1e3,
             "triton × sum": launched / summed,
             "torch ops × sum": torch_ops / summed,
             "counts": "agree" if same else "DIFFER",
         }
-        for label, variant in HISTOGRAM_VARIANTS.items():
-            with _histogram_shape(triton_histogram, *variant):
-                triton_histogram.counts(tensor)  # each shape compiles its own variant
+        for label, settings in HISTOGRAM_VARIANTS.items():
+            with _settings(triton_histogram, settings):
+                triton_histogram.counts(tensor)  # each compiles its own variant
                 took = timer.best(repeats, lambda t=tensor: triton_histogram.counts(t))
             row[f"{label} × sum"] = took / summed
-        row["bins+bincount × sum"] = (
-            timer.best(repeats, lambda t=tensor: _bins_then_bincount(t)) / summed
-        )
         rows.append(row)
     print(table(rows, digits=2))
     parts = [
         f"{row['dtype']} {float(str(row['triton × sum'])):.2f}x"
         f" (torch ops {float(str(row['torch ops × sum'])):.1f}x)"
         for row in rows
+        if row["data"] == "gradient-like"
     ]
-    wrong = [str(row["dtype"]) for row in rows if row["counts"] != "agree"]
+    worst = max(float(str(row["triton × sum"])) for row in rows if row["data"] == "random bits")
+    parts.append(f"random bits up to {worst:.2f}x")
+    wrong = [f"{row['dtype']} {row['data']}" for row in rows if row["counts"] != "agree"]
     verdict = f"; counts DIFFER for {', '.join(wrong)}" if wrong else "; same counts"
     print(f"figure: histogram x sum: {'; '.join(parts)}{verdict}")
     return 1 if wrong else 0

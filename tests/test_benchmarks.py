@@ -307,7 +307,7 @@ def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path
     )
     bench = (out / "bench.txt").read_text(encoding="utf-8")
     assert bench.count("| yes") == 12  # one bandwidth row per layout and dtype
-    assert bench.count("| agree") == 3  # the histogram's two ways, per dtype
+    assert bench.count("| agree") == 6  # the histogram's two ways, per dtype and data
     assert "histogram x sum: float32" in summary
 
 

@@ -33,6 +33,10 @@ PADDED_BINS = 512
 BLOCK = 1024
 #: Programs per SM: enough to hide a load's latency; each adds its counts once.
 PROGRAMS_PER_SM = 4
+#: Bins a program counts in its window (the last position pads), 0 for none: the count's
+#: cost goes with the bins of a ``tl.histogram`` (``_triton_histogram.py``), and a tensor's
+#: non-zero finite values fill a few dozen. 63 bins are 50-60 binades of float32.
+WINDOW = 64
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 1}
 _bin_tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -69,7 +73,8 @@ def counts(tensor: torch.Tensor) -> torch.Tensor:
     """The exponent histogram of ``tensor`` (see :func:`takes`): int64 counts per bin of
     :func:`~gradaudit.precision.layout`, on its device, queued, nothing read back."""
     bins = layout().bins
-    assert bins < PADDED_BINS, "the layout outgrew the padded histogram"
+    # The window's last bin counted sits at most WINDOW - 2 above the last finite bin.
+    assert bins + WINDOW < PADDED_BINS, "the layout outgrew the padded histogram"
     device = tensor.device
     out = torch.zeros(PADDED_BINS, dtype=torch.int64, device=device)
     flat = tensor.detach().reshape(-1)
@@ -97,6 +102,8 @@ def counts(tensor: torch.Tensor) -> torch.Tensor:
             BOUNDARIES=boundaries,
             STEPS=max(1, math.ceil(math.log2(boundaries + 1))),
             KIND=kind,
+            WINDOW=WINDOW,
+            LAST=bins - 1,
             **triton_kernel.LAUNCH_OPTIONS,
         )
     return out[:bins]

@@ -73,6 +73,56 @@ def test_every_program_walks_several_blocks(
     assert_counts_match(values.to(dtype).to(DEVICE))
 
 
+def _gradient_like_blocks(dtype: torch.dtype) -> torch.Tensor:
+    """Blocks of gradient-like values (one scale, a few dozen bins) and blocks that break a
+    program's window in each way: all zeros first (no window yet), zeros, NaN and ±Inf
+    among values in the window, one value far below it, one far above it, and a tail."""
+    block = triton_histogram.BLOCK
+    gen = torch.Generator().manual_seed(7)
+
+    def values(scale: float) -> torch.Tensor:
+        return torch.randn(block, generator=gen) * scale
+
+    zeros_between = values(1e-3)
+    zeros_between[::5] = 0.0
+    specials = values(1e-3)
+    specials[[3, 400, 1000]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    below, above = values(1e-3), values(1e-3)
+    below[17] = 1e-30 if dtype == torch.float32 else 1e-7
+    above[900] = 1e30 if dtype == torch.float32 else 60_000.0
+    blocks = [
+        torch.zeros(block),
+        values(1e-3),
+        zeros_between,
+        specials,
+        values(1e-3),
+        below,
+        values(1e-3),
+        above,
+        values(1e-4),
+        values(1e-3)[: block // 3],
+    ]
+    return torch.cat(blocks).to(dtype)
+
+
+@pytest.mark.parametrize("window", [0, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_windowed_counts_equal_the_full_histograms(
+    dtype: torch.dtype, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each program's window (or none, 0): blocks counted in it, blocks that fall back to the
+    full histogram, zeros and NaN/Inf beside it, programs that choose it at their first,
+    second or no block."""
+    monkeypatch.setattr(triton_histogram, "WINDOW", window)
+    values = _gradient_like_blocks(dtype).to(DEVICE)
+    for programs in (1, 2, 3):
+        monkeypatch.setattr(triton_histogram, "PROGRAMS_PER_SM", programs)
+        monkeypatch.setattr(triton_kernel, "sms_of", lambda device: 1)
+        assert_counts_match(values)
+    assert_counts_match(torch.zeros(5_000, dtype=dtype, device=DEVICE))  # no window at all
+    assert_counts_match(torch.full((700,), float("nan"), dtype=dtype, device=DEVICE))
+
+
 def test_a_view_and_an_empty_tensor() -> None:
     base = torch.randn(5_000, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     assert_counts_match(base[3:2_003])
