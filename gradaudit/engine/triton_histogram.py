@@ -33,9 +33,11 @@ PADDED_BINS = 512
 BLOCK = 1024
 #: Programs per SM: enough to hide a load's latency; each adds its counts once.
 PROGRAMS_PER_SM = 4
-#: Bins a program counts in its window (the last position pads), 0 for none: the count's
-#: cost goes with the bins of a ``tl.histogram`` (``_triton_histogram.py``), and a tensor's
-#: non-zero finite values fill a few dozen. 63 bins are 50-60 binades of float32.
+#: Bins a program counts in its window (the last position pads), 0 for none
+#: (``_triton_histogram.py``): a tensor's non-zero finite values fill a few dozen bins, and
+#: 63 are 50-60 binades of float32. On an H200, gradient-like 256 MiB tensors took 11.2x
+#: (float32), 9.1x (bfloat16) and 8.7x (float16) a sum pass with it, 12.3x, 13.5x and 14.7x
+#: without; a window of 32 was no faster (10.1x, 12.4x, 12.2x).
 WINDOW = 64
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 1}
