@@ -428,6 +428,33 @@ def plan_sanitizer(context: Context) -> Plan:
     return Plan((Command((*argv, *context.probe("correctness", "--small")), env),))
 
 
+#: The kernels the ``kernel-profile`` step asks Nsight Compute about (a regex of names):
+#: the histogram, the stats kernels and ``torch.sum``'s, launched by ``gpu_probes kernels``.
+PROFILED_KERNELS = "tensor_histogram|table_rows|merge_partials|reduce_kernel"
+
+
+def plan_kernel_profile(context: Context) -> Plan:
+    """Nsight Compute's view of the launches that fell short (``gpu_probes kernels``): speed
+    of light, warp stalls, occupancy, memory. Without ``ncu`` the launches run unprofiled
+    (their logic checked, nothing learnt)."""
+    env = {"TRITON_CACHE_DIR": str(context.warm_cache)}
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return Plan((Command(context.probe("kernels"), env),))
+    sections = (
+        "SpeedOfLight",
+        "WarpStateStats",
+        "Occupancy",
+        "LaunchStats",
+        "MemoryWorkloadAnalysis",
+    )
+    argv = [ncu, "--target-processes", "all", "--clock-control", "none"]
+    argv += ["--kernel-name", f"regex:{PROFILED_KERNELS}"]
+    for section in sections:
+        argv += ["--section", section]
+    return Plan((Command((*argv, *context.probe("kernels")), env),))
+
+
 #: Most valuable first: the deadline cuts the tail. Logs are shared (at most 8 files).
 STEPS: tuple[Step, ...] = (
     Step("env", "env.txt", 45, plan_env),
@@ -442,6 +469,7 @@ STEPS: tuple[Step, ...] = (
     Step("tests-eager", "tests.txt", 100, plan_tests("eager", cold=False)),
     Step("tests-kernel", "tests.txt", 120, plan_kernel_tests),
     Step("sanitizer", "sanitizer.txt", 90, plan_sanitizer),
+    Step("kernel-profile", "bench.txt", 120, plan_kernel_profile),
 )
 
 

@@ -1,7 +1,7 @@
 """What only a GPU shows about the Triton path: correctness probes and kernel-only bandwidth.
 
     python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,histogram,host-cost,
-                                     host-profile} [--dry-run]
+                                     host-profile,kernels} [--dry-run]
 
 ``benchmarks/gpu_check.py`` runs each subcommand under its own timeout. Each prints its
 details, then one ``figure: ...`` line that the check's summary quotes; it exits 1 when a
@@ -21,6 +21,7 @@ result is wrong, 2 without CUDA.
 * ``histogram``: the exponent histogram's Triton launch and the torch ops it replaces,
   × ``torch.sum`` of the same 256 MiB tensor, per dtype, and whether their counts agree.
 * ``host-cost``: ``bench_gpu.host_cost_rows`` with real launches, in µs per tensor.
+* ``kernels``: the launches the check's ``kernel-profile`` step runs under Nsight Compute.
 
 ``--dry-run``: on the CPU at tiny sizes, Triton through its interpreter (set here), one
 SM assumed (so the longest span is 128 steps of a few hundred thousand elements):
@@ -659,6 +660,46 @@ def host_profile(probe: Probe) -> int:
     return 0
 
 
+def kernels(probe: Probe) -> int:
+    """The launches that the ``kernel-profile`` step profiles under Nsight Compute (``ncu``,
+    when the machine has it): what the other steps measured short of its target, once each
+    after a warm-up, with ``torch.sum`` of the same bytes beside each (``reduce_kernel``).
+    The exponent histogram of 64 MiB of gradient-like bfloat16 and float32 values (10-14x a
+    sum pass on an H100 and an H200), and one flush of 5,000 tiny bfloat16 tensors
+    (25-33 % of HBM) and of the 420-tensor bfloat16 transformer (77-81 %)."""
+    from gradaudit.engine import triton_histogram
+
+    gen = torch.Generator(device=probe.device).manual_seed(6)
+    launched = []
+    for dtype in (torch.bfloat16, torch.float32):
+        n = 4_099 if probe.dry else (64 * MIB) // dtype.itemsize
+        tensor = (torch.randn(n, generator=gen, device=probe.device) * 1e-3).to(dtype)
+        triton_histogram.counts(tensor)  # compiles
+        probe.synchronize()
+        triton_histogram.counts(tensor)
+        tensor.sum()
+        probe.synchronize()
+        launched.append(f"histogram {str(dtype).removeprefix('torch.')}")
+    for label, shapes in layouts(probe):
+        if label not in ("5000 tiny", "transformer"):
+            continue
+        tensors = [
+            torch.randn(shape, generator=gen, device=probe.device).to(torch.bfloat16)
+            for shape in shapes(torch.bfloat16)
+        ]
+        for _ in range(2):  # compiles, then the profiled one
+            pending = PendingStats(engine="triton")
+            for i, tensor in enumerate(tensors):
+                pending.queue(str(i), tensor)
+            pending.settle()
+            probe.synchronize()
+        torch.cat([t.reshape(-1) for t in tensors]).sum()
+        probe.synchronize()
+        launched.append(f"flush of {label} bfloat16 ({len(tensors)} tensors)")
+    print(f"figure: launched {'; '.join(launched)}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Probe], int]] = {
     "env": env,
     "warm-up": warm_up,
@@ -667,6 +708,7 @@ COMMANDS: dict[str, Callable[[Probe], int]] = {
     "histogram": histogram,
     "host-cost": host_cost,
     "host-profile": host_profile,
+    "kernels": kernels,
 }
 
 
