@@ -38,6 +38,7 @@ import functools
 import importlib.util
 import os
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -466,7 +467,7 @@ def launch_flush(
     cuda = device.type == "cuda"
     # Everything on the tensors' device, whichever device is current (no
     # context is made on another GPU).
-    context = torch.cuda.device(device) if cuda else _NoContext()
+    context: Any = torch.cuda.device(device) if cuda else nullcontext()
     with context:
         # Pinned, so the copy is queued rather than waited for; the caching host allocator
         # keeps the pinned block until the copy has run (so the host buffer may change).
@@ -499,14 +500,6 @@ def launch_flush(
             partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
         )
     return out
-
-
-class _NoContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class TritonKernel:
