@@ -143,6 +143,39 @@ def test_peers_benchmark_runs_only_the_workloads_named(
         bench_peers.main(["--smoke", "--check", "--workloads", "moe-like"])
 
 
+def test_peers_benchmark_pairs_each_ratio_with_the_sum_pass_before_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--paired: each round times the sum pass, then audit, then the sum pass, then scan;
+    the columns are the medians of those ratios, judged against the same targets."""
+    from benchmarks import bench_peers
+
+    ticks = iter(range(10**6))
+    clock = lambda: float(next(ticks))  # noqa: E731  # every interval is 1: ratios of 1.0
+    calls: list[str] = []
+    sum_pass, audit = calls.append, calls.append
+    medians = bench_peers.paired_ratios(
+        3, lambda: sum_pass("sum"), {"audit": lambda: audit("audit")}, clock
+    )
+    assert medians == {"audit": 1.0}
+    assert calls == ["sum", "audit"] * 3
+    slow = iter([0.0, 1.0, 1.0, 3.0, 3.0, 4.0, 4.0, 9.0, 9.0, 10.0, 10.0, 12.0])
+    assert bench_peers.paired_ratios(3, lambda: None, {"a": lambda: None}, lambda: next(slow)) == {
+        "a": 2.0  # ratios 2, 5, 2: the median
+    }
+
+    bench_peers.main(
+        ["--smoke", "--repeats", "1", "--no-startup", "--paired", "2", "--workloads", "50-tiny"]
+    )
+    out = capsys.readouterr().out
+    peers = next(block for block in out.split("\n\n") if block.startswith("workload"))
+    header, _, row = peers.splitlines()[:3]
+    values = dict(zip(header.split(" | "), row.split(" | "), strict=True))
+    assert float(values["audit paired"]) > 0
+    assert float(values["scan paired"]) > 0
+    assert "paired medians: in memory ≤ 1.1×, from a file ≤ 1.3×" in out
+
+
 def test_peers_benchmark_names_the_machine_and_the_forced_path(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
