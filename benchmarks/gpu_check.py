@@ -465,6 +465,7 @@ STEPS: tuple[Step, ...] = (
     Step("histogram", "bench.txt", 90, plan_probe("histogram")),
     Step("host-cost", "bench.txt", 60, plan_probe("host-cost")),
     Step("host-profile", "bench.txt", 60, plan_probe("host-profile")),
+    Step("graph", "bench.txt", 60, plan_probe("graph")),
     Step("tests-triton-cold", "tests.txt", 100, plan_tests("triton", cold=True)),
     Step("tests-eager", "tests.txt", 100, plan_tests("eager", cold=False)),
     Step("tests-kernel", "tests.txt", 120, plan_kernel_tests),

@@ -1,7 +1,7 @@
 """What only a GPU shows about the Triton path: correctness probes and kernel-only bandwidth.
 
     python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,histogram,host-cost,
-                                     host-profile,kernels} [--dry-run]
+                                     host-profile,graph,kernels} [--dry-run]
 
 ``benchmarks/gpu_check.py`` runs each subcommand under its own timeout. Each prints its
 details, then one ``figure: ...`` line that the check's summary quotes; it exits 1 when a
@@ -21,6 +21,8 @@ result is wrong, 2 without CUDA.
 * ``histogram``: the exponent histogram's Triton launch and the torch ops it replaces,
   × ``torch.sum`` of the same 256 MiB tensor, per dtype, and whether their counts agree.
 * ``host-cost``: ``bench_gpu.host_cost_rows`` with real launches, in µs per tensor.
+* ``graph``: a planned flush launched as today and replayed as one captured CUDA graph:
+  host ms per step and whether the rows are the same.
 * ``kernels``: the launches the check's ``kernel-profile`` step runs under Nsight Compute.
 
 ``--dry-run``: on the CPU at tiny sizes, Triton through its interpreter (set here), one
@@ -700,6 +702,93 @@ def kernels(probe: Probe) -> int:
     return 0
 
 
+def graph(probe: Probe) -> int:
+    """Whether one CUDA-graph replay of a planned flush (issue 31's item 2, not built into
+    the product) gives the same rows for less host time: per step, the plan's checks and
+    addresses, then either its launch as today (a pinned copy of the table, two Triton
+    launches, two allocations) or the table copied into one pinned buffer and the graph
+    that captured that launch replayed. The graph holds the groups' base addresses as
+    launch arguments, so it is valid while they stay put (a training loop whose gradients
+    come back to the same blocks); this probe's tensors never move. On a dry run there are
+    no graphs: the launch path runs for its logic."""
+    from gradaudit.engine import triton_kernel, triton_plan
+
+    steps = 5 if probe.dry else 200
+    if not probe.cuda:
+        noop_kernels()
+    count = 100 if probe.dry else 10_000
+    sizes = torch.randint(1000, 10_000, (count,), generator=torch.Generator().manual_seed(1))
+    gib = 0.002 if probe.dry else 1.0
+    workloads = {
+        "transformer-bfloat16": [
+            torch.empty(shape, device=probe.device, dtype=torch.bfloat16)
+            for _, shape in transformer_layout(int(gib * 1024 * MIB), 2)
+        ],
+        f"{len(sizes)}-tiny float32": [torch.empty(int(n), device=probe.device) for n in sizes],
+    }
+    figures, wrong = [], []
+    for label, tensors in workloads.items():
+        for tensor in tensors:
+            tensor.normal_()
+        plan = triton_plan.plan_for(tensors, triton_kernel.sms_of(probe.device))
+        assert plan is not None, "the probe's tensors are for the planned path"
+
+        def table() -> torch.Tensor:
+            found = plan.pointers(tensors)  # noqa: B023
+            assert found is not None
+            host = plan.table(found)  # noqa: B023
+            assert host is not None
+            return host
+
+        def launched() -> torch.Tensor:
+            return plan.launch(tensors, table())  # noqa: B023
+
+        expected = launched().clone()  # compiles
+        probe.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            launched()
+        launch_ms = (time.perf_counter() - start) / steps * 1e3
+        probe.synchronize()
+        if not probe.cuda:
+            figures.append(f"{label} launch {launch_ms:.3f} ms/step (no graph on a dry run)")
+            continue
+        pinned = table().pin_memory()
+        side = torch.cuda.Stream(probe.device)
+        side.wait_stream(torch.cuda.current_stream(probe.device))
+        with torch.cuda.stream(side):  # a launch off the capture, as torch's docs ask
+            plan.launch(tensors, pinned)
+        torch.cuda.current_stream(probe.device).wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            rows = plan.launch(tensors, pinned)
+        probe.synchronize()
+
+        def replayed() -> torch.Tensor:
+            pinned.copy_(table())  # noqa: B023
+            captured.replay()  # noqa: B023
+            return rows  # noqa: B023
+
+        replayed()
+        probe.synchronize()
+        same = torch.equal(rows, expected)
+        start = time.perf_counter()
+        for _ in range(steps):
+            replayed()
+        graph_ms = (time.perf_counter() - start) / steps * 1e3
+        probe.synchronize()
+        print(
+            f"{label}: {len(tensors)} tensors, host per step: launch {launch_ms:.3f} ms, "
+            f"graph replay {graph_ms:.3f} ms; rows {'the same' if same else 'DIFFER'}"
+        )
+        figures.append(f"{label} launch {launch_ms:.3f} / replay {graph_ms:.3f} ms/step")
+        if not same:
+            wrong.append(label)
+    verdict = f"; rows DIFFER for {', '.join(wrong)}" if wrong else ""
+    print(f"figure: {'; '.join(figures)}{verdict}")
+    return 1 if wrong else 0
+
+
 COMMANDS: dict[str, Callable[[Probe], int]] = {
     "env": env,
     "warm-up": warm_up,
@@ -709,6 +798,7 @@ COMMANDS: dict[str, Callable[[Probe], int]] = {
     "host-cost": host_cost,
     "host-profile": host_profile,
     "kernels": kernels,
+    "graph": graph,
 }
 
 
