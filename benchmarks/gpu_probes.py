@@ -790,7 +790,7 @@ def graph(probe: Probe) -> int:
         figures.append(f"{label} launch {launch_ms:.3f} / replay {graph_ms:.3f} ms/step")
         if not same:
             wrong.append(label)
-    verdict = f"; rows DIFFER for {', '.join(wrong)}" if wrong else ""
+    verdict = f"; NOT RIGHT (capture failed or rows differ) for {', '.join(wrong)}" if wrong else ""
     print(f"figure: {'; '.join(figures)}{verdict}")
     return 1 if wrong else 0
 
