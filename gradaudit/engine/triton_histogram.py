@@ -75,8 +75,8 @@ def counts(tensor: torch.Tensor) -> torch.Tensor:
     """The exponent histogram of ``tensor`` (see :func:`takes`): int64 counts per bin of
     :func:`~gradaudit.precision.layout`, on its device, queued, nothing read back."""
     bins = layout().bins
-    # The window's last bin counted sits at most WINDOW - 2 above the last finite bin.
-    assert bins + WINDOW < PADDED_BINS, "the layout outgrew the padded histogram"
+    # A window's positions end at its largest bin or at WINDOW - 2, whichever is higher.
+    assert max(bins, WINDOW) < PADDED_BINS, "the layout outgrew the padded histogram"
     device = tensor.device
     out = torch.zeros(PADDED_BINS, dtype=torch.int64, device=device)
     flat = tensor.detach().reshape(-1)
