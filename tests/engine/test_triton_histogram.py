@@ -11,28 +11,19 @@ several blocks, and the routing of a collection with histograms.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gradaudit.engine import triton_histogram, triton_kernel
 from gradaudit.engine.histogram import exponent_histogram
 from gradaudit.errors import UsageError
 from gradaudit.precision.formats import layout
+from tests.engine.interpreted import DEVICE, MARKS  # the interpreter, before a kernel is built
 from tests.engine.test_native_histogram import _collected_histograms
 
-#: Slow (not in the quick loop): the kernel through the interpreter.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed"),
-]
-
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = MARKS
 
 
 def assert_counts_match(tensor: torch.Tensor) -> None:

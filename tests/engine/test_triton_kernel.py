@@ -10,7 +10,6 @@ What the interpreter cannot tell is speed: that is ``benchmarks/bench_gpu.py``.
 from __future__ import annotations
 
 import math
-import os
 import platform
 import sys
 from collections.abc import Iterator
@@ -21,9 +20,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gradaudit import audit
 from gradaudit.engine import triton_kernel
 from gradaudit.engine.kernels import Engine
@@ -31,6 +27,7 @@ from gradaudit.engine.routes import EngineUnavailable, uses_triton
 from gradaudit.engine.stats import SCALE, SSQ, StatsCollector
 from gradaudit.results.row import HostRow
 from gradaudit.scan.pending import PendingStats
+from tests.engine.interpreted import DEVICE  # the interpreter, before a kernel is built
 from tests.engine.test_native import flat_tensors
 from tests.engine.test_stats import assert_matches_reference
 from tests.reference import reference_stats
@@ -38,7 +35,6 @@ from tests.reference import reference_stats
 #: Slow (not in the quick loop): the Triton kernel through its interpreter on the CPU.
 pytestmark = pytest.mark.slow
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 needs_triton = pytest.mark.skipif(

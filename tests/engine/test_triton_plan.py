@@ -10,28 +10,19 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 from typing import Any
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gradaudit.engine import native, torch_shim, triton_kernel, triton_plan
 from gradaudit.engine.stats import StatsCollector
 from gradaudit.results import TensorStats
 from gradaudit.scan.pending import PendingStats
+from tests.engine.interpreted import DEVICE, MARKS  # the interpreter, before a kernel is built
 from tests.engine.test_stats import assert_matches_reference
 
-#: Slow (not in the quick loop): the Triton kernels through the interpreter.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not triton_kernel.installed(), reason="Triton is not installed"),
-]
-
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = MARKS
 
 
 @pytest.fixture(autouse=True, params=["the C shim", "the binding in C", "a pass per fact"])
