@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.ranks import finish_rank, start_rank
+from tests.ranks import destroy_group, finish_rank, start_rank
 
 
 def planted() -> dict[str, torch.Tensor]:
@@ -104,7 +104,7 @@ def main() -> None:
         dist.barrier()
         result = scan_split(out)
     finally:
-        dist.destroy_process_group()
+        destroy_group()
     finish_rank(out, rank, result)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.ranks import finish_rank, start_rank
+from tests.ranks import destroy_group, finish_rank, start_rank
 
 #: Where the flat tensors of the ``group=`` case are cut between rank 0 and rank 1.
 CUTS = {
@@ -196,7 +196,7 @@ def main() -> None:
             "scan": run_scan(out),
         }
     finally:
-        dist.destroy_process_group()
+        destroy_group()
     finish_rank(out, rank, results)
 
 

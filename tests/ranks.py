@@ -3,10 +3,13 @@ the timeout and how a failed or hung rank is reported."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,39 @@ def start_rank() -> tuple[int, int, Path]:
     return rank, world, out
 
 
+#: How long the gloo workers get, the GIL let go, before their process group is destroyed.
+SETTLE_S = 0.2
+
+
+def destroy_group() -> None:
+    """``dist.destroy_process_group()``, once gloo's worker threads have had a moment with
+    the GIL. Before torch 2.8 (pytorch/pytorch#154976; the floor leg runs 2.4) the group's
+    destructor joins its worker threads holding the GIL, and a worker still freeing a
+    finished collective's tensors needs the GIL: a deadlock (pytorch/pytorch#56297), seen
+    once in the floor leg (``ProcessGroupGloo::~ProcessGroupGloo`` in ``thread::join``, a
+    worker in ``AsyncWork::~AsyncWork`` waiting in ``take_gil``). Sleeping lets the GIL go
+    while they finish; it narrows the race, the one fix being torch's."""
+    import torch.distributed as dist
+
+    time.sleep(SETTLE_S)
+    dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def single_rank_group(directory: Path) -> Iterator[None]:
+    """A gloo process group of this process alone (rank 0 of 1, met through a file in
+    ``directory``), destroyed on the way out (:func:`destroy_group`)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{directory / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        destroy_group()
+
+
 def finish_rank(out: Path, rank: int, result: Any) -> None:
     """A worker's last step: the process group destroyed (where it is still up: Lightning
     and the Trainer leave theirs), ``OUT/rank{rank}.json`` written for :func:`run_ranks`,
@@ -82,7 +118,7 @@ def finish_rank(out: Path, rank: int, result: Any) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_group()
     (out / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -13,21 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from gradaudit.engine.collectives import all_reduce_rows, all_reduce_rows_and_counts
 from gradaudit.engine.stats import StatsCollector
+from tests.ranks import single_rank_group
 
 
 @pytest.fixture
 def alone(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
+    with single_rank_group(tmp_path):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("alone")

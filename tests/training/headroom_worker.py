@@ -21,7 +21,7 @@ import torch.distributed as dist
 from gradaudit import GradientMonitor
 from gradaudit.precision import Headroom, Precision
 from gradaudit.training.distributed import collect_sharded_with_histograms
-from tests.ranks import finish_rank, start_rank
+from tests.ranks import destroy_group, finish_rank, start_rank
 
 #: Where the ``group=`` case cuts each flat (or 2-D, by rows) tensor between rank 0 and 1.
 CUTS = {
@@ -230,7 +230,7 @@ def main() -> None:
             "fsdp": run_fsdp(world),
         }
     finally:
-        dist.destroy_process_group()
+        destroy_group()
     finish_rank(out, rank, results)
 
 

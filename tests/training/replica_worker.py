@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import gradaudit
 from gradaudit.integrations.scalars import record_scalars
-from tests.ranks import finish_rank, start_rank
+from tests.ranks import destroy_group, finish_rank, start_rank
 
 #: The gradient one rank perturbs in the ``perturbed`` case (the second Linear's weight).
 PERTURBED = "2.weight"
@@ -140,7 +139,7 @@ def main() -> None:
             "healthy_dump": healthy_dump(rank, out),
         }
     finally:
-        dist.destroy_process_group()
+        destroy_group()
     finish_rank(out, rank, results)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gradaudit import audit, collect_module, named_gradients
+from tests.ranks import single_rank_group
 from tests.reference import reference_stats
 
 
@@ -95,26 +96,19 @@ def test_prefetch_off_cuda_changes_nothing() -> None:
 def test_ddp_dataparallel_and_compile_wrappers_add_no_prefix(tmp_path: Path) -> None:
     """``module.`` (DDP, DataParallel) and ``_orig_mod.`` (torch.compile) are not part of the
     names: dumps and reports match the wrapped module's checkpoint and the callbacks."""
-    import torch.distributed as dist
-
     from gradaudit import GradientMonitor, named_gradients
 
     torch.manual_seed(0)
     inner = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     inner(torch.randn(4, 3)).sum().backward()
     expected = [name for name, _ in inner.named_parameters()]
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
+    with single_rank_group(tmp_path):
         ddp = torch.nn.parallel.DistributedDataParallel(inner)
         wrappers = [ddp, torch.nn.DataParallel(inner), torch.compile(inner), torch.compile(ddp)]
         for wrapped in wrappers:
             assert next(n for n, _ in wrapped.named_parameters()) != expected[0]
             assert [name for name, _ in named_gradients(wrapped)] == expected
         record = GradientMonitor(ddp, every=1, sync=True, dump_dir=None).step()
-    finally:
-        dist.destroy_process_group()
     assert record is not None
     assert list(record.norms) == expected
 

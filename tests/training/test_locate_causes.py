@@ -19,6 +19,7 @@ from torch import nn
 
 import gradaudit
 from gradaudit.training.locate import NanLocator
+from tests.ranks import single_rank_group
 
 
 class Log(nn.Module):
@@ -396,12 +397,7 @@ def test_without_sync_the_location_says_the_weights_were_already_spoiled() -> No
 def test_a_replayed_ddp_model_runs_no_collective(tmp_path: Any) -> None:
     """Replay runs the module DDP wraps, so a rank replaying alone cannot hang; names carry
     no ``module.`` prefix."""
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
+    with single_rank_group(tmp_path):
         inner, x, _ = _case("0/0")
         model = nn.parallel.DistributedDataParallel(inner)
         monitor = gradaudit.GradientMonitor(
@@ -410,8 +406,6 @@ def test_a_replayed_ddp_model_runs_no_collective(tmp_path: Any) -> None:
         model(x).sum().backward()
         with pytest.raises(gradaudit.NonFiniteGradientError) as caught:
             monitor.step()
-    finally:
-        dist.destroy_process_group()
     assert caught.value.location is not None
     assert caught.value.location.forward_origin is not None
     assert caught.value.location.forward_origin.module == "1"

@@ -30,6 +30,7 @@ from gradaudit.training import monitor as monitor_module
 from gradaudit.training.dump import save_gradients
 from gradaudit.training.record import MonitorRecord
 from tests.conftest import runner
+from tests.ranks import single_rank_group
 from tests.reference import reference_rounding
 
 
@@ -268,13 +269,8 @@ def test_a_group_of_one_rank_judges_as_without_one(tmp_path: Path) -> None:
     model = _model()
     _set_gradients(model, seed=6)
     alone = _record(model, "fp16")
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
+    with single_rank_group(tmp_path):
         grouped = _record(model, "fp16", group=dist.group.WORLD)
-    finally:
-        dist.destroy_process_group()
     assert grouped.headroom == alone.headroom
     assert grouped.headroom is not None
     assert grouped.headroom.findings
