@@ -1,7 +1,7 @@
 """What only a GPU shows about the Triton path: correctness probes and kernel-only bandwidth.
 
-    python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,histogram,host-cost,
-                                     host-profile,graph,kernels} [--dry-run]
+    python -m benchmarks.gpu_probes {env,warm-up,correctness,bandwidth,launch-shapes,
+                                     histogram,host-cost,host-profile,graph,kernels} [--dry-run]
 
 ``benchmarks/gpu_check.py`` runs each subcommand under its own timeout. Each prints its
 details, then one ``figure: ...`` line that the check's summary quotes; it exits 1 when a
@@ -18,6 +18,9 @@ result is wrong, 2 without CUDA.
   flushed before each repeat, against a device-to-device copy (bytes read + written)
   and ``torch.sum`` of a flat buffer of the same bytes and dtype, and the card's spec
   HBM, for float32/bfloat16/float16 on four layouts.
+* ``launch-shapes``: the same GB/s with other launch settings (a pipelined loop, more
+  programs per SM) beside the shipped ones, on the layouts short of their targets, each
+  checked against the float64 reference.
 * ``histogram``: the exponent histogram's Triton launch and the torch ops it replaces,
   × ``torch.sum`` of the same 256 MiB tensor, per dtype, and whether their counts agree.
 * ``host-cost``: ``bench_gpu.host_cost_rows`` with real launches, in µs per tensor.
@@ -510,6 +513,65 @@ def bandwidth(probe: Probe) -> int:
     return 0
 
 
+#: Other launch settings of the stats kernels (module constants of
+#: :mod:`gradaudit.engine.triton_kernel`), measured beside the shipped ones on the layouts
+#: short of issue 31's targets: a loop that keeps its next iterations' loads in flight
+#: (Triton's ``cp.async`` pipelining), and more, shorter programs per SM.
+LAUNCH_VARIANTS: dict[str, dict[str, int]] = {
+    "2 stages": {"STAGES": 2},
+    "3 stages": {"STAGES": 3},
+    "8 programs/SM": {"PROGRAMS_PER_SM": 8},
+    "3 stages, 8/SM": {"STAGES": 3, "PROGRAMS_PER_SM": 8},
+}
+#: The layouts (of :func:`layouts`) and dtypes they are measured on.
+LAUNCH_WORKLOADS: tuple[tuple[str, torch.dtype], ...] = (
+    ("transformer", torch.bfloat16),
+    ("one 4096x4096", torch.float32),
+    ("one 4096x4096", torch.bfloat16),
+    ("5000 tiny", torch.float32),
+    ("5000 tiny", torch.bfloat16),
+)
+
+
+def launch_shapes(probe: Probe) -> int:
+    """Kernel-only GB/s of one flush with each of :data:`LAUNCH_VARIANTS` beside the launch
+    as shipped (timed as ``bandwidth`` times it), and each variant's rows against the
+    float64 reference: which setting, if any, should ship."""
+    repeats = 1 if probe.dry else 10
+    timer = Timer(probe)
+    spec = spec_hbm(probe.name())
+    shapes_of = dict(layouts(probe))
+    rows: list[dict[str, object]] = []
+    wrong: list[str] = []
+    figures: list[str] = []
+    for label, dtype in LAUNCH_WORKLOADS:
+        gen = torch.Generator(device=probe.device).manual_seed(3)
+        tensors = [
+            (torch.randn(shape, generator=gen, device=probe.device) * 1e-3).to(dtype)
+            for shape in shapes_of[label](dtype)
+        ]
+        named = {f"t{i}": tensor for i, tensor in enumerate(tensors)}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        name = f"{label} {str(dtype).removeprefix('torch.')}"
+        rates = {"as shipped": nbytes / flush_seconds(tensors, timer, repeats)[0]}
+        for variant, settings in LAUNCH_VARIANTS.items():
+            with _settings(triton_kernel, settings):
+                rates[variant] = nbytes / flush_seconds(tensors, timer, repeats)[0]
+                wrong += check(f"{name}, {variant}", named)
+        del tensors, named
+        best = max(rates, key=rates.__getitem__)
+        row: dict[str, object] = {"workload": name, "MiB": nbytes / MIB}
+        row.update({f"{variant} GB/s": rate / 1e9 for variant, rate in rates.items()})
+        row["best"] = best
+        row["best % of spec"] = 100 * rates[best] / spec if spec else math.nan
+        rows.append(row)
+        figures.append(f"{name} {best} x{rates[best] / rates['as shipped']:.2f}")
+    print(table(rows, digits=1))
+    verdict = f"; {len(wrong)} rows WRONG" if wrong else "; rows right"
+    print(f"figure: best launch over the shipped one: {'; '.join(figures)}{verdict}")
+    return 1 if wrong else 0
+
+
 #: Other settings of the histogram launch, measured beside the shipped one: the full
 #: histogram for every block (``WINDOW`` 0, the launch of 2026-11-27), a narrower window,
 #: more programs per SM (what the time goes with, for the next change).
@@ -800,6 +862,7 @@ COMMANDS: dict[str, Callable[[Probe], int]] = {
     "warm-up": warm_up,
     "correctness": correctness,
     "bandwidth": bandwidth,
+    "launch-shapes": launch_shapes,
     "histogram": histogram,
     "host-cost": host_cost,
     "host-profile": host_profile,

@@ -28,6 +28,7 @@ H100 SXM (132 SMs, 1.755 GHz under load, 3.35 TB/s): 1.106 for float32 and
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -51,6 +52,8 @@ BUDGET = {4: budget(4), 2: budget(2)}
 #: The kernel variants: KIND -> (pointer type of x_ptr, itemsize).
 KINDS = {0: ("*fp32", 4), 1: ("*i16", 2), 2: ("*fp16", 2)}
 NAMES = {0: "float32", 1: "bfloat16", 2: "float16"}
+#: ``STAGES`` of the pipelined variants (``benchmarks/gpu_probes.py``'s ``LAUNCH_VARIANTS``).
+STAGED = (2, 3)
 
 
 def _tools() -> str:
@@ -265,6 +268,25 @@ def compile_all(targets: list[int]) -> list[dict[str, Any]]:
                 "itemsize": KINDS[kind][1],
                 "warps": compiled.metadata.num_warps,
                 "block": triton_kernel.STEP,
+                "fp_fusion": compiled.metadata.enable_fp_fusion,
+                **_analyse(compiled.asm["cubin"]),
+            }
+        )
+    # The pipelined loops the GPU check's launch-shapes step measures (``STAGES``), on sm_90.
+    for (kernel, args, kwargs), stages in itertools.product(
+        (table[kind] for kind in KINDS), STAGED if 90 in targets else ()
+    ):
+        compiled = specialise_and_compile(kernel, args, {**kwargs, "STAGES": stages}, 90)
+        kind = kwargs["KIND"]
+        results.append(
+            {
+                "kernel": f"staged table_rows[{NAMES[kind]}, {stages} stages]",
+                "cc": 90,
+                "itemsize": KINDS[kind][1],
+                "warps": compiled.metadata.num_warps,
+                "block": triton_kernel.STEP,
+                "stages": stages,
+                "shared": compiled.metadata.shared,
                 "fp_fusion": compiled.metadata.enable_fp_fusion,
                 **_analyse(compiled.asm["cubin"]),
             }

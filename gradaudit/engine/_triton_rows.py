@@ -348,6 +348,7 @@ def table_rows(  # type: ignore[no-untyped-def]
     VEC: tl.constexpr,
     KIND: tl.constexpr,
     FP32_ACC: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):
     program = tl.program_id(0).to(tl.int64) + program_base
     # The program's table row: one load from the program -> row map (a search would be
@@ -410,7 +411,9 @@ def table_rows(  # type: ignore[no-untyped-def]
             FP32_ACC,
             KIND,
         )
-    for pair in range(0, pairs):
+    # STAGES > 1: the next iterations' vectors are copied into shared memory while this
+    # one is reduced (more bytes in flight per program); 1 is a plain loop.
+    for pair in tl.range(0, pairs, num_stages=STAGES):
         lane = aligned_lane + pair * (2 * LANES) + lanes
         one = _lanes(x_ptr, lane, lanes, 0, 0, False, KIND)
         two = _lanes(x_ptr, lane + LANES, lanes, 0, 0, False, KIND)

@@ -61,6 +61,14 @@ MAX_STEPS = 128
 #: work (the row lookup, the edges, seven reductions) is several hundred instructions,
 #: tens of steps' worth of the inner loop's issue slots (``tests/gpu_model.py``).
 MIN_STEPS = 16
+#: Programs per SM a dtype group's span aims at (``span_for``).
+PROGRAMS_PER_SM = 4
+#: Iterations of the inner loop in flight at once (``tl.range``'s ``num_stages``: with 2 or
+#: more, Triton copies the next iterations' vectors into shared memory, ``cp.async``, while
+#: one is reduced). 1, as measured on the H100 and H200 (docs/gpu.md), loads an iteration's
+#: two vectors when it starts: one memory latency per iteration. The GPU check's
+#: ``bandwidth`` step measures 2 and 3 beside it (issue 31: bytes in flight).
+STAGES = 1
 #: Elements of a tensor reduced by one program: a quarter of the SMs' share of the whole
 #: dtype group (``span_for``), within these bounds.
 MIN_SPAN = MIN_STEPS * BLOCK
@@ -284,13 +292,14 @@ def _cuda_sms(device: torch.device) -> int:
 
 def span_for(numel: int, sms: int = DEFAULT_SMS) -> int:
     """Elements per program for every tensor of a dtype group of ``numel`` elements in all:
-    ~4 programs per SM over the whole group, whole steps, ``MIN_STEPS`` to ``MAX_STEPS``.
+    ``PROGRAMS_PER_SM`` programs per SM over the whole group, whole steps, ``MIN_STEPS`` to
+    ``MAX_STEPS``.
 
     Sized from the group, not from each tensor: per tensor, a transformer's 1024×1024
     layers got 2-step programs whose fixed work outweighed their loads (issue 31). A
     tensor shorter than the span is one program of its own length.
     """
-    per_program = -(-numel // (4 * sms))
+    per_program = -(-numel // (PROGRAMS_PER_SM * sms))
     steps = -(-per_program // STEP) * VECTORS
     return min(MAX_STEPS, max(MIN_STEPS, steps)) * BLOCK
 
@@ -490,6 +499,7 @@ def launch_flush(
                 VEC=VECTOR_BYTES // group.itemsize,
                 KIND=kind,
                 FP32_ACC=fp32_accumulate,
+                STAGES=STAGES,
                 # float32 through float32 sums keeps six per element and lane: with
                 # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
                 num_warps=8 if kind == 0 and fp32_accumulate else 4,

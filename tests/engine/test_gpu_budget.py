@@ -21,6 +21,8 @@ the launch's pinned option can give the DFMA. What the machine code must show:
 * one DFMA per float64 square in the inner loop, no DMUL or DADD (fusion pinned);
 * the whole program (``tests/gpu_model.py``) within issue 31's targets on realistic
   flushes;
+* the pipelined loops the GPU check measures beside the shipped one (``STAGES`` 2 and
+  3, sm_90 only) copy 128 bits at a time into shared memory, within the same caps;
 * the inner loop's SASS instructions per element within the issue budget that
   keeps up with the GPU's HBM (``tests/sass.py`` derives it; ``docs/gpu.md``
   states the model and what it predicts).
@@ -43,7 +45,7 @@ import pytest
 
 from gradaudit.engine import triton_kernel
 from tests import gpu_model
-from tests.sass import BUDGET, budget
+from tests.sass import BUDGET, STAGED, budget
 
 pytestmark = [
     # Slow (every variant compiled for three targets with ptxas): not in the quick loop.
@@ -103,9 +105,29 @@ def test_every_variant_compiles_for_three_targets() -> None:
     names = {(r["kernel"], r["cc"]) for r in compiled()}
     kernels = {"table_rows[float32]", "table_rows[bfloat16]", "table_rows[float16]"}
     fp32_sums = {f"{name[:-1]}, fp32 sums]" for name in kernels}
+    staged = {f"staged {name[:-1]}, {stages} stages]" for name in kernels for stages in STAGED}
     assert names == {(k, c) for k in {*kernels, "merge_partials"} for c in cc} | {
         (k, c) for k in fp32_sums for c in (86, cc[2])
-    }
+    } | {(k, 90) for k in staged}
+
+
+def test_the_pipelined_loops_the_gpu_check_measures() -> None:
+    """``STAGES`` 2 and 3 (the GPU check's ``launch-shapes``): on sm_90 Triton copies the
+    loop's vectors into shared memory 16 bytes at a time (``LDGSTS.E.BYPASS.128``: the
+    alignment kept, no plain load left), holds ``STAGES - 1`` iterations' vectors there,
+    and the loop stays within the registers' cap and the issue budget."""
+    staged = [result for result in compiled() if result["kernel"].startswith("staged")]
+    assert len(staged) == 3 * len(STAGED)
+    for result in staged:
+        loops = [loop for loop in result["loops"] if "LDGSTS.E.BYPASS.128" in loop["global_loads"]]
+        assert len(loops) == 1, (result["kernel"], result["loops"])
+        (loop,) = loops
+        assert set(loop["global_loads"]) == {"LDGSTS.E.BYPASS.128", "LDGDEPBAR"}, result["kernel"]
+        ahead = (result["stages"] - 1) * result["block"] * result["itemsize"]
+        assert result["shared"] >= ahead, (result["kernel"], result["shared"], ahead)
+        assert result["registers"] <= 80, (result["kernel"], result["registers"])
+        per_element = loop["instructions"] / (result["block"] // result["warps"])
+        assert per_element <= BUDGET[result["itemsize"]], (result["kernel"], per_element)
 
 
 def test_no_variant_spills() -> None:

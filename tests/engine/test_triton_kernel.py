@@ -110,6 +110,39 @@ def test_bucket_rows_are_reduced_one_by_one(length: int) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize(
+    "settings",
+    [{"STAGES": 3}, {"PROGRAMS_PER_SM": 8}, {"STAGES": 2, "PROGRAMS_PER_SM": 1}],
+    ids=["3 stages", "8 programs per SM", "2 stages, 1 program per SM"],
+)
+def test_the_launch_variants_the_gpu_check_measures_agree_with_the_reference(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, int]
+) -> None:
+    """The GPU check's ``launch-shapes`` settings change how a flush is cut into programs
+    and how its loop loads, not what it computes: mixed dtypes, views at odd offsets, a
+    NaN, an infinity and tensors of several programs, against the float64 reference.
+    (The interpreter runs a pipelined loop as a plain one: the check compares the GPU's
+    rows with the reference too.)"""
+    for name, value in settings.items():
+        monkeypatch.setattr(triton_kernel, name, value)
+    gen = torch.Generator().manual_seed(7)
+    parent = torch.randn(300_000, generator=gen)
+    parent[[11, 200_000]] = torch.tensor([math.nan, -math.inf])
+    tensors = {
+        "long": parent,
+        "view": parent[3:150_001],
+        "half": torch.randn(70_001, generator=gen).half(),
+        "bf16": (torch.randn(40_000, generator=gen) * 1e30).bfloat16()[5:],
+        "short": torch.randn(999, generator=gen),
+    }
+    report = audit({name: t.to(DEVICE) for name, t in tensors.items()}, engine="triton")
+    assert report.engine == "triton"
+    got = {stats.name: stats for stats in report.tensors}
+    for name, tensor in tensors.items():
+        assert_matches_reference(tensor, got[name])
+
+
+@needs_triton
 def test_collector_sends_what_triton_takes_and_the_rest_to_eager() -> None:
     """float32/16/bf16 on Triton (whole, bucketed, strided); float64 and fp8 on eager."""
     gen = torch.Generator().manual_seed(3)
@@ -263,9 +296,10 @@ def test_spans_are_whole_steps_sized_to_the_tensor(numel: int, sms: int) -> None
     assert span % triton_kernel.BLOCK == 0
     assert triton_kernel.MIN_SPAN <= span <= triton_kernel.MAX_SPAN
     programs = -(-numel // span)
-    # Four programs per SM whenever the tensor has the work for them, none wasted.
-    assert programs >= min(4 * sms, -(-numel // triton_kernel.MAX_SPAN), -(-numel // 1024))
-    assert span == triton_kernel.MIN_SPAN or programs <= 4 * sms or span == triton_kernel.MAX_SPAN
+    # PROGRAMS_PER_SM programs per SM whenever the tensor has the work for them, none wasted.
+    per_sm = triton_kernel.PROGRAMS_PER_SM * sms
+    assert programs >= min(per_sm, -(-numel // triton_kernel.MAX_SPAN), -(-numel // 1024))
+    assert span == triton_kernel.MIN_SPAN or programs <= per_sm or span == triton_kernel.MAX_SPAN
 
 
 class _CountingKernels:
