@@ -5,7 +5,8 @@
 
 For float32, bfloat16 and float16 tensors of ``--mib`` MiB (gradient-like values, normal
 with scale 1e-3), in one process, each measured ``--repeats`` times with the candidates
-alternated (a shared machine's noise then hits all of them alike), best of each:
+alternated and each repeat starting one candidate further along (a shared machine's noise
+then hits all of them alike, and none always follows the same one), best of each:
 
 * one ``torch.sum`` pass, the yardstick;
 * the default stats row (``StatsCollector.row``, the engine ``auto`` picks);
@@ -131,8 +132,13 @@ def main(argv: list[str] | None = None) -> None:
         if baseline is not None:
             candidates["baseline"] = _build_call(baseline, values, args.threads)
         best = dict.fromkeys(candidates, float("inf"))
-        for _ in range(args.repeats):
-            for key, fn in candidates.items():
+        keys = list(candidates)
+        for repeat in range(args.repeats):
+            # Each repeat starts one further along: in a fixed order, whichever of two equal
+            # builds ran second measured 0.04-0.09x a sum pass faster (docs/performance.md).
+            turn = repeat % len(keys)
+            for key in keys[turn:] + keys[:turn]:
+                fn = candidates[key]
                 start = clock()
                 for _ in range(args.calls):
                     fn()
