@@ -523,8 +523,11 @@ LAUNCH_VARIANTS: dict[str, dict[str, int]] = {
     "8 programs/SM": {"PROGRAMS_PER_SM": 8},
     "3 stages, 8/SM": {"STAGES": 3, "PROGRAMS_PER_SM": 8},
 }
-#: The layouts (of :func:`layouts`) and dtypes they are measured on.
+#: The layouts (of :func:`layouts`) and dtypes they are measured on: those short of their
+#: targets, and the 7B-like layout, which meets them, so that a setting that helps the
+#: others is seen not to cost it.
 LAUNCH_WORKLOADS: tuple[tuple[str, torch.dtype], ...] = (
+    ("7B-like 8 layers", torch.bfloat16),
     ("transformer", torch.bfloat16),
     ("one 4096x4096", torch.float32),
     ("one 4096x4096", torch.bfloat16),

@@ -343,8 +343,8 @@ def test_the_gpu_check_dry_run_runs_every_step_within_outs_limits(tmp_path: Path
     assert bench.count("| agree") == 6  # the histogram's two ways, per dtype and data
     assert "histogram x sum: float32" in summary
     # Each launch variant's rows checked against the reference, per layout measured.
-    assert "best launch over the shipped one: transformer bfloat16" in summary
-    assert bench.count(", 3 stages: ") == 5
+    assert "best launch over the shipped one: 7B-like 8 layers bfloat16" in summary
+    assert bench.count(", 3 stages: ") == 6
 
 
 def test_the_gpu_checks_tree_id_is_the_files_not_the_checkouts_head(
