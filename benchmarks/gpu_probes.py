@@ -455,14 +455,20 @@ def baselines(nbytes: int, dtype: torch.dtype, timer: Timer, repeats: int) -> tu
     return timer.best(repeats, lambda: target.copy_(flat)), timer.best(repeats, flat.sum)
 
 
+def gradient_like(
+    shapes: list[Shape], dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    """Seeded normal values of scale 1e-3 (gradient-like) in each shape: the same tensors
+    for every probe that times a flush of a layout."""
+    gen = torch.Generator(device=device).manual_seed(3)
+    return [(torch.randn(shape, generator=gen, device=device) * 1e-3).to(dtype) for shape in shapes]
+
+
 def workload_row(
     label: str, dtype: torch.dtype, shapes: list[Shape], timer: Timer, repeats: int
 ) -> dict[str, object]:
     device = timer.probe.device
-    gen = torch.Generator(device=device).manual_seed(3)
-    tensors = [
-        (torch.randn(shape, generator=gen, device=device) * 1e-3).to(dtype) for shape in shapes
-    ]
+    tensors = gradient_like(shapes, dtype, device)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     kernel_s, ahead = flush_seconds(tensors, timer, repeats)
     del tensors
@@ -549,11 +555,7 @@ def launch_shapes(probe: Probe) -> int:
     failed: list[str] = []
     figures: list[str] = []
     for label, dtype in LAUNCH_WORKLOADS:
-        gen = torch.Generator(device=probe.device).manual_seed(3)
-        tensors = [
-            (torch.randn(shape, generator=gen, device=probe.device) * 1e-3).to(dtype)
-            for shape in shapes_of[label](dtype)
-        ]
+        tensors = gradient_like(shapes_of[label](dtype), dtype, probe.device)
         named = {f"t{i}": tensor for i, tensor in enumerate(tensors)}
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         name = f"{label} {str(dtype).removeprefix('torch.')}"

@@ -67,7 +67,7 @@ PROGRAMS_PER_SM = 4
 #: more, Triton copies the next iterations' vectors into shared memory, ``cp.async``, while
 #: one is reduced). 1, as measured on the H100 and H200 (docs/gpu.md), loads an iteration's
 #: two vectors when it starts: one memory latency per iteration. The GPU check's
-#: ``bandwidth`` step measures 2 and 3 beside it (issue 31: bytes in flight).
+#: ``launch-shapes`` step measures 2 and 3 beside it (issue 31: bytes in flight).
 STAGES = 1
 #: Elements of a tensor reduced by one program: a quarter of the SMs' share of the whole
 #: dtype group (``span_for``), within these bounds.
