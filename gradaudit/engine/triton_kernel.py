@@ -65,9 +65,10 @@ MIN_STEPS = 16
 PROGRAMS_PER_SM = 4
 #: Iterations of the inner loop in flight at once (``tl.range``'s ``num_stages``: with 2 or
 #: more, Triton copies the next iterations' vectors into shared memory, ``cp.async``, while
-#: one is reduced). 1, as measured on the H100 and H200 (docs/gpu.md), loads an iteration's
-#: two vectors when it starts: one memory latency per iteration. The GPU check's
-#: ``launch-shapes`` step measures 2 and 3 beside it (issue 31: bytes in flight).
+#: one is reduced). 1 loads an iteration's two vectors when it starts. The GPU check's
+#: ``launch-shapes`` step measures 2 and 3 beside it: on the H200 (docs/gpu.md, the run of
+#: ``6e62740``) 3 stages read one 32-64 MiB tensor 10-18 % faster but the transformer and
+#: 7B-like layouts, which carry a training step's bytes, 5-9 % slower; so 1.
 STAGES = 1
 #: Elements of a tensor reduced by one program: a quarter of the SMs' share of the whole
 #: dtype group (``span_for``), within these bounds.
