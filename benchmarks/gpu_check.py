@@ -406,6 +406,8 @@ def plan_kernel_tests(context: Context) -> Plan:
         "tests/engine/test_gpu_logic.py",
         # The planned flush on the GPU, its facts read through torch's C shim and its binding.
         "tests/engine/test_triton_plan.py",
+        # Its CUDA-graph replay, captured for real.
+        "tests/engine/test_triton_graph.py",
         # The exponent histogram's Triton kernel (--precision, a monitor's precision=).
         "tests/engine/test_triton_histogram.py",
     )

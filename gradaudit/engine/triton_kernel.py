@@ -472,8 +472,6 @@ def launch_flush(
     The tensors' lifetimes are the caller's (``record_stream``, or holding them until the
     settle event: :mod:`gradaudit.engine.triton_plan`).
     """
-    table_rows, merge_partials = _kernels()
-    width = (rows + 1) * TABLE_WIDTH
     cuda = device.type == "cuda"
     # Everything on the tensors' device, whichever device is current (no
     # context is made on another GPU).
@@ -482,34 +480,50 @@ def launch_flush(
         # Pinned, so the copy is queued rather than waited for; the caching host allocator
         # keeps the pinned block until the copy has run (so the host buffer may change).
         flat = host.pin_memory().to(device, non_blocking=True) if cuda else host
-        table = flat[:width].view(-1, TABLE_WIDTH)
-        program_rows = flat[width:]
-        partial = torch.empty((programs, 7), dtype=torch.float64, device=device)
-        out = torch.empty((rows, 7), dtype=torch.float64, device=device)
-        for group in groups:
-            kind = KINDS[group.base.dtype]
-            base = group.base.view(torch.int16) if kind == 1 else group.base
-            table_rows[(group.programs,)](
-                base,
-                table[group.first_row :],
-                program_rows,
-                partial,
-                group.first_program,
-                BLOCK=BLOCK,
-                LANES=BLOCK // 2 if kind == 1 else BLOCK,
-                VEC=VECTOR_BYTES // group.itemsize,
-                KIND=kind,
-                FP32_ACC=fp32_accumulate,
-                STAGES=STAGES,
-                # float32 through float32 sums keeps six per element and lane: with
-                # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
-                num_warps=8 if kind == 0 and fp32_accumulate else 4,
-                **LAUNCH_OPTIONS,
-            )
-        # One warp per stats row: most rows merge a handful of partial rows.
-        merge_partials[(rows,)](
-            partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
+        return launch_kernels(device, flat, groups, rows, programs, fp32_accumulate)
+
+
+def launch_kernels(
+    device: torch.device,
+    flat: torch.Tensor,
+    groups: Sequence[GroupLaunch],
+    rows: int,
+    programs: int,
+    fp32_accumulate: bool,
+) -> torch.Tensor:
+    """The kernels of :func:`launch_flush`, reading a table already on ``device`` (``flat``):
+    what a captured flush (:mod:`~gradaudit.engine.triton_graph`) records and replays. The
+    caller has made ``device`` current."""
+    table_rows, merge_partials = _kernels()
+    width = (rows + 1) * TABLE_WIDTH
+    table = flat[:width].view(-1, TABLE_WIDTH)
+    program_rows = flat[width:]
+    partial = torch.empty((programs, 7), dtype=torch.float64, device=device)
+    out = torch.empty((rows, 7), dtype=torch.float64, device=device)
+    for group in groups:
+        kind = KINDS[group.base.dtype]
+        base = group.base.view(torch.int16) if kind == 1 else group.base
+        table_rows[(group.programs,)](
+            base,
+            table[group.first_row :],
+            program_rows,
+            partial,
+            group.first_program,
+            BLOCK=BLOCK,
+            LANES=BLOCK // 2 if kind == 1 else BLOCK,
+            VEC=VECTOR_BYTES // group.itemsize,
+            KIND=kind,
+            FP32_ACC=fp32_accumulate,
+            STAGES=STAGES,
+            # float32 through float32 sums keeps six per element and lane: with
+            # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
+            num_warps=8 if kind == 0 and fp32_accumulate else 4,
+            **LAUNCH_OPTIONS,
         )
+    # One warp per stats row: most rows merge a handful of partial rows.
+    merge_partials[(rows,)](
+        partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
+    )
     return out
 
 

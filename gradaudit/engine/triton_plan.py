@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradaudit.engine import native, torch_shim, triton_kernel
+from gradaudit.engine import native, torch_shim, triton_graph, triton_kernel
 from gradaudit.engine.dtypes import dtype_name
 from gradaudit.engine.triton_kernel import (
     KINDS,
@@ -48,6 +48,7 @@ from gradaudit.engine.triton_kernel import (
     GroupLaunch,
     flush_table,
     launch_flush,
+    launch_kernels,
     plan_group,
 )
 
@@ -198,6 +199,11 @@ class TritonPlan:
         self._in_order = bool((self._order == np.arange(len(self._order))).all())
         #: The index of each group's first tensor in the list (its base).
         self.firsts = [int(group.indices[0]) for group in self._groups]
+        #: The groups' base addresses of the last :meth:`table`.
+        self._bases: tuple[int, ...] = ()
+        #: The flush captured as a CUDA graph once its bases hold (:mod:`~gradaudit.engine.
+        #: triton_graph`), replayed while they do.
+        self.replays = triton_graph.Replays(self.device)
 
     def __len__(self) -> int:
         return len(self.rows_of)
@@ -257,11 +263,17 @@ class TritonPlan:
         # In place: the launch copies it (into pinned memory) before the next step can change
         # it, and the interpreter reads it during the launch.
         self._template[self._slots] = offsets
+        self._bases = tuple(bases.tolist())
         return torch.from_numpy(self._template)
 
     def launch(self, tensors: Sequence[torch.Tensor], host: torch.Tensor) -> torch.Tensor:
         """Queue the flush of ``tensors`` (matching, with :meth:`table`'s buffer): the stats
-        rows ``[rows, 7]``, tensor ``i``'s at :attr:`rows_of` ``[i]``."""
+        rows ``[rows, 7]``, tensor ``i``'s at :attr:`rows_of` ``[i]``. Replayed from the
+        captured graph where its bases hold, else launched (and captured once they have
+        held for a few launches)."""
+        replayed = self.replays.replay(self._bases, host)
+        if replayed is not None:
+            return replayed
         groups = [
             GroupLaunch(
                 tensors[first],
@@ -272,9 +284,17 @@ class TritonPlan:
             )
             for first, group in zip(self.firsts, self._groups, strict=True)
         ]
-        return launch_flush(
+        out = launch_flush(
             self.device, host, groups, self.rows, self.programs, self._fp32_accumulate
         )
+        self.replays.launched(
+            self._bases,
+            host,
+            lambda flat: launch_kernels(
+                self.device, flat, groups, self.rows, self.programs, self._fp32_accumulate
+            ),
+        )
+        return out
 
 
 def plain(tensors: Sequence[torch.Tensor]) -> bool:

@@ -510,3 +510,55 @@ def test_the_c_shims_facts_of_gpu_tensors_are_torchs() -> None:
     assert found is not None
     assert found.tolist() == [t.data_ptr() for t in plain]
     assert torch_shim.pointers([t.cpu() for t in plain], signature) is None
+
+
+def test_a_steady_loops_flush_is_replayed_from_a_graph_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A training loop whose gradients stay in place: the planned flush is captured once
+    (no synchronisation, as every step: sync debug mode raises) and replayed; each step's
+    rows are its own, read after later steps have replayed; a step queued on another
+    stream launches instead, and is right too (``gradaudit.engine.triton_graph``)."""
+    from gradaudit.engine import triton_graph
+    from tests.engine.test_stats import assert_matches_reference
+
+    if not triton_kernel.installed():
+        pytest.skip("Triton is not installed")
+    monkeypatch.setattr(triton_graph, "ENABLED", True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = {
+        "embed": torch.empty(5000, 64, device="cuda", dtype=torch.bfloat16),
+        "w1": torch.empty(3000, 7, device="cuda"),
+        "b1": torch.empty(7, device="cuda"),
+        "norm": torch.empty(64, device="cuda", dtype=torch.float16),
+    }
+    collector = StatsCollector(engine="triton")
+    side = torch.cuda.Stream()
+    steps = []
+    for index in range(7):
+        for tensor in tensors.values():
+            tensor.copy_(torch.randn(tensor.shape, generator=gen, device="cuda") * (index + 1))
+        tensors["w1"][index, 0] = math.nan
+        torch.cuda.synchronize()
+        kept = {name: tensor.cpu() for name, tensor in tensors.items()}
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.stream(side if index == 6 else torch.cuda.current_stream()):
+                pending = PendingStats(collector=collector.fresh())
+                pending.add_tensors(list(tensors), list(tensors.values()))
+                pending.settle()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.current_stream().wait_stream(side)
+        steps.append((pending, kept))
+    plan = collector._routes.plans[tensors["w1"].device]
+    assert plan is not None
+    graphs = plan.replays
+    assert graphs.captures == 1
+    # Through torch's C shim the first step is planned, else the second: launched twice at
+    # the same places, then captured; replayed up to step 5; step 6 is on the side stream.
+    assert graphs.replays == (4 if torch_shim.bound() else 3)
+    for pending, kept in steps:
+        got = list(pending.materialize().tensors)
+        for stats, tensor in zip(got, kept.values(), strict=True):
+            assert_matches_reference(tensor, stats)
