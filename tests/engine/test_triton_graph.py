@@ -104,6 +104,17 @@ def replays(collector: StatsCollector) -> triton_graph.Replays:
     return plan.replays
 
 
+def loop(steps: int) -> triton_graph.Replays:
+    """A loop of ``steps`` steps at the same places, new values each (each report checked):
+    its plan's replays."""
+    collector = StatsCollector(engine="triton")
+    tensors = gradients(0)
+    for seed in range(steps):
+        rewrite(tensors, seed)
+        check(read(step(collector, tensors)), tensors)
+    return replays(collector)
+
+
 def steady(collector: StatsCollector, tensors: dict[str, torch.Tensor]) -> None:
     """Steps at the same places until the flush is captured (each step's report checked)."""
     for seed in range(10, 20):
@@ -187,23 +198,14 @@ def test_a_capture_that_fails_leaves_the_plan_launching(monkeypatch: pytest.Monk
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(triton_graph, "capture", failing)
-    collector = StatsCollector(engine="triton")
-    tensors = gradients(0)
-    for seed in range(6):
-        rewrite(tensors, seed)
-        check(read(step(collector, tensors)), tensors)
-    graphs = replays(collector)
+    graphs = loop(6)
     assert (graphs.enabled, graphs.captures, graphs.replays) == (False, 1, 0)
 
 
 def test_replays_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(triton_graph, "ENABLED", False)
-    collector = StatsCollector(engine="triton")
-    tensors = gradients(0)
-    for seed in range(5):
-        rewrite(tensors, seed)
-        check(read(step(collector, tensors)), tensors)
-    assert (replays(collector).captures, replays(collector).replays) == (0, 0)
+    graphs = loop(5)
+    assert (graphs.captures, graphs.replays) == (0, 0)
 
 
 @pytest.mark.parametrize(("value", "enabled"), [(None, True), ("0", False), ("1", True)])
