@@ -109,17 +109,25 @@ class Replays:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.enabled = ENABLED and device.type in DEVICE_TYPES
-        self.captured: Captured | None = None
         #: Captures made, and replays queued (tests, the GPU check).
         self.captures = 0
         self.replays = 0
         self._bases: tuple[int, ...] | None = None
         self._streak = 0
-        # The capture in use, for the finalizer: dropped with the plan (a list with other
-        # facts makes a new one), it is kept until its last replay has run.
+        # The capture in use (:attr:`captured`), in a list the finalizer can keep: dropped
+        # with the plan (a list with other facts makes a new one), it is retired.
         self._holder: list[Captured] = []
         if self.enabled:
             weakref.finalize(self, _retire_all, self._holder)
+
+    @property
+    def captured(self) -> Captured | None:
+        """The flush captured for the current bases, if any."""
+        return self._holder[0] if self._holder else None
+
+    @captured.setter
+    def captured(self, captured: Captured | None) -> None:
+        self._holder[:] = [] if captured is None else [captured]
 
     def replay(self, bases: tuple[int, ...], host: torch.Tensor) -> torch.Tensor | None:
         """The rows of this step's flush replayed from the captured graph, or ``None`` when
@@ -158,14 +166,11 @@ class Replays:
         self._streak = 0
         retire(self.captured)
         self.captured = None
-        self._holder.clear()
         try:
             with _current(self.device):
                 self.captured = capture(self.device, bases, host, kernels)
         except Exception:  # noqa: BLE001 (the launch path stays; graphs off for this plan)
             self.enabled = False
-            return
-        self._holder.append(self.captured)
 
 
 #: Captured flushes let go of while a replay of theirs may still run: the graph's pinned
@@ -179,11 +184,24 @@ def _retire_all(held: list[Captured]) -> None:
 
 
 def retire(captured: Captured | None) -> None:
-    """Let go of ``captured`` once its last replay has run, and of those retired before
-    whose replays have (an event queried per flush, never waited for)."""
-    _retired[:] = [old for old in _retired if not old.event.query()]
+    """Let go of ``captured`` once its last replay has run: now, or at a later
+    :func:`release_finished`."""
+    release_finished()
     if captured is not None and not captured.event.query():
         _retired.append(captured)
+
+
+def release_finished() -> None:
+    """Let go of the retired captures whose last replay has run (an event queried per
+    capture, never waited for). Called with the held lists' release
+    (:func:`gradaudit.engine.triton_plan.release_finished`): every planned flush and read."""
+    if _retired:
+        _retired[:] = [old for old in _retired if not old.event.query()]
+
+
+def retired() -> int:
+    """Captures kept until their last replay has run (tests)."""
+    return len(_retired)
 
 
 def _current_stream(device: torch.device) -> Any:

@@ -287,12 +287,13 @@ class TritonPlan:
         out = launch_flush(
             self.device, host, groups, self.rows, self.programs, self._fp32_accumulate
         )
+        # The kernels on a table already on the device, for a capture; bound to values, not
+        # to the plan (a capture is dropped with its plan, never keeps it).
+        device, rows, programs, fp32 = self.device, self.rows, self.programs, self._fp32_accumulate
         self.replays.launched(
             self._bases,
             host,
-            lambda flat: launch_kernels(
-                self.device, flat, groups, self.rows, self.programs, self._fp32_accumulate
-            ),
+            lambda flat: launch_kernels(device, flat, groups, rows, programs, fp32),
         )
         return out
 
@@ -353,9 +354,11 @@ def hold(device: torch.device, tensors: Sequence[torch.Tensor]) -> None:
 
 
 def release_finished() -> None:
-    """Let go of the held lists whose kernels have run (a query per list, no wait)."""
+    """Let go of the held lists whose kernels have run (a query per list, no wait), and of
+    the retired graph captures whose last replay has (:mod:`~gradaudit.engine.triton_graph`)."""
     if _held:
         _held[:] = [(event, tensors) for event, tensors in _held if not event.query()]  # type: ignore[no-untyped-call]
+    triton_graph.release_finished()
 
 
 def held() -> int:

@@ -11,6 +11,7 @@ code either way; every step's report is checked against the per-tensor path and 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def recorded_capture(
 def graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replays on (whatever the environment says); on the CPU, through the stand-in."""
     monkeypatch.setattr(triton_graph, "ENABLED", True)
+    # Captures this test retires stay its own (a stand-in's replay may never "finish").
+    monkeypatch.setattr(triton_graph, "_retired", [])
     if DEVICE.type != "cuda":
         monkeypatch.setattr(triton_graph, "DEVICE_TYPES", frozenset({"cuda", DEVICE.type}))
         monkeypatch.setattr(triton_graph, "capture", recorded_capture)
@@ -191,6 +194,26 @@ def test_a_replay_whose_table_is_still_being_copied_launches_instead() -> None:
     assert torch.equal(graphs.captured.pinned, kept)  # not rewritten under the copy
     # Launched at the captured places: nothing to capture again.
     assert graphs.captures == 1
+
+
+def test_a_capture_dropped_while_its_replay_runs_is_kept_until_it_has() -> None:
+    """A plan dropped (a list with other facts) while its last replay may still run keeps
+    its capture (pinned table, buffers, the graph's pool) until that replay has run: let
+    go at the next planned flush's or read's release, never waited for."""
+    collector = StatsCollector(engine="triton")
+    tensors = gradients(0)
+    steady(collector, tensors)
+    graphs = replays(collector)
+    running = _NotYet()
+    assert graphs.captured is not None
+    graphs.captured = dataclasses.replace(graphs.captured, event=running)
+    collector._routes.plans.clear()
+    del graphs
+    gc.collect()
+    assert triton_graph.retired() == 1
+    running.query = lambda: True  # type: ignore[method-assign]
+    triton_plan.release_finished()
+    assert triton_graph.retired() == 0
 
 
 def test_a_capture_that_fails_leaves_the_plan_launching(monkeypatch: pytest.MonkeyPatch) -> None:
