@@ -22,9 +22,12 @@ A program of :func:`~gradaudit.engine._triton_rows.table_rows` issues, per warp:
   program that meets one runs its span again through it (about twice its cost).
 
 Every warp of a program issues the same, and :func:`merge_partials` adds its own per
-stats row. Issue slots per element ``i`` = all warp instructions of the flush / its
-elements; the modelled share of HBM is ``min(1, budget / i)`` with ``budget = 4 × SMs ×
-clock × itemsize / bandwidth`` (an SM issues 4 warp instructions per clock).
+stats row, unless every tensor is one program (``DIRECT``: nothing is merged, and the
+programs are that variant's, whose store takes its row from the map: 4 instructions more
+on sm_90).
+Issue slots per element ``i`` = all warp instructions of the flush / its elements; the
+modelled share of HBM is ``min(1, budget / i)`` with ``budget = 4 × SMs × clock ×
+itemsize / bandwidth`` (an SM issues 4 warp instructions per clock).
 
 What it leaves out (a GPU measures it): latency. A program's row lookup is a chain of
 dependent loads before its first data load, and each step's load is consumed at once,
@@ -78,9 +81,14 @@ class Costs:
     merge_fixed: int
     merge_loop: int
     merge_warps: int
+    #: Straight-line instructions of the ``DIRECT`` variant (a flush of one program per
+    #: tensor: each program stores its tensor's stats row, nothing is merged).
+    direct_fixed: int
 
     @classmethod
-    def from_sass(cls, table: dict[str, Any], merge: dict[str, Any]) -> Costs:
+    def from_sass(
+        cls, table: dict[str, Any], merge: dict[str, Any], direct: dict[str, Any]
+    ) -> Costs:
         inner = [loop for loop in table["loops"] if "LDG.E.128" in loop["global_loads"]]
         assert len(inner) == 1, table["loops"]
         # Only the inner loop: a program finds its row in the map, without a search.
@@ -89,9 +97,14 @@ class Costs:
         edges = tuple(edge["instructions"] for edge in table["edges"])
         assert len(edges) <= 2, table["edges"]
         (merge_loop,) = merge["loops"]
+        # The direct variant differs in its straight-line code only.
+        assert shape(direct["loops"]) == shape(table["loops"]), (direct["loops"], table["loops"])
+        assert tuple(edge["instructions"] for edge in direct["edges"]) == edges
+        unlooped = looped + sum(edges)
         return cls(
             inner=inner[0]["instructions"],
-            fixed=table["instructions"] - looped - sum(edges) - table["rescue"]["instructions"],
+            fixed=table["instructions"] - unlooped - table["rescue"]["instructions"],
+            direct_fixed=direct["instructions"] - unlooped - direct["rescue"]["instructions"],
             edges=edges,
             warps=table["warps"],
             registers=table["registers"],
@@ -124,7 +137,10 @@ def flush(lengths: Sequence[int], itemsize: int, costs: Costs, sms: int = 132) -
     them for ``sms`` SMs (tensors 16-byte aligned, as the caching allocator leaves them)."""
     block = triton_kernel.STEP  # elements per inner-loop iteration
     spans = triton_kernel.spans(lengths, sms)
-    per_program = costs.fixed
+    direct = triton_kernel.is_direct(
+        len(lengths) + 1, sum(map(programs_of, lengths, spans)), groups=1
+    )
+    per_program = costs.direct_fixed if direct else costs.fixed
     tail = costs.edges[-1] if costs.edges else 0
     instructions = 0  # per warp, summed over programs
     programs = 0
@@ -143,6 +159,8 @@ def flush(lengths: Sequence[int], itemsize: int, costs: Costs, sms: int = 132) -
         -(-programs_of(length, span) // parts) * costs.merge_loop
         for length, span in zip(lengths, spans, strict=True)
     )
+    if direct:
+        merge = 0  # every tensor one program: table_rows writes the stats rows, no merge
     elements = sum(lengths)
     total = costs.warps * instructions + costs.merge_warps * merge
     return Figures(
@@ -153,6 +171,11 @@ def flush(lengths: Sequence[int], itemsize: int, costs: Costs, sms: int = 132) -
         itemsize=itemsize,
         registers=costs.registers,
     )
+
+
+def shape(loops: Sequence[dict[str, Any]]) -> list[tuple[int, list[str]]]:
+    """Loops as their instruction counts and loads (not where they start)."""
+    return [(loop["instructions"], loop["global_loads"]) for loop in loops]
 
 
 def programs_of(length: int, span: int) -> int:
@@ -211,10 +234,13 @@ def layouts() -> list[tuple[str, str, int, list[int]]]:
 def costs_by_dtype(results: Sequence[dict[str, Any]], cc: int = 90) -> dict[str, Costs]:
     """Costs of the float64-sum variants on ``cc`` from ``tests.sass`` results."""
     (merge,) = [r for r in results if r["cc"] == cc and r["kernel"] == "merge_partials"]
+
+    def variant(kernel: str) -> dict[str, Any]:
+        return next(r for r in results if r["cc"] == cc and r["kernel"] == kernel)
+
     return {
         name: Costs.from_sass(
-            next(r for r in results if r["cc"] == cc and r["kernel"] == f"table_rows[{name}]"),
-            merge,
+            variant(f"table_rows[{name}]"), merge, variant(f"direct table_rows[{name}]")
         )
         for name in ("float32", "bfloat16", "float16")
     }

@@ -267,6 +267,11 @@ def compile_all(targets: list[int]) -> list[dict[str, Any]]:
     ):
         name = f"staged table_rows[{NAMES[kwargs['KIND']]}, {stages} stages]"
         jobs.append((name, 90, kernel, args, {**kwargs, "STAGES": stages}))
+    # The variant a flush of one program per tensor launches (``DIRECT``: no merge), on
+    # sm_90: the whole-program model's tiny flushes.
+    for kernel, args, kwargs in (table[kind] for kind in KINDS) if 90 in targets else ():
+        name = f"direct table_rows[{NAMES[kwargs['KIND']]}]"
+        jobs.append((name, 90, kernel, args, {**kwargs, "DIRECT": True}))
     results = []
     for name, cc, kernel, args, kwargs in jobs:
         compiled = specialise_and_compile(kernel, args, kwargs, cc)

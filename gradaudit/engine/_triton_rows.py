@@ -9,7 +9,11 @@ Two kernels per flush and device (the multi-tensor-apply pattern of
 ``torch._foreach_*``): :func:`table_rows` reduces every span of every tensor
 of one dtype in one launch, reading its work from a table, and
 :func:`merge_partials` merges each tensor's partial rows into its stats row,
-for every dtype at once.
+for every dtype at once. A flush whose every tensor is one program (tensors
+shorter than a span: a small model, many tiny tensors) has nothing to merge:
+``table_rows`` then writes each stats row itself (``DIRECT``) and the merge is
+not launched (its launch and its read of every row were a sixth of such a
+flush on the H200, docs/gpu.md).
 
 The table (int64, one row of ``TABLE_WIDTH`` per tensor, plus a sentinel row)::
 
@@ -349,11 +353,13 @@ def table_rows(  # type: ignore[no-untyped-def]
     KIND: tl.constexpr,
     FP32_ACC: tl.constexpr,
     STAGES: tl.constexpr = 1,
+    DIRECT: tl.constexpr = False,
 ):
     program = tl.program_id(0).to(tl.int64) + program_base
     # The program's table row: one load from the program -> row map (a search would be
     # a chain of dependent loads, ~16 instructions per probe).
-    row = table_ptr + tl.load(rows_ptr + program) * 4
+    local = tl.load(rows_ptr + program)
+    row = table_ptr + local * 4
     first = tl.load(row)
     offset = tl.load(row + 1)
     length = tl.load(row + 2)
@@ -483,7 +489,10 @@ def table_rows(  # type: ignore[no-untyped-def]
         outside = vectors * BLOCK - (end - start)
         zero_count = (-tl.sum(minus_zeros, axis=0) - outside).to(tl.float64)
         total = _sum_of_squares(ssq, mid, mid_err, huge, huge_err, tiny, tiny_err, FP32_ACC, KIND)
-    out = out_ptr + program * 7
+    # DIRECT (every tensor of the flush is one program): the partial row is the tensor's
+    # stats row, written where merge_partials would have put it (``out_ptr`` is then the
+    # group's first stats row), and the merge is not launched.
+    out = out_ptr + (local if DIRECT else program) * 7
     tl.store(out + 0, nan)
     tl.store(out + 1, pos_inf)
     tl.store(out + 2, neg_inf)

@@ -21,13 +21,19 @@ def main(argv: list[str]) -> int:
     if not triton_kernel.runs_on(device):
         print(f"the Triton kernels do not run on {device}", file=sys.stderr)
         return 1
-    # The variants a flush launches: one table_rows per dtype (the float32-sum one where
+    # The variants a flush launches: two table_rows per dtype (the float32-sum ones where
     # the GPU's float64 is slow, as the parent chooses) and merge_partials. Fresh tensors
     # are 16-byte aligned, as the parent's bases are, so the same specialisations compile.
-    batch = triton_kernel.TritonBatch(device)
-    for ticket, dtype in enumerate(triton_kernel.KINDS):
-        assert batch.add(torch.ones(4096, dtype=dtype, device=device), ticket)
-    out, _ = batch.launch()
+    # Both ways a flush goes: tensors of one program each (each stats row written by
+    # table_rows, no merge) and tensors of several (partial rows, merged).
+    rows = []
+    for length in (4096, 2 * triton_kernel.MAX_SPAN):
+        batch = triton_kernel.TritonBatch(device)
+        for ticket, dtype in enumerate(triton_kernel.KINDS):
+            assert batch.add(torch.ones(length, dtype=dtype, device=device), ticket)
+        out, tickets = batch.launch()
+        rows.append(out[[row for row, ticket in enumerate(tickets) if ticket >= 0]])
+    out = torch.cat(rows)
     # The exponent histogram's kernel (``precision=``): one variant per kind of bits. Its
     # failure is said and does not fail the warm-up: the stats kernels compiled, and a
     # histogram that cannot launch is counted by torch's ops (StatsCollector._histogram).

@@ -467,7 +467,9 @@ def launch_flush(
     fp32_accumulate: bool,
 ) -> torch.Tensor:
     """Copy a flush's table to ``device`` and queue one ``table_rows`` launch per group and
-    one ``merge_partials``; returns the stats rows ``[rows, 7]`` (sentinel rows included).
+    one ``merge_partials`` (none when every tensor is one program, :func:`is_direct`);
+    returns the stats rows ``[rows, 7]`` (sentinel rows included, and not written when
+    nothing is merged).
 
     The tensors' lifetimes are the caller's (``record_stream``, or holding them until the
     settle event: :mod:`gradaudit.engine.triton_plan`).
@@ -498,8 +500,9 @@ def launch_kernels(
     width = (rows + 1) * TABLE_WIDTH
     table = flat[:width].view(-1, TABLE_WIDTH)
     program_rows = flat[width:]
-    partial = torch.empty((programs, 7), dtype=torch.float64, device=device)
     out = torch.empty((rows, 7), dtype=torch.float64, device=device)
+    direct = is_direct(rows, programs, len(groups))
+    partial = out if direct else torch.empty((programs, 7), dtype=torch.float64, device=device)
     for group in groups:
         kind = KINDS[group.base.dtype]
         base = group.base.view(torch.int16) if kind == 1 else group.base
@@ -507,7 +510,7 @@ def launch_kernels(
             base,
             table[group.first_row :],
             program_rows,
-            partial,
+            out[group.first_row :] if direct else partial,
             group.first_program,
             BLOCK=BLOCK,
             LANES=BLOCK // 2 if kind == 1 else BLOCK,
@@ -515,16 +518,27 @@ def launch_kernels(
             KIND=kind,
             FP32_ACC=fp32_accumulate,
             STAGES=STAGES,
+            DIRECT=direct,
             # float32 through float32 sums keeps six per element and lane: with
             # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
             num_warps=8 if kind == 0 and fp32_accumulate else 4,
             **LAUNCH_OPTIONS,
         )
+    if direct:
+        return out
     # One warp per stats row: most rows merge a handful of partial rows.
     merge_partials[(rows,)](
         partial, table, out, rows, PARTS=MERGE_PARTS, num_warps=1, **LAUNCH_OPTIONS
     )
     return out
+
+
+def is_direct(rows: int, programs: int, groups: int) -> bool:
+    """Whether every tensor of a flush (``rows`` stats rows, a sentinel per group among them)
+    is one program of ``programs``: each program's row is then its tensor's stats row, and
+    nothing is merged (``table_rows``' ``DIRECT``). The sentinel rows are then left unwritten;
+    no ticket reads them."""
+    return programs == rows - groups
 
 
 class TritonKernel:

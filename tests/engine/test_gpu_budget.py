@@ -106,9 +106,24 @@ def test_every_variant_compiles_for_three_targets() -> None:
     kernels = {"table_rows[float32]", "table_rows[bfloat16]", "table_rows[float16]"}
     fp32_sums = {f"{name[:-1]}, fp32 sums]" for name in kernels}
     staged = {f"staged {name[:-1]}, {stages} stages]" for name in kernels for stages in STAGED}
+    direct = {f"direct {name}" for name in kernels}
     assert names == {(k, c) for k in {*kernels, "merge_partials"} for c in cc} | {
         (k, c) for k in fp32_sums for c in (86, cc[2])
-    } | {(k, 90) for k in staged}
+    } | {(k, 90) for k in staged | direct}
+
+
+def test_the_direct_variant_differs_from_the_merged_one_in_its_stores_only() -> None:
+    """``DIRECT`` (a flush of one program per tensor) on sm_90: the same inner loop and
+    edge blocks (``tests/gpu_model.py`` asserts that too), 128-bit loads, the same
+    registers, and at most a handful more straight-line instructions."""
+    results = {(r["kernel"], r["cc"]): r for r in compiled()}
+    for kind in ("float32", "bfloat16", "float16"):
+        merged = results[(f"table_rows[{kind}]", 90)]
+        direct = results[(f"direct table_rows[{kind}]", 90)]
+        assert gpu_model.shape(direct["loops"]) == gpu_model.shape(merged["loops"])
+        assert direct["registers"] == merged["registers"]
+        assert set(inner_loop(direct)["global_loads"]) == {"LDG.E.128"}
+        assert 0 <= direct["instructions"] - merged["instructions"] <= 8
 
 
 def test_the_pipelined_loops_the_gpu_check_measures() -> None:

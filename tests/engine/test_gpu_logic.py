@@ -81,11 +81,12 @@ def test_the_triton_batch_path_never_reads_the_device(triton_on_meta: list[int])
     assert "triton" in pending._collector.engine_used
     # One launch per dtype of the batch (float32: big and tiny; float16; bfloat16) and
     # one merge of their 3 + 1 + 1 rows and 3 sentinels; then the strided tensor's
-    # chunk, a block of its own: 1200 elements in one program, one row and a sentinel.
+    # chunk, a block of its own: 1200 elements in one program, whose row is its stats
+    # row (nothing to merge, no merge launch).
     # One span per group, sized from the group: 3,000,003 float32 elements; the float16
     # tensor is shorter than the shortest span, one program.
     big_programs = -(-3_000_000 // triton_kernel.span_for(3_000_003))
-    assert triton_on_meta == [big_programs + 1, 1, 1, 7, 1, 2]
+    assert triton_on_meta == [big_programs + 1, 1, 1, 7, 1]
 
 
 def test_the_monitors_collecting_step_never_reads_the_device(triton_on_meta: list[int]) -> None:
@@ -130,10 +131,10 @@ def test_the_monitors_collection_plans_its_flush_once(
         # per-tensor way (planning costs more there, and a one-off collection never comes
         # back to a plan), the second is planned.
         assert len(plans) == (1 if torch_shim.bound() else min(step, 1))
-        # One float32 group of 4 tensors: a launch over its programs, a merge of 4 + 1 rows.
-        assert triton_on_meta[-1] == 5
-    assert len(triton_on_meta) == 8
-    assert triton_on_meta[-2] == plans[0].programs
+        # One float32 group of 4 tensors, each shorter than a span: one launch of a
+        # program per tensor, whose rows are the stats rows (no merge).
+        assert triton_on_meta[-1] == 4 == plans[0].programs
+    assert len(triton_on_meta) == 4
     model.to(torch.bfloat16)
     for param in model.parameters():
         param.grad = torch.empty_like(param)

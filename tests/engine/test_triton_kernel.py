@@ -364,6 +364,50 @@ def test_one_launch_per_dtype_and_one_merge_per_flush(monkeypatch: pytest.Monkey
 
 
 @needs_triton
+def test_a_flush_of_one_program_per_tensor_writes_its_rows_without_a_merge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every tensor shorter than its group's span (a small model, many tiny tensors): each
+    program's row is its tensor's stats row, written in place by ``table_rows`` (``DIRECT``),
+    and no merge is launched; every row right, in the tickets' order, edges, NaN and ±Inf
+    (the exact path) included. One tensor a span longer and the flush merges again."""
+    counting = _CountingKernels(triton_kernel._kernels())
+    monkeypatch.setattr(triton_kernel, "_kernels", counting)
+    gen = torch.Generator().manual_seed(7)
+    parent = torch.randn(5000, generator=gen)
+    tensors = [
+        torch.randn(n, generator=gen).to(dtype)
+        for n, dtype in [
+            (3, torch.float16),
+            (1000, torch.float32),
+            (4097, torch.bfloat16),
+            (1, torch.bfloat16),
+            (triton_kernel.MIN_SPAN, torch.float32),
+            (777, torch.float16),
+        ]
+    ] + [parent[1:], parent[5:4003]]  # misaligned views: heads
+    tensors[1][10] = math.nan
+    tensors[2][-1] = -math.inf
+    tensors[5][:4] = torch.tensor([math.inf, 0.0, -0.0, math.nan], dtype=torch.float16)
+    for extra, launches in [([], ["rows"] * 3), ([torch.randn(40_000, generator=gen)], None)]:
+        counting.launches.clear()
+        pending = PendingStats(engine="triton")
+        pending.add_all((str(i), t.to(DEVICE)) for i, t in enumerate(tensors + extra))
+        rows = pending.rows
+        assert counting.launches == (launches or ["rows", "rows", "rows", "merge"])
+        values = torch.stack(list(rows)).cpu().tolist()
+        for tensor, row in zip(tensors + extra, values, strict=True):
+            assert_matches_reference(tensor, HostRow.from_values(row))
+
+
+def test_a_flush_is_direct_only_when_every_tensor_is_one_program() -> None:
+    # rows count a sentinel per group: 5 tensors in 2 groups are 7 rows.
+    assert triton_kernel.is_direct(rows=7, programs=5, groups=2)
+    assert not triton_kernel.is_direct(rows=7, programs=6, groups=2)
+    assert triton_kernel.is_direct(rows=1, programs=0, groups=1)  # nothing to reduce
+
+
+@needs_triton
 def test_byte_counters_do_not_carry_at_the_longest_span() -> None:
     """Spans sized for one SM grow to MAX_SPAN on any device (the batch is told, not a
     module default that CUDA ignores); every element NaN (or zero) fills each lane's byte
