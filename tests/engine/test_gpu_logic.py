@@ -132,9 +132,10 @@ def test_the_monitors_collection_plans_its_flush_once(
         # back to a plan), the second is planned.
         assert len(plans) == (1 if torch_shim.bound() else min(step, 1))
         # One float32 group of 4 tensors, each shorter than a span: one launch of a
-        # program per tensor, whose rows are the stats rows (no merge).
-        assert triton_on_meta[-1] == 4 == plans[0].programs
+        # program per tensor, whose rows are the stats rows (no merge), planned or not.
+        assert triton_on_meta[-1] == 4
     assert len(triton_on_meta) == 4
+    assert plans[0].programs == 4
     model.to(torch.bfloat16)
     for param in model.parameters():
         param.grad = torch.empty_like(param)
