@@ -88,6 +88,16 @@ static inline double half_value(uint32_t m) {
 
 /* ---- portable path: plain scalar C, the reference for the vector path ------ */
 
+static size_t itemsize(int dtype) {
+    switch (dtype) {
+        case DT_F64: return 8;
+        case DT_F32: return 4;
+        case DT_E4M3:
+        case DT_E5M2: return 1;
+        default: return 2;
+    }
+}
+
 /* fp8 e4m3fn magnitude bits (finite) -> value: subnormals are integers times
  * 2**-9, normals rebias their exponent into float32's (+120). No infinities. */
 static inline double e4m3_value(uint32_t m) {
@@ -102,6 +112,18 @@ static inline double magnitude_value(int dtype, uint32_t m) {
         case DT_F16: return half_value(m);
         case DT_E5M2: return half_value(m << 8); /* e5m2 is the top byte of a float16 */
         default: return e4m3_value(m);
+    }
+}
+
+/* The magnitude bits of +Inf of each format below float64 (e4m3fn has no infinity: those of
+ * its only non-finite magnitude, NaN); every magnitude above them is NaN. */
+static inline uint32_t inf_pattern(int dtype) {
+    switch (dtype) {
+        case DT_F32: return 0x7f800000u;
+        case DT_BF16: return 0x7f80u;
+        case DT_F16: return 0x7c00u;
+        case DT_E5M2: return 0x7cu;
+        default: return 0x7fu;
     }
 }
 
@@ -155,10 +177,9 @@ static inline __attribute__((always_inline)) pv_f32 portable_values(int dtype, p
 
 /* The NaN and +-Inf counts of n elements, one by one: for a block that held one. */
 static inline __attribute__((always_inline)) void portable_specials(const void *data, size_t n,
-                                                                     acc_t *a, int dtype,
-                                                                     uint32_t inf_bits) {
-    const int bits = dtype == DT_F32 ? 32 : (dtype == DT_F16 || dtype == DT_BF16) ? 16 : 8;
-    const uint32_t sign = 1u << (bits - 1), abs_mask = sign - 1u;
+                                                                     acc_t *a, int dtype) {
+    const int bits = 8 * (int)itemsize(dtype);
+    const uint32_t sign = 1u << (bits - 1), abs_mask = sign - 1u, inf_bits = inf_pattern(dtype);
     const int has_inf = dtype != DT_E4M3;
     for (size_t i = 0; i < n; i++) {
         uint32_t b = bits == 32   ? ((const uint32_t *)data)[i]
@@ -173,20 +194,18 @@ static inline __attribute__((always_inline)) void portable_specials(const void *
     }
 }
 
-/* A block's zeros (as -1 per lane and zero), largest value and sums of squares. */
+/* What a block adds to a row: its zeros, largest value and sum of squares. */
 typedef struct {
-    pv_i32 zeros;
-    pv_f32 top;
-    pv_f64 s0, s1, s2, s3;
-} portable_lanes_t;
-
-/* Each 16-byte vector of a step has its own running maximum (``ta``, ``tb``): two chains. */
+    int64_t zeros;
+    float top;
+    double ssq;
+} portable_block_t;
 
 /* Four magnitude patterns (in 32-bit lanes) into the lanes. `exact`: NaN and +-Inf read as
  * zeros (their count is the zero count's, taken before); else they go in as they are, and
- * the block's sums or largest value show them (portable_scan). The largest value is kept as
+ * the block's sum or largest value shows them (portable_scan). The largest value is kept as
  * float32 values, not patterns: for magnitudes the order is the same, and a float maximum
- * is one instruction. */
+ * is one instruction; each 16-byte vector of a step has its own (`ta`, `tb`: two chains). */
 #define PORTABLE_FOUR(pattern, sa, sb, tp)                                            \
     do {                                                                              \
         pv_i32 m_ = (pattern);                                                        \
@@ -223,17 +242,14 @@ typedef struct {
         }                                                                             \
     } while (0)
 
-/* The lanes of `len` (<= BLOCK) elements at `p`: whole steps in place, the rest from a
- * copy padded with zeros; returns how many zeros the padding added. */
-static inline __attribute__((always_inline)) size_t portable_lanes(int dtype, const char *p,
-                                                                    size_t len, int exact,
-                                                                    portable_lanes_t *l) {
-    const size_t size = dtype == DT_F32 ? 4 : (dtype == DT_F16 || dtype == DT_BF16) ? 2 : 1;
-    const int32_t inf_bits = dtype == DT_F32    ? 0x7f800000
-                             : dtype == DT_BF16 ? 0x7f80
-                             : dtype == DT_F16  ? 0x7c00
-                             : dtype == DT_E5M2 ? 0x7c
-                                                : 0x7f; /* e4m3fn: NaN, no Inf */
+/* The block of `len` (<= BLOCK) elements at `p`: whole steps in place, the rest from a copy
+ * padded with zeros (taken off the zero count); the lanes added in a fixed order. */
+static inline __attribute__((always_inline)) portable_block_t portable_block(int dtype,
+                                                                             const char *p,
+                                                                             size_t len,
+                                                                             int exact) {
+    const size_t size = itemsize(dtype);
+    const int32_t inf_bits = (int32_t)inf_pattern(dtype);
     const size_t per_step = PORTABLE_STEP_BYTES / size;
     const size_t whole = len / per_step * per_step;
     pv_i32 zeros = {0, 0, 0, 0};
@@ -244,18 +260,22 @@ static inline __attribute__((always_inline)) size_t portable_lanes(int dtype, co
         PORTABLE_VECTOR(at, s0, s1, ta);
         PORTABLE_VECTOR(at + 16, s2, s3, tb);
     }
-    size_t padding = 0;
+    portable_block_t block = {0, 0.0f, 0.0};
     if (whole < len) {
         char padded[PORTABLE_STEP_BYTES] = {0};
         memcpy(padded, p + whole * size, (len - whole) * size);
         PORTABLE_VECTOR(padded, s0, s1, ta);
         PORTABLE_VECTOR(padded + 16, s2, s3, tb);
-        padding = whole + per_step - len;
+        block.zeros = -(int64_t)(whole + per_step - len);
     }
-    l->zeros = zeros;
-    l->top = PORTABLE_MAX(ta, tb);
-    l->s0 = s0, l->s1 = s1, l->s2 = s2, l->s3 = s3;
-    return padding;
+    const pv_f32 top = PORTABLE_MAX(ta, tb);
+    const pv_f64 sums = (s0 + s1) + (s2 + s3);
+    for (int k = 0; k < 4; k++) { /* lane counts are -1 per zero */
+        block.zeros -= zeros[k];
+        block.top = top[k] > block.top ? top[k] : block.top;
+    }
+    block.ssq = sums[0] + sums[1];
+    return block;
 }
 #undef PORTABLE_VECTOR
 #undef PORTABLE_FOUR
@@ -273,36 +293,19 @@ static inline __attribute__((always_inline)) size_t portable_lanes(int dtype, co
  * not n. */
 static inline __attribute__((always_inline)) void portable_scan(const void *data, size_t n,
                                                                  acc_t *a, int dtype) {
-    const size_t size = dtype == DT_F32 ? 4 : (dtype == DT_F16 || dtype == DT_BF16) ? 2 : 1;
-    const uint32_t inf_bits = dtype == DT_F32    ? 0x7f800000u
-                              : dtype == DT_BF16 ? 0x7f80u
-                              : dtype == DT_F16  ? 0x7c00u
-                              : dtype == DT_E5M2 ? 0x7cu
-                                                 : 0x7fu;
-    const double largest_finite = magnitude_value(dtype, inf_bits - 1u);
+    const double largest_finite = magnitude_value(dtype, inf_pattern(dtype) - 1u);
     float peak = 0.0f;
     for (size_t start = 0; start < n; start += BLOCK) {
         const size_t len = n - start < BLOCK ? n - start : BLOCK;
-        const char *p = (const char *)data + start * size;
-        portable_lanes_t l;
-        size_t padding = portable_lanes(dtype, p, len, 0, &l);
-        pv_f64 sums = (l.s0 + l.s1) + (l.s2 + l.s3);
-        double block = sums[0] + sums[1];
-        float top = 0.0f;
-        for (int k = 0; k < 4; k++) top = l.top[k] > top ? l.top[k] : top;
-        if (!(block <= 0x1.fffffffffffffp+1023) || top > largest_finite) {
-            padding = portable_lanes(dtype, p, len, 1, &l);
-            sums = (l.s0 + l.s1) + (l.s2 + l.s3);
-            block = sums[0] + sums[1];
-            top = 0.0f;
-            for (int k = 0; k < 4; k++) top = l.top[k] > top ? l.top[k] : top;
-            portable_specials(p, len, a, dtype, inf_bits);
+        const char *p = (const char *)data + start * itemsize(dtype);
+        portable_block_t block = portable_block(dtype, p, len, 0);
+        if (!(block.ssq <= 0x1.fffffffffffffp+1023) || block.top > largest_finite) {
+            block = portable_block(dtype, p, len, 1);
+            portable_specials(p, len, a, dtype);
         }
-        int64_t zeros = -(int64_t)padding;
-        for (int k = 0; k < 4; k++) zeros -= l.zeros[k];
-        a->zeros += (uint64_t)zeros;
-        a->ssq += block;
-        peak = top > peak ? top : peak;
+        a->zeros += (uint64_t)block.zeros;
+        a->ssq += block.ssq;
+        peak = block.top > peak ? block.top : peak;
     }
     if ((double)peak > a->max_abs) a->max_abs = (double)peak;
 }
@@ -1152,16 +1155,6 @@ static void run_f64(const uint64_t *x, size_t n, acc_t *a) {
 
 /* ---- dispatch and threads -------------------------------------------------- */
 
-static size_t itemsize(int dtype) {
-    switch (dtype) {
-        case DT_F64: return 8;
-        case DT_F32: return 4;
-        case DT_E4M3:
-        case DT_E5M2: return 1;
-        default: return 2;
-    }
-}
-
 static void run(int dtype, const void *data, size_t n, acc_t *a) {
     switch (dtype) {
         case DT_F32: run_f32((const uint32_t *)data, n, a); break;
@@ -1224,9 +1217,7 @@ static inline uint32_t float_bits(float f) {
 
 /* The bin of a magnitude pattern of a format below float32 (its non-finite ones last). */
 static uint16_t pattern_bin(int dtype, uint32_t m) {
-    uint32_t inf_bits = dtype == DT_BF16 ? 0x7f80u : dtype == DT_F16 ? 0x7c00u
-                        : dtype == DT_E5M2 ? 0x7cu : 0x7fu;
-    if (m >= inf_bits) return (uint16_t)(hist_bins - 1);
+    if (m >= inf_pattern(dtype)) return (uint16_t)(hist_bins - 1);
     return (uint16_t)hist_search(float_bits((float)magnitude_value(dtype, m)));
 }
 

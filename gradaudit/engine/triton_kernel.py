@@ -501,8 +501,12 @@ def launch_kernels(
     table = flat[:width].view(-1, TABLE_WIDTH)
     program_rows = flat[width:]
     out = torch.empty((rows, 7), dtype=torch.float64, device=device)
-    direct = is_direct(rows, programs, len(groups))
-    partial = out if direct else torch.empty((programs, 7), dtype=torch.float64, device=device)
+    # Partial rows only where a tensor has several programs (see is_direct).
+    partial = (
+        None
+        if is_direct(rows, programs, len(groups))
+        else torch.empty((programs, 7), dtype=torch.float64, device=device)
+    )
     for group in groups:
         kind = KINDS[group.base.dtype]
         base = group.base.view(torch.int16) if kind == 1 else group.base
@@ -510,7 +514,7 @@ def launch_kernels(
             base,
             table[group.first_row :],
             program_rows,
-            out[group.first_row :] if direct else partial,
+            out[group.first_row :] if partial is None else partial,
             group.first_program,
             BLOCK=BLOCK,
             LANES=BLOCK // 2 if kind == 1 else BLOCK,
@@ -518,13 +522,13 @@ def launch_kernels(
             KIND=kind,
             FP32_ACC=fp32_accumulate,
             STAGES=STAGES,
-            DIRECT=direct,
+            DIRECT=partial is None,
             # float32 through float32 sums keeps six per element and lane: with
             # 8 warps a thread holds 4 elements of a vector, not 8 (no spills).
             num_warps=8 if kind == 0 and fp32_accumulate else 4,
             **LAUNCH_OPTIONS,
         )
-    if direct:
+    if partial is None:
         return out
     # One warp per stats row: most rows merge a handful of partial rows.
     merge_partials[(rows,)](
